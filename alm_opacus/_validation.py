@@ -1,0 +1,49 @@
+"""Argument checks shared by every public API: one message format, one place."""
+
+from __future__ import annotations
+
+import math
+
+
+def check_epsilon(epsilon: float, *, name: str = "epsilon", allow_inf: bool = False) -> float:
+    """Return ``epsilon`` as a float after checking that it is a positive number.
+
+    Raises:
+        ValueError: if ``epsilon`` is NaN, non-positive, or infinite (unless ``allow_inf``).
+    """
+    value = float(epsilon)
+    if math.isnan(value) or value <= 0 or (math.isinf(value) and not allow_inf):
+        expected = "a positive number" + ("" if allow_inf else " (finite)")
+        raise ValueError(f"{name}={epsilon!r} is invalid: expected {expected}")
+    return value
+
+
+def check_delta(delta: float, *, name: str = "delta", allow_zero: bool = True) -> float:
+    """Return ``delta`` as a float after checking that it lies in [0, 1) (or (0, 1)).
+
+    Raises:
+        ValueError: if ``delta`` is NaN or outside the allowed interval.
+    """
+    value = float(delta)
+    low_ok = value >= 0 if allow_zero else value > 0
+    if math.isnan(value) or not low_ok or value >= 1:
+        interval = "[0, 1)" if allow_zero else "(0, 1)"
+        raise ValueError(f"{name}={delta!r} is invalid: expected a number in {interval}")
+    return value
+
+
+def check_positive(value: float, *, name: str) -> float:
+    """Return ``value`` as a float after checking that it is finite and > 0.
+
+    Raises:
+        ValueError: if ``value`` is NaN, infinite or non-positive.
+    """
+    out = float(value)
+    if not math.isfinite(out) or out <= 0:
+        raise ValueError(f"{name}={value!r} is invalid: expected a finite number > 0")
+    return out
+
+
+def check_sensitivity(sensitivity: float, *, name: str = "sensitivity") -> float:
+    """Return ``sensitivity`` as a float after checking that it is finite and > 0."""
+    return check_positive(sensitivity, name=name)

@@ -1,0 +1,146 @@
+"""The four disjoint parts of a run: public, members, non-members, attacker pool."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from alm_opacus.data.registry import DataError, Dataset
+from alm_opacus.io import atomic_write_json
+
+PARTS = ("public", "members", "nonmembers", "attacker")
+
+
+@dataclass(frozen=True)
+class SplitSizes:
+    """How many labelled examples each part gets.
+
+    ``public=None`` gives the public part whatever the other three leave. A dataset
+    with an unlabeled set pre-trains on that instead, and its labelled public part is
+    then used only as public validation data.
+    """
+
+    members: int
+    nonmembers: int | None = None  # None: the same as members, so evaluation is balanced
+    attacker: int = 600
+    public: int | None = None
+
+
+DEFAULT_SIZES: dict[str, SplitSizes] = {
+    # digits has 1,797 images. 350 members keep the linear head overfit (train accuracy 1.0
+    # and a loss gap), while 550 public images are enough for SimCLR on 8x8 inputs.
+    "digits": SplitSizes(members=350, attacker=540),
+    # The ALM paper fine-tunes on |d| = 5,000 (STL-10 train) and 10,000 for CIFAR.
+    "cifar10": SplitSizes(members=10_000, attacker=20_000),
+    "cifar100": SplitSizes(members=10_000, attacker=20_000),
+    "stl10": SplitSizes(members=5_000, attacker=3_000),
+}
+
+
+@dataclass(frozen=True)
+class Split:
+    """Index arrays into ``Dataset.images``; disjoint and class-stratified.
+
+    Attributes:
+        public: pre-training (and public validation) data; never private.
+        members: the private fine-tuning set.
+        nonmembers: a holdout of the same size; test accuracy is measured here.
+        attacker: the attacker's own pool, disjoint from everything else.
+        seed: the seed that drew the split.
+    """
+
+    public: np.ndarray
+    members: np.ndarray
+    nonmembers: np.ndarray
+    attacker: np.ndarray
+    seed: int
+
+    def __post_init__(self) -> None:
+        seen: set[int] = set()
+        for name in PARTS:
+            idx = getattr(self, name)
+            if len(set(idx.tolist()) & seen):
+                raise ValueError(f"split part {name!r} overlaps another part")
+            seen.update(idx.tolist())
+
+    def save(self, path: str | Path) -> None:
+        """Write the indices as JSON, atomically."""
+        data = {name: getattr(self, name).tolist() for name in PARTS}
+        data["seed"] = self.seed
+        atomic_write_json(path, data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Split:
+        data = json.loads(Path(path).read_text())
+        return cls(
+            **{name: np.asarray(data[name], dtype=np.int64) for name in PARTS},
+            seed=int(data["seed"]),
+        )
+
+    def sizes(self) -> dict[str, int]:
+        return {name: len(getattr(self, name)) for name in PARTS}
+
+
+def make_split(dataset: Dataset, *, sizes: SplitSizes, seed: int) -> Split:
+    """Draw a seeded, class-stratified split of ``dataset``'s labelled pool.
+
+    Each part takes, from every class, a share proportional to the class's frequency
+    (largest-remainder rounding), so the parts keep the class balance of the pool.
+
+    Raises:
+        DataError: if the requested sizes exceed the pool.
+    """
+    n = len(dataset.labels)
+    nonmembers = sizes.members if sizes.nonmembers is None else sizes.nonmembers
+    fixed = sizes.members + nonmembers + sizes.attacker
+    public = n - fixed if sizes.public is None else sizes.public
+    if min(sizes.members, nonmembers, sizes.attacker, public) < 0 or fixed + public > n:
+        raise DataError(
+            f"{dataset.name}: split sizes {asdict(sizes)} need {fixed + max(public, 0)} "
+            f"examples, but the labelled pool has {n}"
+        )
+    wanted = {
+        "members": sizes.members,
+        "nonmembers": nonmembers,
+        "attacker": sizes.attacker,
+        "public": public,
+    }
+    rng = np.random.default_rng(seed)
+    labels = np.asarray(dataset.labels)
+    classes, counts = np.unique(labels, return_counts=True)
+    pools = {c: rng.permutation(np.flatnonzero(labels == c)) for c in classes}
+    cursor = dict.fromkeys(classes, 0)
+    out: dict[str, np.ndarray] = {}
+    for part in ("members", "nonmembers", "attacker", "public"):
+        quota = _stratified_quota(
+            wanted[part], counts, {c: len(pools[c]) - cursor[c] for c in classes}, classes
+        )
+        chosen = []
+        for c, q in zip(classes, quota, strict=True):
+            chosen.append(pools[c][cursor[c] : cursor[c] + q])
+            cursor[c] += q
+        out[part] = rng.permutation(np.concatenate(chosen)).astype(np.int64)
+    return Split(seed=seed, **out)
+
+
+def _stratified_quota(
+    total: int, counts: np.ndarray, left: dict[int, int], classes: np.ndarray
+) -> list[int]:
+    share = total * counts / counts.sum()
+    quota = np.floor(share).astype(int)
+    for i in np.argsort(-(share - quota), kind="stable")[: total - quota.sum()]:
+        quota[i] += 1
+    # A class that runs short hands its remainder to the classes that still have data.
+    avail = np.array([left[c] for c in classes])
+    quota = np.minimum(quota, avail)
+    deficit = total - quota.sum()
+    for i in np.argsort(-(avail - quota), kind="stable"):
+        if deficit <= 0:
+            break
+        extra = min(deficit, avail[i] - quota[i])
+        quota[i] += extra
+        deficit -= extra
+    return quota.tolist()

@@ -1,0 +1,173 @@
+"""Privacy statements, and the post-training privacy engine (ALM paper, Algorithm 1).
+
+A :class:`PrivacyStatement` travels with every release. Its constructor refuses any
+combination that would claim more than is proven, e.g. ``pure-dp`` with a sampled
+sensitivity, or ``approx-dp`` with ``delta == 0``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class Guarantee(str, enum.Enum):
+    """The kind of guarantee a release carries (strongest first)."""
+
+    PURE_DP = "pure-dp"
+    APPROX_DP = "approx-dp"
+    RANDOM_DP = "random-dp"  # sensitivity sampled: holds with a confidence (Rubinstein & Aldà 2017)
+    PER_QUERY = "per-query"  # each answer is DP; the released model as a whole is not
+    NONE = "none"
+
+
+class SensitivitySource(str, enum.Enum):
+    ANALYTIC = "analytic"
+    SAMPLED = "sampled"
+
+
+@dataclass(frozen=True)
+class SensitivityInfo:
+    """Where a sensitivity came from.
+
+    Attributes:
+        value: the sensitivity used for calibration.
+        norm: ``"l1"`` or ``"l2"``.
+        source: analytic bound, or sampled by Algorithm 2.
+        m: number of sampled neighbour pairs (sampled only).
+        gamma: the probability that the sampled sensitivity is exceeded by a fresh
+            neighbour pair (sampled only); the release is (epsilon, gamma)-random-DP.
+        confidence: the probability, over the sampler's randomness, that gamma holds
+            (sampled only).
+        adjacency: ``"replace-one"`` or ``"remove-one"``.
+    """
+
+    value: float
+    norm: str
+    source: SensitivitySource
+    m: int | None = None
+    gamma: float | None = None
+    confidence: float | None = None
+    adjacency: str = "replace-one"
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.value) and self.value > 0):
+            raise ValueError(f"sensitivity={self.value!r} is invalid: expected a finite number > 0")
+        if self.norm not in ("l1", "l2"):
+            raise ValueError(f"norm={self.norm!r} is invalid: expected 'l1' or 'l2'")
+        object.__setattr__(self, "source", SensitivitySource(self.source))
+        if self.source is SensitivitySource.SAMPLED:
+            for name in ("m", "gamma", "confidence"):
+                if getattr(self, name) is None:
+                    raise ValueError(f"a sampled sensitivity needs {name}; got None")
+            assert self.gamma is not None and self.confidence is not None
+            if not (0 < self.gamma < 1 and 0 < self.confidence < 1):
+                raise ValueError(
+                    f"gamma={self.gamma!r}, confidence={self.confidence!r}: expected both in (0, 1)"
+                )
+
+
+@dataclass(frozen=True)
+class PrivacyStatement:
+    """What a release may honestly claim.
+
+    Attributes:
+        epsilon: the privacy parameter (``inf`` for ``none``).
+        delta: 0 for pure-DP; the failure probability for approx-DP.
+        guarantee: see :class:`Guarantee`.
+        mechanism: registry name of the mechanism or method that produced the release.
+        noise_scale: the scale parameter of the noise (``b``, ``s`` or ``sigma``).
+        sensitivity: provenance of the sensitivity, if one was used.
+        notes: caveats a reader must see (e.g. the actual delta of the classic Gaussian).
+    """
+
+    epsilon: float
+    delta: float
+    guarantee: Guarantee
+    mechanism: str
+    noise_scale: float | None = None
+    sensitivity: SensitivityInfo | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "guarantee", Guarantee(self.guarantee))
+        object.__setattr__(self, "notes", tuple(self.notes))
+        g = self.guarantee
+        if math.isnan(self.epsilon) or self.epsilon <= 0:
+            raise ValueError(f"epsilon={self.epsilon!r} is invalid: expected a number > 0")
+        if math.isnan(self.delta) or not 0 <= self.delta < 1:
+            raise ValueError(f"delta={self.delta!r} is invalid: expected a number in [0, 1)")
+        if g is Guarantee.NONE:
+            if self.epsilon != math.inf:
+                raise ValueError("guarantee 'none' must state epsilon=inf")
+            return
+        if math.isinf(self.epsilon) and g is not Guarantee.NONE:
+            raise ValueError(f"guarantee {g.value!r} needs a finite epsilon")
+        sampled = (
+            self.sensitivity is not None and self.sensitivity.source is SensitivitySource.SAMPLED
+        )
+        if sampled and g is not Guarantee.RANDOM_DP:
+            raise ValueError(
+                f"a sampled sensitivity only supports 'random-dp', not {g.value!r}: "
+                "the bound holds with a confidence, not for every neighbouring pair"
+            )
+        if g is Guarantee.RANDOM_DP and not sampled:
+            raise ValueError("'random-dp' is for sampled sensitivities; none was given")
+        if g is Guarantee.PURE_DP and self.delta != 0:
+            raise ValueError(f"'pure-dp' needs delta=0, got {self.delta!r}")
+        if g is Guarantee.APPROX_DP and self.delta == 0:
+            raise ValueError("'approx-dp' needs delta > 0; use 'pure-dp' for delta=0")
+
+    @classmethod
+    def unprotected(cls, *, mechanism: str = "none") -> PrivacyStatement:
+        """The statement of a release with no protection."""
+        return cls(epsilon=math.inf, delta=0.0, guarantee=Guarantee.NONE, mechanism=mechanism)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["guarantee"] = self.guarantee.value
+        out["notes"] = list(self.notes)
+        if self.sensitivity is not None:
+            out["sensitivity"]["source"] = self.sensitivity.source.value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PrivacyStatement:
+        data = dict(data)
+        sens = data.get("sensitivity")
+        data["sensitivity"] = None if sens is None else SensitivityInfo(**sens)
+        data["notes"] = tuple(data.get("notes", ()))
+        return cls(**data)
+
+    def __str__(self) -> str:
+        g = self.guarantee
+        if g is Guarantee.NONE:
+            head = "no privacy guarantee"
+        elif g is Guarantee.PURE_DP:
+            head = f"{self.epsilon:g}-DP (pure)"
+        elif g is Guarantee.APPROX_DP:
+            head = f"({self.epsilon:g}, {self.delta:g})-DP"
+        elif g is Guarantee.PER_QUERY:
+            head = f"({self.epsilon:g}, {self.delta:g})-DP per query only"
+        else:
+            s = self.sensitivity
+            assert s is not None
+            head = (
+                f"({self.epsilon:g}, gamma={s.gamma:g})-random-DP"
+                + (f" with delta={self.delta:g}" if self.delta else "")
+                + f", holding with confidence {s.confidence:g} over the sensitivity sampler"
+            )
+        parts = [f"{head}; mechanism={self.mechanism}"]
+        if self.noise_scale is not None:
+            parts.append(f"noise scale={self.noise_scale:.6g}")
+        if self.sensitivity is not None:
+            s = self.sensitivity
+            extra = f", m={s.m}" if s.m is not None else ""
+            parts.append(
+                f"{s.norm.upper()} sensitivity={s.value:.6g} ({s.source.value}, "
+                f"{s.adjacency}{extra})"
+            )
+        parts.extend(self.notes)
+        return "; ".join(parts)

@@ -1,0 +1,118 @@
+"""Encoders for SimCLR, in a name -> constructor registry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor, nn
+
+EncoderFactory = Callable[[int], nn.Module]
+_ENCODERS: dict[str, EncoderFactory] = {}
+
+
+def register_encoder(
+    name: str, *, force: bool = False
+) -> Callable[[EncoderFactory], EncoderFactory]:
+    """Register ``factory(in_channels) -> nn.Module`` (with an ``out_dim`` attribute)."""
+
+    def decorator(factory: EncoderFactory) -> EncoderFactory:
+        if name in _ENCODERS and not force:
+            raise ValueError(f"encoder {name!r} is already registered; pass force=True")
+        _ENCODERS[name] = factory
+        return factory
+
+    return decorator
+
+
+def create_encoder(name: str, *, in_channels: int) -> nn.Module:
+    """Build the encoder ``name``.
+
+    Raises:
+        ValueError: for an unknown name, listing the registered ones.
+    """
+    if name not in _ENCODERS:
+        raise ValueError(
+            f"unknown encoder {name!r}: expected one of {', '.join(sorted(_ENCODERS))}"
+        )
+    return _ENCODERS[name](in_channels)
+
+
+class SmallCNN(nn.Module):
+    """A 3-block CNN for 8x8 inputs (digits): 8x8 -> 4x4 -> 2x2 -> global pool."""
+
+    def __init__(self, in_channels: int, width: int = 32, out_dim: int = 128) -> None:
+        super().__init__()
+        self.out_dim = out_dim
+
+        def block(cin: int, cout: int, pool: bool) -> list[nn.Module]:
+            layers: list[nn.Module] = [
+                nn.Conv2d(cin, cout, 3, padding=1, bias=False),
+                nn.BatchNorm2d(cout),
+                nn.ReLU(inplace=True),
+            ]
+            return [*layers, nn.MaxPool2d(2)] if pool else layers
+
+        self.net = nn.Sequential(
+            *block(in_channels, width, False),
+            *block(width, 2 * width, True),
+            *block(2 * width, 4 * width, True),
+            nn.Conv2d(4 * width, out_dim, 2),  # 2x2 -> 1x1: keeps where strokes are
+            nn.Flatten(),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.net(x)
+        return out
+
+
+class _BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.bn1(self.conv1(x)).relu()
+        out = self.bn2(self.conv2(out))
+        return (out + self.shortcut(x)).relu()
+
+
+class CifarResNet18(nn.Module):
+    """ResNet-18 with the CIFAR stem (3x3 conv, no max-pool), as in SimCLR's CIFAR runs.
+
+    For 96x96 inputs (STL-10) the same network runs with a stride-2 stem'd input size;
+    global average pooling makes the output 512-d for any resolution.
+    """
+
+    def __init__(self, in_channels: int, out_dim: int = 512) -> None:
+        super().__init__()
+        self.out_dim = out_dim
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU()
+        )
+        layers: list[nn.Module] = []
+        cin = 64
+        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            layers += [_BasicBlock(cin, cout, stride), _BasicBlock(cout, cout, 1)]
+            cin = cout
+        self.layers = nn.Sequential(*layers)
+        self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.pool(self.layers(self.stem(x)))
+        return out
+
+
+register_encoder("small-cnn")(lambda c: SmallCNN(c))
+register_encoder("resnet18")(lambda c: CifarResNet18(c))
+
+
+def available_encoders() -> list[str]:
+    return sorted(_ENCODERS)
