@@ -120,6 +120,7 @@ def pretrain(
     device: str | torch.device = "cpu",
     seed: int = 0,
     progress: bool = True,
+    checkpoint_every: int = 10,
 ) -> nn.Module:
     """Pre-train (or load from cache) a SimCLR encoder on public ``images`` only.
 
@@ -131,6 +132,7 @@ def pretrain(
         device: ``"cpu"`` or ``"cuda"``.
         seed: seeds initialisation, batching and augmentation.
         progress: show a tqdm bar.
+        checkpoint_every: epochs between resumable checkpoints.
 
     Returns:
         The encoder in eval mode on ``device``.
@@ -142,6 +144,9 @@ def pretrain(
     final = Path(cache_dir) / f"encoder-{key}.pt"
     partial = Path(cache_dir) / f"encoder-{key}.partial.pt"
     in_channels = int(images.shape[1])
+    # Seed before building the model: initialisation and kornia's augmentation parameters
+    # both draw from the global RNG.
+    torch.manual_seed(seed)
     model = SimCLRModel(
         create_encoder(config.encoder, in_channels=in_channels), config.projection_dim
     ).to(device)
@@ -149,7 +154,6 @@ def pretrain(
         load_checkpoint(model.encoder, final, key=key)
         return model.encoder.eval()
 
-    torch.manual_seed(seed)  # kornia draws its augmentation parameters from the global RNG
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay
     )
@@ -186,10 +190,10 @@ def pretrain(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         scheduler.step()
         bar.set_postfix(loss=f"{np.mean(losses):.3f}")
-        if (epoch + 1) % 10 == 0 and epoch + 1 < config.epochs:
+        if (epoch + 1) % checkpoint_every == 0 and epoch + 1 < config.epochs:
             atomic_torch_save(
                 {
                     "kind": CHECKPOINT_KIND,

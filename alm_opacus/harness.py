@@ -1,0 +1,325 @@
+"""Run a comparison: splits, encoder, each method x epsilon x seed, attacks, results.
+
+The private split never touches the encoder: pre-training sees only the public split (or
+the dataset's unlabeled set), each method sees the members, each attack sees what its
+threat model allows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import math
+import os
+import platform
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+import alm_opacus
+from alm_opacus._validation import check_delta, check_epsilon
+from alm_opacus.data import available_datasets, load_dataset
+from alm_opacus.data.split import DEFAULT_SIZES, Split, SplitSizes, make_split
+from alm_opacus.heads import HeadConfig, accuracy, utility_loss
+from alm_opacus.io import atomic_write_json
+from alm_opacus.methods import MethodContext, Release, available_methods, create_method
+from alm_opacus.report.results import ResultRow, read_results, write_results
+from alm_opacus.report.tensorboard import TensorBoardReporter
+from alm_opacus.ssl.pretrain import (
+    DEFAULT_SSL,
+    SSLConfig,
+    array_digest,
+    config_hash,
+    extract_features,
+    pretrain,
+)
+
+PLUGIN_GROUP = "alm_opacus.methods"
+DEFAULT_EPSILONS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+def load_plugins() -> list[str]:
+    """Import the packages that register methods through the ``alm_opacus.methods`` entry
+    point group (e.g. ``baselines``), so ``alm_opacus`` never imports them by name."""
+    loaded = []
+    for entry in importlib.metadata.entry_points(group=PLUGIN_GROUP):
+        entry.load()
+        loaded.append(entry.name)
+    return loaded
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that determines a run; saved as ``config.json``.
+
+    Attributes:
+        dataset: registry name.
+        data_root: folder holding the dataset's files (not needed for ``digits``).
+        methods: method names; ``none`` (the baseline) always runs too.
+        epsilons: the privacy budgets of the grid.
+        delta: ``None`` means min(1e-5, 1 / (10 n)) for ``n`` members.
+        seeds: one cell per seed: head training, noise and attacks are seeded by it.
+        split_seed: seeds the split and pre-training (shared by all seeds).
+        device: ``"cpu"`` or ``"cuda"``.
+        out: the run folder.
+        cache_dir: encoder/feature cache (default ``<out>/../.cache``... see ``cache_path``).
+        noise_draws: independent noise draws per (method, epsilon, seed).
+        options: method options (``sensitivity``, ``m``, ...).
+        attacks: attack names (``all`` for every registered attack; empty for none).
+        resume: skip cells already in ``results.csv``.
+        head: the fine-tuning recipe.
+        ssl: the SimCLR recipe (``None``: the dataset's default).
+        split: split sizes (``None``: the dataset's default).
+        progress: show progress bars.
+    """
+
+    dataset: str = "digits"
+    data_root: str | None = None
+    methods: tuple[str, ...] = ("none",)
+    epsilons: tuple[float, ...] = DEFAULT_EPSILONS
+    delta: float | None = None
+    seeds: tuple[int, ...] = (0,)
+    split_seed: int = 0
+    device: str = "cpu"
+    out: str = "runs/latest"
+    cache_dir: str | None = None
+    noise_draws: int = 5
+    options: dict[str, Any] = field(default_factory=dict)
+    attacks: tuple[str, ...] = ("all",)
+    resume: bool = False
+    head: HeadConfig = field(default_factory=HeadConfig)
+    ssl: SSLConfig | None = None
+    split: SplitSizes | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.dataset not in available_datasets():
+            raise ValueError(
+                f"unknown dataset {self.dataset!r}: expected one of {', '.join(available_datasets())}"
+            )
+        if not self.methods:
+            raise ValueError("methods is empty: expected at least one method name")
+        for name in self.methods:
+            if name not in available_methods():
+                raise ValueError(
+                    f"unknown method {name!r}: expected one of {', '.join(available_methods())}"
+                )
+        for epsilon in self.epsilons:
+            check_epsilon(epsilon)
+        if self.delta is not None:
+            check_delta(self.delta)
+        if self.noise_draws < 1:
+            raise ValueError(f"noise_draws={self.noise_draws!r} is invalid: expected >= 1")
+        if not self.seeds:
+            raise ValueError("seeds is empty: expected at least one seed")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device={self.device!r} is invalid: expected 'cpu' or 'cuda[:N]'")
+
+    @property
+    def ssl_config(self) -> SSLConfig:
+        return self.ssl if self.ssl is not None else DEFAULT_SSL.get(self.dataset, SSLConfig())
+
+    @property
+    def split_sizes(self) -> SplitSizes:
+        if self.split is not None:
+            return self.split
+        if self.dataset not in DEFAULT_SIZES:
+            raise ValueError(f"no default split sizes for {self.dataset!r}; pass split sizes")
+        return DEFAULT_SIZES[self.dataset]
+
+    @property
+    def cache_path(self) -> Path:
+        if self.cache_dir is not None:
+            return Path(self.cache_dir)
+        return Path(os.environ.get("ALM_OPACUS_CACHE", Path(self.out) / "cache"))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["ssl"] = self.ssl_config.to_dict()
+        out["split"] = dataclasses.asdict(self.split_sizes)
+        return out
+
+
+@dataclass
+class Prepared:
+    """The data a run's methods and attacks share."""
+
+    config: RunConfig
+    split: Split
+    features: Tensor
+    labels: Tensor
+    num_classes: int
+    delta: float
+
+    def part(self, name: str) -> tuple[Tensor, Tensor]:
+        idx = torch.from_numpy(getattr(self.split, name))
+        return self.features[idx], self.labels[idx]
+
+
+@dataclass
+class RunResult:
+    rows: list[ResultRow]
+    out: Path
+    seconds: float
+
+
+def prepare(config: RunConfig) -> Prepared:
+    """Load the data, split it, pre-train on the public part, and extract features."""
+    dataset = load_dataset(config.dataset, root=config.data_root)
+    split = make_split(dataset, sizes=config.split_sizes, seed=config.split_seed)
+    public_images = (
+        dataset.unlabeled if dataset.unlabeled is not None else dataset.images[split.public]
+    )
+    ssl = config.ssl_config
+    source = "unlabeled" if dataset.unlabeled is not None else array_digest(split.public)
+    key = config_hash(
+        {"dataset": dataset.name, "public": source, "n": len(public_images), "ssl": ssl.to_dict(),
+         "seed": config.split_seed, "version": 1}
+    )  # fmt: skip
+    cache = config.cache_path
+    encoder = pretrain(
+        public_images, config=ssl, key=key, cache_dir=cache, device=config.device,
+        seed=config.split_seed, progress=config.progress,
+    )  # fmt: skip
+    features = extract_features(
+        encoder, dataset.images, key=key, cache_dir=cache, device=config.device,
+        progress=config.progress,
+    )  # fmt: skip
+    n = len(split.members)
+    delta = config.delta if config.delta is not None else min(1e-5, 1.0 / (10 * n))
+    return Prepared(
+        config=config, split=split, features=features,
+        labels=torch.from_numpy(np.asarray(dataset.labels, dtype=np.int64)),
+        num_classes=dataset.num_classes, delta=delta,
+    )  # fmt: skip
+
+
+def check_out(out: Path) -> None:
+    """Create ``out`` if needed and check that it can be written.
+
+    Raises:
+        ValueError: naming the folder, when it cannot.
+    """
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"out={str(out)!r} is not a writable folder: {exc}") from exc
+
+
+def run(config: RunConfig) -> RunResult:
+    """Run the whole comparison and write ``config.json``, ``split.json``,
+    ``results.csv`` and TensorBoard events under ``config.out``.
+
+    Raises:
+        ValueError: for an invalid configuration or an unwritable ``out``.
+        DataError: for a missing or corrupt dataset.
+    """
+    start = time.perf_counter()
+    out = Path(config.out)
+    check_out(out)
+    results_path = out / "results.csv"
+    rows: list[ResultRow] = []
+    if config.resume and results_path.exists():
+        rows = read_results(results_path)
+    done = {row.cell() for row in rows}
+    atomic_write_json(out / "config.json", {**config.to_dict(), "environment": _environment()})
+    data = prepare(config)
+    data.split.save(out / "split.json")
+    context = MethodContext(
+        num_classes=data.num_classes, head=config.head, device=config.device,
+        public_features=data.part("public")[0], public_labels=data.part("public")[1],
+        cache_dir=config.cache_path, options=dict(config.options), progress=config.progress,
+    )  # fmt: skip
+    reporter = TensorBoardReporter(out / "tb")
+    try:
+        methods = ["none", *[m for m in config.methods if m != "none"]]
+        x_in, y_in = data.part("members")
+        x_out, y_out = data.part("nonmembers")
+        for seed in config.seeds:
+            reference: float | None = None
+            for name in methods:
+                method = create_method(name)
+                prepared = None
+                grid = (math.inf,) if name == "none" else config.epsilons
+                for epsilon in grid:
+                    probe = ResultRow(config.dataset, name, epsilon, 0.0, "", math.nan, math.nan,
+                                      seed, math.nan, math.nan)  # fmt: skip
+                    if probe.cell() in done:
+                        if name == "none":
+                            reference = next(
+                                r.test_accuracy for r in rows if r.cell() == probe.cell()
+                            )
+                        continue
+                    cell_start = time.perf_counter()
+                    if prepared is None:
+                        prepared = method.prepare(
+                            features=x_in, labels=y_in, seed=seed, context=context
+                        )
+                    draws = 1 if name == "none" else config.noise_draws
+                    accuracies, releases = [], []
+                    for draw in range(draws):
+                        release = method.release(
+                            prepared, features=x_in, labels=y_in, epsilon=epsilon,
+                            delta=data.delta, seed=seed, draw=draw, context=context,
+                        )  # fmt: skip
+                        releases.append(release)
+                        accuracies.append(accuracy(release.predict_proba(x_out), y_out))
+                    if name == "none":
+                        reference = accuracies[0]
+                    assert reference is not None
+                    cell_rows = _cell_rows(
+                        config=config, name=name, epsilon=epsilon, seed=seed,
+                        releases=releases, accuracies=accuracies, reference=reference,
+                        seconds=time.perf_counter() - cell_start,
+                    )  # fmt: skip
+                    rows.extend(cell_rows)
+                    write_results(results_path, rows)
+                    for row in cell_rows:
+                        reporter.add_row(row)
+                    reporter.add_statement(
+                        method=name,
+                        epsilon=epsilon,
+                        seed=seed,
+                        statement=str(releases[0].statement),
+                    )
+    finally:
+        reporter.close()
+    return RunResult(rows=rows, out=out, seconds=time.perf_counter() - start)
+
+
+def _cell_rows(
+    *, config: RunConfig, name: str, epsilon: float, seed: int, releases: Sequence[Release],
+    accuracies: Sequence[float], reference: float, seconds: float,
+) -> list[ResultRow]:  # fmt: skip
+    statement = releases[0].statement
+    sens = statement.sensitivity
+    mean_acc = float(np.mean(accuracies))
+    base = ResultRow(
+        dataset=config.dataset, method=name, epsilon=epsilon, delta=statement.delta,
+        guarantee=statement.guarantee.value,
+        sensitivity=sens.value if sens is not None else math.nan,
+        noise_scale=statement.noise_scale if statement.noise_scale is not None else math.nan,
+        seed=seed, test_accuracy=mean_acc,
+        utility_loss=utility_loss(protected=mean_acc, unprotected=reference),
+        seconds=seconds, noise_draws=len(releases),
+        test_accuracy_std=float(np.std(accuracies)) if len(accuracies) > 1 else math.nan,
+        statement=str(statement),
+    )  # fmt: skip
+    return [base]
+
+
+def _environment() -> dict[str, str]:
+    return {
+        "alm_opacus": alm_opacus.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }

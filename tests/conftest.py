@@ -1,0 +1,39 @@
+"""Shared fixtures. The SimCLR pipeline on digits is built once per session and cached."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from alm_opacus.data import Dataset, load_dataset
+
+
+@pytest.fixture(scope="session")
+def digits() -> Dataset:
+    return load_dataset("digits")
+
+
+@pytest.fixture(scope="session")
+def pixel_features(digits: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """Raw digits pixels as unit-norm 64-d features: a fast stand-in for SimCLR features."""
+    x = torch.from_numpy(digits.images.reshape(len(digits.images), -1).astype(np.float64))
+    return torch.nn.functional.normalize(x, dim=1), torch.from_numpy(digits.labels)
+
+
+@pytest.fixture(scope="session")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One encoder/feature cache for every test that runs the default digits pipeline."""
+    return tmp_path_factory.mktemp("alm_cache")
+
+
+@pytest.fixture(scope="session")
+def default_pipeline(shared_cache: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The default digits pipeline (split, SimCLR encoder, features), built once."""
+    from alm_opacus.harness import RunConfig, prepare
+
+    out = tmp_path_factory.mktemp("pipeline_run")
+    config = RunConfig(out=str(out), cache_dir=str(shared_cache), progress=False)
+    return prepare(config)
