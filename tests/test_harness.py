@@ -33,9 +33,10 @@ def test_default_digits_head_is_accurate_and_measurably_overfit(default_pipeline
     assert accuracy(logits_out, y_out) >= 0.93  # issue 2: SimCLR features reach this
     loss_in = F.cross_entropy(logits_in, y_in, reduction="none")
     loss_out = F.cross_entropy(logits_out, y_out, reduction="none")
-    # A clear member/non-member loss gap: the median non-member loss is many times larger.
-    assert float(loss_out.median()) > 5 * float(loss_in.median())
-    assert float(loss_out.mean()) > 5 * float(loss_in.mean())
+    # A clear member/non-member loss gap: members are all fitted, while a tail of non-members
+    # sits above the largest member loss (measured: ~25%), so the mean loss differs ~100x.
+    assert float(loss_out.mean()) > 20 * float(loss_in.mean())
+    assert float((loss_out > loss_in.max()).double().mean()) >= 0.10
 
 
 def test_pretraining_sees_only_the_public_split(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -12,9 +12,9 @@ from alm_opacus.data.split import DEFAULT_SIZES, PARTS, Split, SplitSizes, make_
 def test_default_digits_split_is_disjoint_sized_and_covers_the_pool(digits) -> None:  # type: ignore[no-untyped-def]
     split = make_split(digits, sizes=DEFAULT_SIZES["digits"], seed=0)
     sizes = split.sizes()
-    assert sizes["members"] == sizes["nonmembers"] == 350
-    assert sizes["attacker"] == 540
-    assert sum(sizes.values()) == len(digits.labels)  # public takes the rest
+    assert sizes["members"] == sizes["nonmembers"] == 150
+    assert sizes["attacker"] == 2 * sizes["members"]  # shadow halves match the victim
+    assert sizes["public"] == 600
     union = np.concatenate([getattr(split, p) for p in PARTS])
     assert len(np.unique(union)) == len(union)
 

@@ -1,0 +1,348 @@
+"""Fine-tuning heads on frozen features, trained deterministically.
+
+Training is full-batch, so there is no data order: the same features, mask and seed
+give bit-identical weights, which the sensitivity sampler (ALM paper, Algorithm 2)
+relies on. Every trainer here is batched over *heads*: ``train_heads(..., masks=M)``
+trains ``len(M)`` heads at once, head ``b`` on the rows where ``M[b]`` is true, all from
+the same initialisation. ``train_head`` is the one-head case of the same code.
+
+The objective of head ``b`` is
+
+    F_b(w) = (1 / n_b) * sum_{i : M[b, i]} CE(f_w(clip_R(x_i)), y_i) + (l2 / 2) * ||w||_2^2
+
+with ``clip_R(x) = x * min(1, R / ||x||)`` and ``||w||`` over all parameters (biases too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from alm_opacus._validation import check_positive
+
+Params = dict[str, Tensor]
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """The fine-tuning recipe. The attacker is assumed to know it (see docs/threat_model.md).
+
+    Attributes:
+        kind: ``"linear"`` (multinomial logistic regression) or ``"mlp"`` (one hidden layer).
+        hidden: width of the MLP's hidden layer.
+        steps: number of full-batch optimiser steps.
+        lr: Adam learning rate.
+        l2: the L2 regularisation coefficient ``lambda`` of the objective (module docstring).
+        clip_radius: ``R``; features are clipped to L2 norm at most ``R`` (None: no clipping).
+        dtype: ``"float64"`` (default: neighbouring heads differ by tiny amounts, and float32
+            rounding would pollute sampled sensitivities) or ``"float32"``.
+    """
+
+    kind: str = "linear"
+    hidden: int = 64
+    steps: int = 1000
+    lr: float = 0.1
+    l2: float = 0.0
+    clip_radius: float | None = None
+    dtype: str = "float64"
+
+    def __post_init__(self) -> None:
+        if self.kind not in _INITS:
+            raise ValueError(f"kind={self.kind!r} is invalid: expected one of {sorted(_INITS)}")
+        if self.steps < 1:
+            raise ValueError(f"steps={self.steps!r} is invalid: expected an integer >= 1")
+        check_positive(self.lr, name="lr")
+        if not self.l2 >= 0:
+            raise ValueError(f"l2={self.l2!r} is invalid: expected a number >= 0")
+        if self.clip_radius is not None:
+            check_positive(self.clip_radius, name="clip_radius")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype={self.dtype!r} is invalid: expected 'float32' or 'float64'")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return torch.float64 if self.dtype == "float64" else torch.float32
+
+    def replace(self, **changes: object) -> HeadConfig:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+def clip_features(features: Tensor, radius: float | None) -> Tensor:
+    """Scale each row to L2 norm at most ``radius`` (rows already inside are unchanged)."""
+    if radius is None:
+        return features
+    norms = features.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    return features * (radius / norms).clamp(max=1.0)
+
+
+# --- parameter layouts: names follow the nn.Module below, so state_dicts line up -------------
+
+
+def _init_linear(d: int, c: int, config: HeadConfig, g: torch.Generator) -> Params:
+    bound = 1.0 / d**0.5
+    dt = config.torch_dtype
+    return {
+        "fc.weight": (torch.rand(c, d, generator=g, dtype=dt) * 2 - 1) * bound,
+        "fc.bias": (torch.rand(c, generator=g, dtype=dt) * 2 - 1) * bound,
+    }
+
+
+def _init_mlp(d: int, c: int, config: HeadConfig, g: torch.Generator) -> Params:
+    h, dt = config.hidden, config.torch_dtype
+    b1, b2 = 1.0 / d**0.5, 1.0 / h**0.5
+    return {
+        "fc1.weight": (torch.rand(h, d, generator=g, dtype=dt) * 2 - 1) * b1,
+        "fc1.bias": (torch.rand(h, generator=g, dtype=dt) * 2 - 1) * b1,
+        "fc2.weight": (torch.rand(c, h, generator=g, dtype=dt) * 2 - 1) * b2,
+        "fc2.bias": (torch.rand(c, generator=g, dtype=dt) * 2 - 1) * b2,
+    }
+
+
+def _logits_linear(p: Params, x: Tensor) -> Tensor:
+    # p[...] carries a leading head dimension B; x is (n, d) shared or (B, n, d).
+    return torch.matmul(x, p["fc.weight"].transpose(-1, -2)) + p["fc.bias"].unsqueeze(-2)
+
+
+def _logits_mlp(p: Params, x: Tensor) -> Tensor:
+    h = torch.relu(torch.matmul(x, p["fc1.weight"].transpose(-1, -2)) + p["fc1.bias"].unsqueeze(-2))
+    return torch.matmul(h, p["fc2.weight"].transpose(-1, -2)) + p["fc2.bias"].unsqueeze(-2)
+
+
+_INITS: dict[str, Callable[[int, int, HeadConfig, torch.Generator], Params]] = {
+    "linear": _init_linear,
+    "mlp": _init_mlp,
+}
+_LOGITS: dict[str, Callable[[Params, Tensor], Tensor]] = {
+    "linear": _logits_linear,
+    "mlp": _logits_mlp,
+}
+
+
+def batched_logits(params: Params, features: Tensor, *, config: HeadConfig) -> Tensor:
+    """Logits of a batch of heads: ``params`` have a leading head dim ``B``; returns (B, n, C)."""
+    x = clip_features(features.to(config.torch_dtype), config.clip_radius)
+    return _LOGITS[config.kind](params, x)
+
+
+def head_objective(
+    params: Params, features: Tensor, labels: Tensor, masks: Tensor, *, config: HeadConfig
+) -> Tensor:
+    """Per-head objective ``F_b(w_b)`` of the module docstring, shape (B,). Pure function."""
+    logits = batched_logits(params, features, config=config)
+    ce = F.cross_entropy(
+        logits.transpose(1, 2), labels.expand(logits.shape[0], -1), reduction="none"
+    )
+    w = masks.to(logits.dtype)
+    data_term = (ce * w).sum(1) / w.sum(1)
+    reg = sum(p.pow(2).flatten(1).sum(1) for p in params.values())
+    return data_term + 0.5 * config.l2 * reg
+
+
+def train_heads(
+    features: Tensor,
+    labels: Tensor,
+    *,
+    masks: Tensor,
+    num_classes: int,
+    config: HeadConfig,
+    seed: int,
+) -> Params:
+    """Train ``B = len(masks)`` heads at once, from one seeded initialisation.
+
+    Head ``b`` sees exactly the rows where ``masks[b]`` is true. Adam's update is
+    elementwise, so each head's trajectory is the one it would have alone, up to float64
+    rounding. (Near a stationary point Adam divides by ``sqrt(v) ~ |grad|``, which
+    amplifies rounding: implementations that sum in another order agree to ~1e-6 relative
+    after 300 steps, not ~1e-15. Same inputs and seed always give the same bits.)
+
+    Args:
+        features: (n, d) features.
+        labels: (n,) int64 labels.
+        masks: (B, n) boolean; each row must select at least one example.
+        num_classes: number of output classes.
+        config: the recipe.
+        seed: seeds the initialisation (shared by all heads).
+
+    Returns:
+        Parameters with a leading head dimension ``B``, detached.
+
+    Raises:
+        ValueError: on shape mismatches or an empty mask row.
+    """
+    if features.ndim != 2 or labels.shape != (features.shape[0],):
+        raise ValueError(
+            f"features (n, d) and labels (n,) expected; got {tuple(features.shape)} "
+            f"and {tuple(labels.shape)}"
+        )
+    if masks.ndim != 2 or masks.shape[1] != features.shape[0]:
+        raise ValueError(f"masks must be (B, {features.shape[0]}); got {tuple(masks.shape)}")
+    if not bool(masks.any(1).all()):
+        raise ValueError("every mask row must select at least one example")
+    device = features.device
+    x = features.to(config.torch_dtype)
+    y = labels.to(device=device, dtype=torch.long)
+    m = masks.to(device=device, dtype=torch.bool)
+    g = torch.Generator().manual_seed(int(seed))
+    init = _INITS[config.kind](x.shape[1], num_classes, config, g)
+    init = {k: v.to(device) for k, v in init.items()}
+    if config.kind == "linear":
+        return _train_linear(x, y, m, init, config)
+    return _train_autograd(x, y, m, init, config)
+
+
+def train_heads_autograd(
+    features: Tensor,
+    labels: Tensor,
+    *,
+    masks: Tensor,
+    num_classes: int,
+    config: HeadConfig,
+    seed: int,
+) -> Params:
+    """:func:`train_heads` with gradients by autograd for every kind: the reference the
+    closed-form linear path is tested and benchmarked against. Same arguments and result
+    (up to float64 rounding)."""
+    if masks.ndim != 2 or masks.shape[1] != features.shape[0] or not bool(masks.any(1).all()):
+        raise ValueError(f"masks must be (B, {features.shape[0]}) with no empty row")
+    g = torch.Generator().manual_seed(int(seed))
+    x = features.to(config.torch_dtype)
+    init = _INITS[config.kind](x.shape[1], num_classes, config, g)
+    init = {k: v.to(features.device) for k, v in init.items()}
+    y = labels.to(device=features.device, dtype=torch.long)
+    return _train_autograd(x, y, masks.to(device=features.device, dtype=torch.bool), init, config)
+
+
+class _Adam:
+    """Adam (Kingma & Ba 2015, Algorithm 1) on one tensor, in place, in a fixed op order."""
+
+    beta1, beta2, tiny = 0.9, 0.999, 1e-8
+
+    def __init__(self, param: Tensor, lr: float) -> None:
+        self.param, self.lr, self.t = param, lr, 0
+        self.first = torch.zeros_like(param)
+        self.second = torch.zeros_like(param)
+
+    def step(self, grad: Tensor) -> None:
+        self.t += 1
+        b1, b2 = self.beta1, self.beta2
+        self.first.mul_(b1).add_(grad, alpha=1 - b1)
+        self.second.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        denom = (self.second / (1 - b2**self.t)).sqrt_().add_(self.tiny)
+        self.param.addcdiv_(self.first, denom, value=-self.lr / (1 - b1**self.t))
+
+
+def _train_autograd(x: Tensor, y: Tensor, m: Tensor, init: Params, config: HeadConfig) -> Params:
+    """Generic path (any head kind): gradients of :func:`head_objective` by autograd."""
+    n_heads = m.shape[0]
+    x = clip_features(x, config.clip_radius)
+    plain = config.replace(clip_radius=None)  # clipped once here, not at every step
+    params = {
+        k: v.unsqueeze(0).repeat(n_heads, *([1] * v.ndim)).requires_grad_(True)
+        for k, v in init.items()
+    }
+    with torch.no_grad():
+        adams = {k: _Adam(p, config.lr) for k, p in params.items()}
+    for _ in range(config.steps):
+        loss = head_objective(params, x, y, m, config=plain).sum()
+        grads = torch.autograd.grad(loss, list(params.values()))
+        with torch.no_grad():
+            for k, grad in zip(params, grads, strict=True):
+                adams[k].step(grad)
+    return {k: v.detach() for k, v in params.items()}
+
+
+def _train_linear(x: Tensor, y: Tensor, m: Tensor, init: Params, config: HeadConfig) -> Params:
+    """Linear heads with the closed-form gradient, no autograd.
+
+    With the bias folded in as a constant feature, x~ = (x, 1) and W~ = [W, b], head b's
+    gradient is ((softmax(W~ x~) - onehot(y)) * w_b)^T x~ + l2 * W~, w_b = masks[b] / n_b.
+    All heads share x~, so the logits of every head come from one (B*C, d+1) @ (d+1, n)
+    product and the gradients from one (B*C, n) @ (n, d+1) product: large GEMMs instead of
+    B small ones. Layout (B, C, n) keeps the softmax reductions over C contiguous in n.
+    """
+    n_heads, n = m.shape
+    c, d = init["fc.weight"].shape
+    xt = torch.cat([clip_features(x, config.clip_radius), x.new_ones(n, 1)], dim=1)
+    xt_t = xt.t().contiguous()
+    weight = m.to(x.dtype)
+    weight = (weight / weight.sum(1, keepdim=True)).unsqueeze(1)  # (B, 1, n)
+    onehot = F.one_hot(y, c).to(x.dtype).t().unsqueeze(0)  # (1, C, n)
+    w = torch.cat([init["fc.weight"], init["fc.bias"].unsqueeze(1)], dim=1)
+    w = w.unsqueeze(0).repeat(n_heads, 1, 1).reshape(n_heads * c, d + 1).contiguous()
+    adam = _Adam(w, config.lr)
+    for _ in range(config.steps):
+        z = torch.mm(w, xt_t).view(n_heads, c, n)
+        z.sub_(z.amax(1, keepdim=True)).exp_()
+        z.div_(z.sum(1, keepdim=True)).sub_(onehot).mul_(weight)
+        grad = torch.addmm(w, z.view(n_heads * c, n), xt, beta=config.l2)  # + l2 * w
+        adam.step(grad)
+    w = w.view(n_heads, c, d + 1)
+    return {"fc.weight": w[..., :d].contiguous(), "fc.bias": w[..., d].contiguous()}
+
+
+class Head(nn.Module):
+    """A trained head as a module: feature clipping, then a linear layer or a one-hidden MLP."""
+
+    def __init__(self, *, in_features: int, num_classes: int, config: HeadConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.in_features = in_features
+        self.num_classes = num_classes
+        dt = config.torch_dtype
+        if config.kind == "linear":
+            self.fc = nn.Linear(in_features, num_classes, dtype=dt)
+        else:
+            self.fc1 = nn.Linear(in_features, config.hidden, dtype=dt)
+            self.fc2 = nn.Linear(config.hidden, num_classes, dtype=dt)
+
+    def forward(self, features: Tensor) -> Tensor:
+        params = {k: v.unsqueeze(0) for k, v in self.named_parameters()}
+        return batched_logits(params, features, config=self.config)[0]
+
+    @torch.no_grad()
+    def predict_proba(self, features: Tensor) -> Tensor:
+        return torch.softmax(self(features), dim=-1)
+
+    @classmethod
+    def from_params(
+        cls, params: Params, *, index: int = 0, num_classes: int, config: HeadConfig
+    ) -> Head:
+        """Build the module for head ``index`` of a batch returned by :func:`train_heads`."""
+        first = next(iter(params.values()))
+        key = "fc.weight" if config.kind == "linear" else "fc1.weight"
+        head = cls(in_features=params[key].shape[-1], num_classes=num_classes, config=config)
+        head.load_state_dict({k: v[index].clone() for k, v in params.items()})
+        return head.to(first.device)
+
+
+def train_head(
+    features: Tensor, labels: Tensor, *, num_classes: int, config: HeadConfig, seed: int
+) -> Head:
+    """Train one head on all of ``features``. Deterministic: same inputs and seed, same bits."""
+    masks = torch.ones(1, features.shape[0], dtype=torch.bool, device=features.device)
+    params = train_heads(
+        features, labels, masks=masks, num_classes=num_classes, config=config, seed=seed
+    )
+    return Head.from_params(params, num_classes=num_classes, config=config)
+
+
+def flat_params(params: Params) -> Tensor:
+    """Concatenate a batch of parameters into (B, P), in a fixed key order."""
+    return torch.cat([params[k].flatten(1) for k in sorted(params)], dim=1)
+
+
+def accuracy(proba: Tensor, labels: Tensor) -> float:
+    """Top-1 accuracy of predicted probabilities (or logits)."""
+    return float((proba.argmax(-1) == labels.to(proba.device)).double().mean())
+
+
+def utility_loss(*, protected: float, unprotected: float) -> float:
+    """ALM paper, Definition 6.1: ``1 - M(protected) / M(unprotected)``."""
+    if unprotected <= 0:
+        raise ValueError(f"unprotected={unprotected!r} is invalid: expected a metric > 0")
+    return 1.0 - protected / unprotected
