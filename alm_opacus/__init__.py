@@ -7,6 +7,7 @@ Importing the package registers the ``alm_pld`` accountant into Opacus's registr
 from __future__ import annotations
 
 from alm_opacus import accounting as _accounting  # noqa: F401  (registers "alm_pld")
+from alm_opacus import posthoc as _posthoc  # noqa: F401  (registers alm, laplace, gaussian)
 from alm_opacus.accounting import ACCOUNTANT_NAME, PipelineAccountant
 from alm_opacus.mechanisms import (
     AdditiveNoiseMechanism,

@@ -1,0 +1,184 @@
+"""The post-training engine (ALM Algorithm 1) and the post-training methods."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from alm_opacus.heads import HeadConfig, train_head, utility_loss
+from alm_opacus.methods import MethodContext, create_method
+from alm_opacus.protect import (
+    Guarantee,
+    PostTrainingPrivacyEngine,
+    ProtectedModule,
+    SensitivityInfo,
+)
+
+FAST = HeadConfig(steps=60, lr=0.05)
+
+
+@pytest.fixture(scope="module")
+def small(pixel_features):  # type: ignore[no-untyped-def]
+    x, y = pixel_features
+    return x[:120], y[:120]
+
+
+@pytest.fixture(scope="module")
+def head(small):  # type: ignore[no-untyped-def]
+    x, y = small
+    return train_head(x, y, num_classes=10, config=FAST, seed=0)
+
+
+def _flat(module: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in module.parameters()])
+
+
+@pytest.mark.parametrize(
+    "mechanism,reference,norm",
+    [("alm", stats.logistic, "l1"), ("laplace", stats.laplace, "l1"),
+     ("gaussian", stats.norm, "l2")],
+)  # fmt: skip
+def test_release_noise_follows_the_mechanism_law(head, mechanism, reference, norm) -> None:  # type: ignore[no-untyped-def]
+    engine = PostTrainingPrivacyEngine(mechanism=mechanism)
+    info = SensitivityInfo(value=0.5, norm=norm, source="analytic")
+    delta = 1e-5 if norm == "l2" else 0.0
+    release = engine.make_private(head, epsilon=2.0, delta=delta, sensitivity=info, seed=7)
+    noise = (_flat(release.module) - _flat(head)).numpy()
+    scale = release.statement.noise_scale
+    assert scale is not None
+    if mechanism in ("alm", "laplace"):
+        assert scale == pytest.approx(0.5 / 2.0)  # ALM Theorem 4.1 / Laplace: scale = Δ₁/ε
+    assert stats.kstest(noise, reference(scale=scale).cdf).pvalue > 1e-3
+
+
+def test_statement_kinds_follow_the_sensitivity_source(head) -> None:  # type: ignore[no-untyped-def]
+    engine = PostTrainingPrivacyEngine(mechanism="alm")
+    analytic = SensitivityInfo(value=1.0, norm="l1", source="analytic")
+    sampled = SensitivityInfo(value=1.0, norm="l1", source="sampled", m=200, gamma=0.05,
+                              confidence=0.99996)  # fmt: skip
+    pure = engine.make_private(head, epsilon=1.0, sensitivity=analytic, seed=0).statement
+    rand = engine.make_private(head, epsilon=1.0, sensitivity=sampled, seed=0).statement
+    assert pure.guarantee is Guarantee.PURE_DP and pure.delta == 0
+    assert rand.guarantee is Guarantee.RANDOM_DP
+    assert "gamma=0.05" in str(rand) and "confidence" in str(rand)
+    gauss = PostTrainingPrivacyEngine(mechanism="gaussian").make_private(
+        head, epsilon=1.0, delta=1e-5, sensitivity=SensitivityInfo(value=1.0, norm="l2",
+        source="analytic"), seed=0,
+    ).statement  # fmt: skip
+    assert gauss.guarantee is Guarantee.APPROX_DP and gauss.delta == 1e-5
+
+
+def test_classic_gaussian_states_its_actual_delta_beyond_its_theorem(head) -> None:  # type: ignore[no-untyped-def]
+    engine = PostTrainingPrivacyEngine(mechanism="gaussian-classic")
+    info = SensitivityInfo(value=1.0, norm="l2", source="analytic")
+    small_eps = engine.make_private(head, epsilon=0.5, delta=1e-5, sensitivity=info, seed=0)
+    assert small_eps.statement.delta == 1e-5 and not small_eps.statement.notes
+    big = engine.make_private(head, epsilon=10.0, delta=1e-5, sensitivity=info, seed=0).statement
+    sigma = math.sqrt(2 * math.log(1.25 / 1e-5)) / 10.0
+    # Balle & Wang (2018) Thm 8: the exact delta of sigma at epsilon, computed here from scipy.
+    exact = stats.norm.cdf(1 / (2 * sigma) - 10 * sigma) - math.exp(10) * stats.norm.cdf(
+        -1 / (2 * sigma) - 10 * sigma
+    )
+    assert big.delta == pytest.approx(exact, rel=1e-6) and big.delta > 1e-5
+    assert "epsilon < 1" in " ".join(big.notes)
+
+
+def test_wrong_norm_and_bad_budgets_are_refused(head) -> None:  # type: ignore[no-untyped-def]
+    engine = PostTrainingPrivacyEngine(mechanism="alm")
+    with pytest.raises(ValueError, match="norm"):
+        engine.make_private(
+            head,
+            epsilon=1.0,
+            seed=0,
+            sensitivity=SensitivityInfo(value=1.0, norm="l2", source="analytic"),
+        )
+    bads = [
+        dict(epsilon=0.0, sensitivity=1.0),
+        dict(epsilon=1.0, sensitivity=math.nan),
+        dict(epsilon=-1.0, sensitivity=1.0),
+        dict(epsilon=1.0, sensitivity=-2.0),
+    ]
+    for bad in bads:
+        with pytest.raises(ValueError):
+            engine.make_private(head, seed=0, **bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"fc\.nosuch"):
+        engine.make_private(head, epsilon=1.0, sensitivity=1.0, seed=0, parameters=["fc.nosuch"])
+
+
+def test_reprotect_needs_no_retraining_and_never_leaks_clean_weights(head, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    clean = {k: v.clone() for k, v in head.state_dict().items()}
+    engine = PostTrainingPrivacyEngine(mechanism="alm")
+    a = engine.make_private(head, epsilon=1.0, sensitivity=0.2, seed=1)
+    b = engine.make_private(head, epsilon=4.0, sensitivity=0.2, seed=2)
+    assert all(torch.equal(v, head.state_dict()[k]) for k, v in clean.items())  # owner's copy
+    for release in (a, b):
+        for key, value in release.state_dict().items():
+            assert not any(torch.equal(value, c) for c in clean.values()), key
+    # More budget, less noise: the epsilon=4 release sits 4x closer in expectation.
+    assert float((_flat(b) - _flat(head)).abs().mean()) < float(
+        (_flat(a) - _flat(head)).abs().mean()
+    )
+    a.save(tmp_path / "release.pt")
+    loaded = ProtectedModule.load(tmp_path / "release.pt", module=head)
+    assert loaded.statement == a.statement
+    assert torch.equal(_flat(loaded), _flat(a))
+    other = train_head(torch.randn(20, 5), torch.randint(0, 10, (20,)), num_classes=10,
+                       config=FAST, seed=0)  # fmt: skip
+    with pytest.raises(ValueError, match=r"fc.weight: \[10, 64\] vs \[10, 5\]"):
+        ProtectedModule.load(tmp_path / "release.pt", module=other)
+
+
+def test_utility_loss_is_definition_6_1() -> None:
+    assert utility_loss(protected=0.45, unprotected=0.9) == pytest.approx(0.5)
+    assert utility_loss(protected=0.9, unprotected=0.9) == 0.0
+    with pytest.raises(ValueError):
+        utility_loss(protected=0.5, unprotected=0.0)
+
+
+@pytest.mark.parametrize("source,expected", [("analytic", "pure-dp"), ("sampled", "random-dp")])
+def test_alm_method_at_epsilon_1(small, source: str, expected: str) -> None:  # type: ignore[no-untyped-def]
+    x, y = small
+    context = MethodContext(num_classes=10, head=FAST, options={"sensitivity": source, "m": 12})
+    method = create_method("alm")
+    prepared = method.prepare(features=x, labels=y, seed=0, context=context)
+    release = method.release(prepared, features=x, labels=y, epsilon=1.0, delta=1e-5, seed=0,
+                             draw=0, context=context)  # fmt: skip
+    st = release.statement
+    assert st.guarantee.value == expected and st.delta == 0.0 and st.epsilon == 1.0
+    assert st.sensitivity is not None and st.sensitivity.norm == "l1"
+    assert st.noise_scale == pytest.approx(st.sensitivity.value / 1.0)
+    if source == "sampled":
+        assert st.sensitivity.gamma is not None and 0 < st.sensitivity.confidence < 1
+    proba = release.predict_proba(x)
+    assert proba.shape == (len(x), 10)
+    assert torch.allclose(proba.sum(1), torch.ones(len(x)), atol=1e-5)
+    # Draws differ, and a repeat of the same draw is the same release.
+    again = method.release(prepared, features=x, labels=y, epsilon=1.0, delta=1e-5, seed=0,
+                           draw=0, context=context)  # fmt: skip
+    other = method.release(prepared, features=x, labels=y, epsilon=1.0, delta=1e-5, seed=0,
+                           draw=1, context=context)  # fmt: skip
+    assert torch.equal(_flat(release.module), _flat(again.module))
+    assert not torch.equal(_flat(release.module), _flat(other.module))
+
+
+def test_adaptive_shadow_trainer_adds_the_released_noise_scale(small) -> None:  # type: ignore[no-untyped-def]
+    x, y = small
+    context = MethodContext(num_classes=10, head=FAST, options={"sensitivity": "sampled", "m": 8})
+    method = create_method("laplace")
+    prepared = method.prepare(features=x, labels=y, seed=0, context=context)
+    release = method.release(prepared, features=x, labels=y, epsilon=0.01, delta=0.0, seed=0,
+                             draw=0, context=context)  # fmt: skip
+    trainer = method.shadow_trainer(release=release, epsilon=0.01, delta=0.0, context=context)
+    masks = torch.ones(3, len(y), dtype=torch.bool)
+    proba = trainer(x, y, masks, 0)(x)
+    assert proba.shape == (3, len(x), 10)
+    plain = create_method("none").shadow_trainer(release=release, epsilon=0.01, delta=0.0,
+                                                 context=context)(x, y, masks, 0)(x)  # fmt: skip
+    # At epsilon=0.01 the noise swamps the weights: shadow predictions move far from plain ones.
+    assert float((proba - plain).abs().mean()) > 0.05
+    assert np.isfinite(proba.numpy()).all()
