@@ -7,13 +7,15 @@ threat model allows.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata
+import json
 import math
 import os
 import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,11 +26,27 @@ from torch import Tensor
 
 import alm_opacus
 from alm_opacus._validation import check_delta, check_epsilon
+from alm_opacus.attacks import (
+    DEFAULT_ATTACKS,
+    AttackerKnowledge,
+    AttackResult,
+    AttackTarget,
+    PreparedAttacks,
+    aggregate_results,
+    available_attacks,
+    prepare_attacks,
+)
 from alm_opacus.data import available_datasets, load_dataset
 from alm_opacus.data.split import DEFAULT_SIZES, Split, SplitSizes, make_split
 from alm_opacus.heads import HeadConfig, accuracy, utility_loss
-from alm_opacus.io import atomic_write_json
-from alm_opacus.methods import MethodContext, Release, available_methods, create_method
+from alm_opacus.io import atomic_write_json, atomic_write_text
+from alm_opacus.methods import (
+    Method,
+    MethodContext,
+    Release,
+    available_methods,
+    create_method,
+)
 from alm_opacus.report.results import ResultRow, read_results, write_results
 from alm_opacus.report.tensorboard import TensorBoardReporter
 from alm_opacus.ssl.pretrain import (
@@ -100,9 +118,8 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if self.dataset not in available_datasets():
-            raise ValueError(
-                f"unknown dataset {self.dataset!r}: expected one of {', '.join(available_datasets())}"
-            )
+            names = ", ".join(available_datasets())
+            raise ValueError(f"unknown dataset {self.dataset!r}: expected one of {names}")
         if not self.methods:
             raise ValueError("methods is empty: expected at least one method name")
         for name in self.methods:
@@ -118,8 +135,23 @@ class RunConfig:
             raise ValueError(f"noise_draws={self.noise_draws!r} is invalid: expected >= 1")
         if not self.seeds:
             raise ValueError("seeds is empty: expected at least one seed")
+        for name in self.attack_names:
+            if name not in available_attacks():
+                raise ValueError(
+                    f"unknown attack {name!r}: expected one of {', '.join(available_attacks())}"
+                    ", 'all' or 'none'"
+                )
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device={self.device!r} is invalid: expected 'cpu' or 'cuda[:N]'")
+
+    @property
+    def attack_names(self) -> tuple[str, ...]:
+        """The attacks to run: ``all`` expands to every registered one, ``none`` to none."""
+        if tuple(self.attacks) == ("all",):
+            return DEFAULT_ATTACKS
+        if tuple(self.attacks) in (("none",), ()):
+            return ()
+        return tuple(self.attacks)
 
     @property
     def ssl_config(self) -> SSLConfig:
@@ -240,12 +272,19 @@ def run(config: RunConfig) -> RunResult:
         cache_dir=config.cache_path, options=dict(config.options), progress=config.progress,
     )  # fmt: skip
     reporter = TensorBoardReporter(out / "tb")
+    rocs = _load_rocs(out / "rocs.json") if config.resume else {}
+    x_in, y_in = data.part("members")
+    x_out, y_out = data.part("nonmembers")
+    evaluation = Evaluation(
+        features=torch.cat([x_in, x_out]), labels=torch.cat([y_in, y_out]),
+        is_member=np.r_[np.ones(len(y_in), bool), np.zeros(len(y_out), bool)],
+        pool=data.part("attacker"), names=config.attack_names, num_classes=data.num_classes,
+    )  # fmt: skip
     try:
         methods = ["none", *[m for m in config.methods if m != "none"]]
-        x_in, y_in = data.part("members")
-        x_out, y_out = data.part("nonmembers")
         for seed in config.seeds:
             reference: float | None = None
+            plain_attacks: PreparedAttacks | None = None
             for name in methods:
                 method = create_method(name)
                 prepared = None
@@ -265,7 +304,10 @@ def run(config: RunConfig) -> RunResult:
                             features=x_in, labels=y_in, seed=seed, context=context
                         )
                     draws = 1 if name == "none" else config.noise_draws
-                    accuracies, releases = [], []
+                    accuracies: list[float] = []
+                    releases: list[Release] = []
+                    results: list[AttackResult] = []
+                    attacks: PreparedAttacks | None = None
                     for draw in range(draws):
                         release = method.release(
                             prepared, features=x_in, labels=y_in, epsilon=epsilon,
@@ -273,15 +315,36 @@ def run(config: RunConfig) -> RunResult:
                         )  # fmt: skip
                         releases.append(release)
                         accuracies.append(accuracy(release.predict_proba(x_out), y_out))
+                        if not evaluation.names:
+                            continue
+                        if attacks is None:
+                            adaptive = type(method).shadow_trainer is not Method.shadow_trainer
+                            if adaptive or plain_attacks is None:
+                                trainer = method.shadow_trainer(
+                                    release=release, epsilon=epsilon, delta=data.delta,
+                                    context=context,
+                                )  # fmt: skip
+                                attacks = evaluation.prepare(trainer, seed=seed)
+                                if not adaptive:
+                                    plain_attacks = attacks
+                            else:
+                                attacks = plain_attacks
+                        results.extend(evaluation.attack(attacks, release))
                     if name == "none":
                         reference = accuracies[0]
                     assert reference is not None
                     cell_rows = _cell_rows(
                         config=config, name=name, epsilon=epsilon, seed=seed,
                         releases=releases, accuracies=accuracies, reference=reference,
-                        seconds=time.perf_counter() - cell_start,
+                        results=results, seconds=time.perf_counter() - cell_start,
                     )  # fmt: skip
                     rows.extend(cell_rows)
+                    for result in results[: len(evaluation.names)]:  # the first draw's ROCs
+                        rocs[(name, epsilon, result.attack)] = (
+                            result.roc.fpr.tolist(),
+                            result.roc.tpr.tolist(),
+                        )
+                    _save_rocs(out / "rocs.json", rocs)
                     write_results(results_path, rows)
                     for row in cell_rows:
                         reporter.add_row(row)
@@ -298,7 +361,8 @@ def run(config: RunConfig) -> RunResult:
 
 def _cell_rows(
     *, config: RunConfig, name: str, epsilon: float, seed: int, releases: Sequence[Release],
-    accuracies: Sequence[float], reference: float, seconds: float,
+    accuracies: Sequence[float], reference: float, results: Sequence[AttackResult],
+    seconds: float,
 ) -> list[ResultRow]:  # fmt: skip
     statement = releases[0].statement
     sens = statement.sensitivity
@@ -312,9 +376,85 @@ def _cell_rows(
         utility_loss=utility_loss(protected=mean_acc, unprotected=reference),
         seconds=seconds, noise_draws=len(releases),
         test_accuracy_std=float(np.std(accuracies)) if len(accuracies) > 1 else math.nan,
+        utility_loss_std=float(np.std(accuracies)) / reference if len(accuracies) > 1 else math.nan,
         statement=str(statement),
     )  # fmt: skip
-    return [base]
+    if not results:
+        return [base]
+    out = []
+    for agg in aggregate_results(results):
+        mean, std = agg.mean, agg.std
+        out.append(base.replace(
+            attack=agg.attack, mia_accuracy=mean["mia_accuracy"],
+            mia_advantage=mean["mia_advantage"], mia_auc=mean["mia_auc"],
+            tpr_at_fpr_0_001=mean["tpr_at_fpr_0.001"], tpr_at_fpr_0_01=mean["tpr_at_fpr_0.01"],
+            eps_lower_bound=mean["eps_lower_bound"], mia_auc_std=std["mia_auc"],
+            mia_accuracy_std=std["mia_accuracy"],
+        ))  # fmt: skip
+    return out
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run a block with ``n`` intra-op threads: the attacks' many tiny matrix products are
+    slower with more threads than they have work for."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@dataclass
+class Evaluation:
+    """The balanced evaluation set (members and as many non-members) and the attacker's pool."""
+
+    features: Tensor
+    labels: Tensor
+    is_member: np.ndarray
+    pool: tuple[Tensor, Tensor]
+    names: tuple[str, ...]
+    num_classes: int
+
+    def prepare(self, trainer: Any, *, seed: int) -> PreparedAttacks:
+        """Fit every attack on the attacker's side, before any release is seen."""
+        knowledge = AttackerKnowledge(features=self.pool[0], labels=self.pool[1], trainer=trainer,
+                                      num_classes=self.num_classes)  # fmt: skip
+        with torch_threads(1):
+            return prepare_attacks(
+                names=self.names, knowledge=knowledge, seed=seed,
+                candidate_features=self.features, candidate_labels=self.labels,
+            )  # fmt: skip
+
+    def attack(self, prepared: PreparedAttacks, release: Release) -> list[AttackResult]:
+        target = AttackTarget(
+            predict=release.predict_proba, features=self.features, labels=self.labels,
+            is_member=self.is_member, num_classes=self.num_classes,
+            delta=release.statement.delta,
+        )  # fmt: skip
+        with torch_threads(1):
+            return prepared.attack(target)
+
+
+RocKey = tuple[str, float, str]
+
+
+def _save_rocs(path: Path, rocs: dict[RocKey, tuple[list[float], list[float]]]) -> None:
+    payload = [
+        {"method": m, "epsilon": "inf" if math.isinf(e) else e, "attack": a, "fpr": f, "tpr": t}
+        for (m, e, a), (f, t) in rocs.items()
+    ]
+    atomic_write_text(path, json.dumps(payload))
+
+
+def _load_rocs(path: Path) -> dict[RocKey, tuple[list[float], list[float]]]:
+    if not path.exists():
+        return {}
+    out = {}
+    for item in json.loads(path.read_text()):
+        out[(item["method"], float(item["epsilon"]), item["attack"])] = (item["fpr"], item["tpr"])
+    return out
 
 
 def _environment() -> dict[str, str]:

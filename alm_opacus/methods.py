@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-import torch
 from torch import Tensor, nn
 
-from alm_opacus.heads import HeadConfig, batched_logits, train_head, train_heads
+from alm_opacus.heads import HeadConfig, train_head
 from alm_opacus.protect import PrivacyStatement
 
 Predict = Callable[[Tensor], Tensor]
+#: ``trainer(features, labels, masks (B, n), seed) -> predict``, predict giving (B, q, C).
+ShadowTrainer = Callable[[Tensor, Tensor, Tensor, int], Predict]
 
 
 @dataclass
@@ -102,7 +103,7 @@ class Method:
 
     def shadow_trainer(
         self, *, release: Release, epsilon: float, delta: float, context: MethodContext
-    ) -> Callable[[Tensor, Tensor, Tensor, int], Predict]:
+    ) -> ShadowTrainer:
         """A trainer for the attacker's shadow and reference heads.
 
         The default trains unprotected heads with the victim's recipe; methods whose
@@ -115,26 +116,11 @@ class Method:
 
 def plain_shadow_trainer(
     context: MethodContext,
-) -> Callable[[Tensor, Tensor, Tensor, int], Predict]:
+) -> ShadowTrainer:
     """Shadow heads trained with the victim's recipe, without protection."""
+    from alm_opacus.attacks import recipe_trainer
 
-    def trainer(features: Tensor, labels: Tensor, masks: Tensor, seed: int) -> Predict:
-        params = train_heads(
-            features,
-            labels,
-            masks=masks,
-            num_classes=context.num_classes,
-            config=context.head,
-            seed=seed,
-        )
-
-        def predict(x: Tensor) -> Tensor:
-            with torch.no_grad():
-                return torch.softmax(batched_logits(params, x, config=context.head), -1).float()
-
-        return predict
-
-    return trainer
+    return recipe_trainer(config=context.head, num_classes=context.num_classes)
 
 
 MethodFactory = Callable[[], Method]

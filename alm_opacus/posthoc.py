@@ -16,7 +16,6 @@ Sensitivity (``context.options["sensitivity"]``):
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -25,7 +24,14 @@ from torch import Tensor
 
 from alm_opacus.heads import Head, HeadConfig, batched_logits, flat_params, train_heads
 from alm_opacus.mechanisms import create_mechanism, make_generator
-from alm_opacus.methods import Method, MethodContext, Predict, Release, register_method
+from alm_opacus.methods import (
+    Method,
+    MethodContext,
+    Predict,
+    Release,
+    ShadowTrainer,
+    register_method,
+)
 from alm_opacus.protect import PostTrainingPrivacyEngine, ProtectedModule, SensitivityInfo
 from alm_opacus.sensitivity import analytic_sensitivity, sample_sensitivity, train_convex_heads
 
@@ -146,30 +152,19 @@ class PostTrainingMethod(Method):
 
     def shadow_trainer(
         self, *, release: Release, epsilon: float, delta: float, context: MethodContext
-    ) -> Callable[[Tensor, Tensor, Tensor, int], Predict]:
+    ) -> ShadowTrainer:
         """The adaptive attacker: shadow heads trained with the victim's recipe, then given
-        noise of the released scale (the statement publishes it)."""
+        noise of the released scale (the statement publishes it), drawn per head."""
         mech = create_mechanism(self.mechanism)
         scale = release.statement.noise_scale
         assert scale is not None
-        solver = release.info.get("solver", "adam")
+        solver = str(release.info.get("solver", "adam"))
         config = convex_config(context) if solver == "newton" else context.head
 
         def trainer(features: Tensor, labels: Tensor, masks: Tensor, seed: int) -> Predict:
-            if solver == "newton":
-                params = train_convex_heads(
-                    features, labels, masks=masks, num_classes=context.num_classes, config=config
-                ).params
-            else:
-                params = train_heads(
-                    features,
-                    labels,
-                    masks=masks,
-                    num_classes=context.num_classes,
-                    config=config,
-                    seed=seed,
-                )
-            generator = make_generator(seed=derive_seed("shadow-noise", seed))
+            params = clean_shadow_heads(features, labels, masks=masks, seed=seed, config=config,
+                                        solver=solver, num_classes=context.num_classes)  # fmt: skip
+            generator = make_generator(seed=derive_seed("shadow-noise", self.name, seed, scale))
             noisy = {k: v + mech.sample(tuple(v.shape), scale=scale, generator=generator).to(v)
                      for k, v in sorted(params.items())}  # fmt: skip
 
@@ -180,6 +175,32 @@ class PostTrainingMethod(Method):
             return predict
 
         return trainer
+
+
+_CLEAN_SHADOWS: dict[tuple[Any, ...], dict[str, Tensor]] = {}
+
+
+def clean_shadow_heads(
+    features: Tensor, labels: Tensor, *, masks: Tensor, seed: int, config: HeadConfig,
+    solver: str, num_classes: int,
+) -> dict[str, Tensor]:  # fmt: skip
+    """The attacker's shadow heads before noise. Post-training noise does not change how
+    they are trained, so every epsilon and mechanism reuses them (cached in-process)."""
+    key = (
+        hashlib.sha256(
+            features.numpy().tobytes() + labels.numpy().tobytes() + masks.numpy().tobytes()
+        ).hexdigest(),
+        seed, config, solver, num_classes,
+    )  # fmt: skip
+    if key not in _CLEAN_SHADOWS:
+        if solver == "newton":
+            params = train_convex_heads(features, labels, masks=masks, num_classes=num_classes,
+                                        config=config).params  # fmt: skip
+        else:
+            params = train_heads(features, labels, masks=masks, num_classes=num_classes,
+                                 config=config, seed=seed)  # fmt: skip
+        _CLEAN_SHADOWS[key] = params
+    return _CLEAN_SHADOWS[key]
 
 
 def _predict(module: ProtectedModule, device: str) -> Predict:

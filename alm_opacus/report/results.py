@@ -21,6 +21,7 @@ RESULT_COLUMNS = (
     "tpr_at_fpr_0.001", "tpr_at_fpr_0.01", "eps_lower_bound", "seconds",
     # appended after the design page's columns:
     "noise_draws", "test_accuracy_std", "mia_auc_std", "mia_accuracy_std", "statement",
+    "utility_loss_std",
 )  # fmt: skip
 
 
@@ -51,6 +52,7 @@ class ResultRow:
     mia_auc_std: float = math.nan
     mia_accuracy_std: float = math.nan
     statement: str = ""
+    utility_loss_std: float = math.nan
 
     def to_record(self) -> dict[str, object]:
         """The row keyed by the CSV column names."""

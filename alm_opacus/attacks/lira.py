@@ -1,0 +1,202 @@
+"""LiRA, the likelihood-ratio attack of Carlini et al. (S&P 2022), offline and online.
+
+The statistic is the logit-scaled confidence ``phi = log(p_y / (1 - p_y))`` (Sec. IV-A), for
+which the spread over retrained models is close to Gaussian. For every example, Gaussians
+are fitted to ``phi`` under reference heads that did (*in*) and did not (*out*) train on it:
+
+- online (Algorithm 1): score = ``log N(phi; mu_in, s_in^2) - log N(phi; mu_out, s_out^2)``,
+  the log likelihood ratio; the references train on halves of pool + candidates, so each
+  candidate is *in* for exactly half of them.
+- offline (Sec. IV-C): only *out* references (halves of the pool, which is disjoint from the
+  candidates); score = ``(phi - mu_out) / s_out``, monotone in the one-sided p-value
+  ``Pr[Z <= phi]``, ``Z ~ N(mu_out, s_out^2)``, so the ROC is the same and nothing saturates.
+
+``fixed_variance`` replaces the per-example variances by the pooled within-example variance,
+which Carlini et al. recommend with few references. The Gaussians are maximum-likelihood fits
+(``ddof = 0``, as ``scipy.stats.norm.fit``). Feature-space heads have no data augmentation, so
+one query per example is made (Carlini et al. average over augmented queries).
+
+Thresholds (for ``mia_accuracy``) are chosen on the pool: each reference head in turn plays
+the target, and the *other* heads are its references (leave one head out).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from alm_opacus.attacks.base import AttackKind, BoolArray, FloatArray, ThresholdScope
+from alm_opacus.attacks.registry import (
+    Attack,
+    AttackScores,
+    ShadowContext,
+    TargetQuery,
+    register_attack,
+)
+from alm_opacus.attacks.scores import logit_confidence
+from alm_opacus.attacks.shadow_data import HeadBank
+from alm_opacus.attacks.thresholds import Threshold
+
+MIN_STD = 1e-3
+"""Floor on a fitted standard deviation, in logit units (identical references give 0)."""
+
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def fit_gaussian(
+    samples: FloatArray, mask: BoolArray | None = None
+) -> tuple[FloatArray, FloatArray]:
+    """Maximum-likelihood normal fit of each row's selected samples.
+
+    Args:
+        samples: (n, k) values.
+        mask: (n, k) which values to use (all when None); every row needs one.
+
+    Returns:
+        ``(mean, std)``, each (n,), with ``std = sqrt(mean((x - mean)^2))`` (``ddof = 0``).
+
+    Raises:
+        ValueError: if a row selects no sample.
+    """
+    w = np.ones_like(samples, dtype=bool) if mask is None else mask
+    count = w.sum(1)
+    if (count == 0).any():
+        raise ValueError(f"{int((count == 0).sum())} rows select no sample to fit")
+    mean = np.where(w, samples, 0.0).sum(1) / count
+    var = np.where(w, (samples - mean[:, None]) ** 2, 0.0).sum(1) / count
+    return mean, np.sqrt(var)
+
+
+def gaussian_logpdf(x: FloatArray, mean: FloatArray, std: FloatArray) -> FloatArray:
+    """``log N(x; mean, std^2)``, elementwise."""
+    z = (x - mean) / std
+    return -0.5 * z * z - np.log(std) - _LOG_SQRT_2PI
+
+
+def pooled_std(phi: FloatArray, mask: BoolArray) -> float:
+    """The pooled within-example standard deviation of ``phi`` (B, n) over ``mask`` (B, n)."""
+    count = mask.sum(0)
+    use = count > 0
+    mean = np.where(mask, phi, 0.0).sum(0)[use] / count[use]
+    sq = np.where(mask[:, use], (phi[:, use] - mean) ** 2, 0.0).sum()
+    return max(math.sqrt(sq / max(int(count.sum()), 1)), MIN_STD)
+
+
+def leave_one_out_fit(phi: FloatArray, mask: BoolArray) -> tuple[FloatArray, FloatArray]:
+    """For each head ``j`` and example ``i``, the Gaussian of ``phi[h, i]`` over the heads
+    ``h != j`` selected by ``mask[h, i]``.
+
+    Returns:
+        ``(mean, std)`` of shape (B, n); NaN where fewer than one such head remains.
+    """
+    center = phi.mean(0)  # centring first keeps the sum-of-squares formula well conditioned
+    x = np.where(mask, phi - center, 0.0)
+    s1, s2, c = x.sum(0), (x * x).sum(0), mask.sum(0)
+    s1j, s2j, cj = s1 - x, s2 - x * x, c - mask
+    with np.errstate(invalid="ignore", divide="ignore"):
+        m = s1j / cj
+        var = np.maximum(s2j / cj - m * m, 0.0)
+    return m + center, np.sqrt(var)
+
+
+def _std(std: FloatArray, fixed: float | None) -> FloatArray:
+    return np.full_like(std, fixed) if fixed is not None else np.maximum(std, MIN_STD)
+
+
+def _fit_loo_threshold(scores: FloatArray, is_member: BoolArray) -> Threshold:
+    ok = np.isfinite(scores)
+    return Threshold.fit(
+        scores=scores[ok],
+        labels=np.zeros(int(ok.sum()), dtype=np.int64),
+        is_member=is_member[ok],
+        num_classes=1,
+        scope=ThresholdScope.GLOBAL,
+    )
+
+
+def _phi(bank: HeadBank) -> FloatArray:
+    return logit_confidence(bank.proba, bank.labels.cpu().numpy().astype(np.int64))
+
+
+@register_attack(AttackKind.LIRA_OFFLINE)
+class LiraOfflineAttack(Attack):
+    """Offline LiRA: how far the target's ``phi`` sits above the out-references' Gaussian."""
+
+    bank: HeadBank | None = None
+    threshold: Threshold | None = None
+    fixed_std: float | None = None
+
+    def fit(self, context: ShadowContext) -> None:
+        self.bank = bank = context.offline_bank()
+        phi = _phi(bank)
+        out = ~bank.in_mask
+        self.fixed_std = pooled_std(phi, out) if self.config.lira_fixed_variance else None
+        mean, std = leave_one_out_fit(phi, out)
+        scores = (phi - mean) / _std(std, self.fixed_std)
+        self.threshold = _fit_loo_threshold(scores.reshape(-1), bank.in_mask.reshape(-1))
+
+    def score(self, query: TargetQuery) -> AttackScores:
+        if self.bank is None or self.threshold is None:
+            raise RuntimeError("attack 'lira-offline' was scored before fit()")
+        ref = logit_confidence(self.bank.predict(query.features), query.labels)  # (N, q), all out
+        mean, std = fit_gaussian(ref.T)
+        s = (logit_confidence(query.proba, query.labels) - mean) / _std(std, self.fixed_std)
+        return AttackScores(scores=s, decisions=self.threshold.apply(s, query.labels))
+
+
+@dataclass(frozen=True)
+class _CandidateFit:
+    features: torch.Tensor
+    mean_in: FloatArray
+    std_in: FloatArray
+    mean_out: FloatArray
+    std_out: FloatArray
+
+
+@register_attack(AttackKind.LIRA_ONLINE)
+class LiraOnlineAttack(Attack):
+    """Online LiRA: the log likelihood ratio of in- and out-Gaussians fitted per candidate."""
+
+    fitted: _CandidateFit | None = None
+    threshold: Threshold | None = None
+
+    def fit(self, context: ShadowContext) -> None:
+        bank, n_pool = context.online_bank()
+        phi = _phi(bank)
+        inn, out = bank.in_mask, ~bank.in_mask
+        fixed = self.config.lira_fixed_variance
+        fix_in = pooled_std(phi[:, :n_pool], inn[:, :n_pool]) if fixed else None
+        fix_out = pooled_std(phi[:, :n_pool], out[:, :n_pool]) if fixed else None
+        # thresholds from the pool part only: candidates are the evaluation examples
+        p, pin, pout = phi[:, :n_pool], inn[:, :n_pool], out[:, :n_pool]
+        mi, si = leave_one_out_fit(p, pin)
+        mo, so = leave_one_out_fit(p, pout)
+        loo = gaussian_logpdf(p, mi, _std(si, fix_in)) - gaussian_logpdf(p, mo, _std(so, fix_out))
+        self.threshold = _fit_loo_threshold(loo.reshape(-1), pin.reshape(-1))
+        c_phi = phi[:, n_pool:].T  # (q, N): every reference on every candidate
+        mean_in, std_in = fit_gaussian(c_phi, inn[:, n_pool:].T)
+        mean_out, std_out = fit_gaussian(c_phi, out[:, n_pool:].T)
+        self.fitted = _CandidateFit(
+            features=bank.features[n_pool:],
+            mean_in=mean_in,
+            std_in=_std(std_in, fix_in),
+            mean_out=mean_out,
+            std_out=_std(std_out, fix_out),
+        )
+
+    def score(self, query: TargetQuery) -> AttackScores:
+        f = self.fitted
+        if f is None or self.threshold is None:
+            raise RuntimeError("attack 'lira-online' was scored before fit()")
+        q = query.features.to(f.features)
+        if q.shape != f.features.shape or not torch.equal(q, f.features):
+            raise ValueError(
+                "lira-online was prepared for other candidates: the target's evaluation "
+                f"features {tuple(query.features.shape)} differ from those given at preparation"
+            )
+        phi = logit_confidence(query.proba, query.labels)
+        s = gaussian_logpdf(phi, f.mean_in, f.std_in) - gaussian_logpdf(phi, f.mean_out, f.std_out)
+        return AttackScores(scores=s, decisions=self.threshold.apply(s, query.labels))

@@ -1,0 +1,335 @@
+"""Attack metrics on a balanced evaluation set: ROC, AUC, advantage, TPR at low FPR, and the
+empirical epsilon lower bound with Clopper–Pearson intervals.
+
+Convention: a larger score means "more likely a member"; a threshold ``t`` flags a member
+when ``score >= t``. Everything here is a pure function of arrays.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from scipy import stats
+
+from alm_opacus._validation import check_delta
+from alm_opacus.attacks.base import BoolArray, EpsilonBoundMethod, FloatArray
+from alm_opacus.attacks.results import TPR_FPR_LEVELS, AttackResult, EpsilonBound, RocCurve
+
+ArrayLike = npt.ArrayLike
+
+
+def _scores_and_labels(scores: ArrayLike, is_member: ArrayLike) -> tuple[FloatArray, BoolArray]:
+    s = np.asarray(scores, dtype=np.float64)
+    m = np.asarray(is_member)
+    if s.ndim != 1 or m.shape != s.shape:
+        raise ValueError(
+            f"scores and is_member must be 1-d of one length; got {s.shape}, {m.shape}"
+        )
+    if m.dtype != np.bool_:
+        raise ValueError(f"is_member must be a bool array; got dtype {m.dtype}")
+    if np.isnan(s).any():
+        raise ValueError(f"scores hold {int(np.isnan(s).sum())} NaN values")
+    if m.all() or not m.any():
+        raise ValueError("is_member must hold both members and non-members")
+    return s, m
+
+
+def roc_curve(*, scores: ArrayLike, is_member: ArrayLike) -> RocCurve:
+    """The full ROC of the rule ``score >= t``, one point per distinct score.
+
+    Args:
+        scores: (q,) attack scores, larger = more member-like.
+        is_member: (q,) bool ground truth.
+
+    Returns:
+        FPR and TPR ascending from (0, 0) to (1, 1), and the thresholds (``+inf`` first),
+        as ``sklearn.metrics.roc_curve(..., drop_intermediate=False)`` gives them.
+
+    Raises:
+        ValueError: on shape mismatch, NaN scores, or a single class.
+    """
+    s, m = _scores_and_labels(scores, is_member)
+    order = np.argsort(-s, kind="stable")
+    s_sorted, m_sorted = s[order], m[order]
+    # the last index of each run of tied scores: ties move the curve diagonally, not stepwise
+    last = np.r_[np.flatnonzero(np.diff(s_sorted)), s_sorted.size - 1]
+    tps = np.cumsum(m_sorted)[last]
+    fps = (last + 1) - tps
+    tpr = np.r_[0.0, tps / m.sum()]
+    fpr = np.r_[0.0, fps / (~m).sum()]
+    thresholds = np.r_[np.inf, s_sorted[last]]
+    return RocCurve(fpr=fpr, tpr=tpr, thresholds=thresholds)
+
+
+def roc_auc(roc: RocCurve) -> float:
+    """Area under the ROC by the trapezoid rule (ties count one half, as in Mann–Whitney U)."""
+    return float(np.sum(np.diff(roc.fpr) * (roc.tpr[1:] + roc.tpr[:-1]) / 2))
+
+
+def advantage(roc: RocCurve) -> float:
+    """``max_t |TPR(t) - FPR(t)|`` over the ROC: threshold-free (Yeom et al. 2018, Def. 4)."""
+    return float(np.max(np.abs(roc.tpr - roc.fpr)))
+
+
+def tpr_at_fpr(roc: RocCurve, *, fpr: float) -> float:
+    """The largest TPR among the ROC points with ``FPR <= fpr`` (Carlini et al. 2022, Sec. III)."""
+    if not 0 <= fpr <= 1:
+        raise ValueError(f"fpr={fpr!r} is invalid: expected a number in [0, 1]")
+    return float(roc.tpr[roc.fpr <= fpr + 1e-12].max())
+
+
+def clopper_pearson(
+    *, successes: ArrayLike, trials: ArrayLike, confidence: float = 0.95, side: str = "two-sided"
+) -> tuple[FloatArray, FloatArray]:
+    """Exact (Clopper–Pearson 1934) binomial confidence bounds, via Beta quantiles.
+
+    With ``k`` successes in ``n`` trials, the lower bound is ``Beta(a; k, n - k + 1)`` and the
+    upper bound ``Beta(1 - a; k + 1, n - k)``, with ``a = (1 - confidence) / 2`` two-sided and
+    ``a = 1 - confidence`` one-sided; the bound on the unused side is 0 or 1.
+
+    Args:
+        successes: counts ``k`` (broadcast with ``trials``).
+        trials: counts ``n >= 1``.
+        confidence: coverage of the interval (two-sided) or of the bound (one-sided).
+        side: ``"two-sided"``, ``"upper"`` (returns (0, upper)) or ``"lower"`` (returns (lower, 1)).
+
+    Returns:
+        ``(lower, upper)`` as float arrays.
+
+    Raises:
+        ValueError: on a bad side, confidence, or counts outside ``0 <= k <= n``, ``n >= 1``.
+    """
+    k = np.asarray(successes, dtype=np.float64)
+    n = np.asarray(trials, dtype=np.float64)
+    if side not in ("two-sided", "upper", "lower"):
+        raise ValueError(f"side={side!r} is invalid: expected 'two-sided', 'upper' or 'lower'")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence={confidence!r} is invalid: expected a number in (0, 1)")
+    if np.any(n < 1) or np.any(k < 0) or np.any(k > n) or np.any(k != np.round(k)):
+        raise ValueError(
+            f"successes={successes!r}, trials={trials!r}: expected 0 <= k <= n, n >= 1"
+        )
+    k, n = np.broadcast_arrays(k, n)
+    tail = (1 - confidence) / 2 if side == "two-sided" else 1 - confidence
+    with np.errstate(invalid="ignore", divide="ignore"):
+        lower = np.where(k > 0, stats.beta.ppf(tail, np.maximum(k, 1), n - k + 1), 0.0)
+        upper = np.where(k < n, stats.beta.ppf(1 - tail, k + 1, np.maximum(n - k, 1)), 1.0)
+    if side == "upper":
+        lower = np.zeros_like(upper)
+    elif side == "lower":
+        upper = np.ones_like(lower)
+    return np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
+
+
+def epsilon_from_rates(*, fpr: ArrayLike, fnr: ArrayLike, delta: float) -> FloatArray:
+    """The smallest epsilon consistent with a test's (FPR, FNR) under (epsilon, delta)-DP.
+
+    Any test between neighbouring datasets satisfies ``FPR + e^eps FNR >= 1 - delta`` and
+    ``FNR + e^eps FPR >= 1 - delta`` (Kairouz, Oh & Viswanath 2015, Thm. 2.1), hence
+    ``eps >= max(ln((1 - delta - FPR) / FNR), ln((1 - delta - FNR) / FPR), 0)``.
+    """
+    a = np.asarray(fpr, dtype=np.float64)
+    b = np.asarray(fnr, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e1 = np.where((1 - delta - a > 0) & (b > 0), np.log((1 - delta - a) / b), 0.0)
+        e2 = np.where((1 - delta - b > 0) & (a > 0), np.log((1 - delta - b) / a), 0.0)
+        # a zero rate (only possible for a point estimate, never for a CP upper bound) means
+        # the data cannot bound epsilon at all
+        e1 = np.where((b == 0) & (1 - delta - a > 0), np.inf, e1)
+        e2 = np.where((a == 0) & (1 - delta - b > 0), np.inf, e2)
+    return np.maximum(np.maximum(e1, e2), 0.0)
+
+
+def epsilon_lower_bound(
+    *,
+    false_positives: int,
+    negatives: int,
+    false_negatives: int,
+    positives: int,
+    delta: float,
+    confidence: float = 0.95,
+) -> tuple[float, float, float]:
+    """Empirical epsilon lower bound from one test's error counts (Jagielski et al. 2020;
+    Nasr et al. 2021).
+
+    The FPR and FNR are replaced by one-sided Clopper–Pearson upper bounds, each at level
+    ``1 - (1 - confidence) / 2`` so that both hold jointly with probability ``confidence``
+    (Bonferroni), and then :func:`epsilon_from_rates` is applied. It is sound only when the
+    test (its threshold) was chosen independently of these counts.
+
+    Args:
+        false_positives: non-members flagged as members.
+        negatives: non-members.
+        false_negatives: members not flagged.
+        positives: members.
+        delta: the delta the release claims.
+        confidence: joint confidence of the bound.
+
+    Returns:
+        ``(epsilon_lower, fpr_upper, fnr_upper)``.
+
+    Raises:
+        ValueError: on counts outside their range, a bad delta or confidence.
+    """
+    eps, fpr_u, fnr_u = _epsilon_lower_bounds(
+        np.asarray([false_positives]),
+        negatives,
+        np.asarray([false_negatives]),
+        positives,
+        delta=delta,
+        confidence=confidence,
+    )
+    return float(eps[0]), float(fpr_u[0]), float(fnr_u[0])
+
+
+def _epsilon_lower_bounds(
+    fp: npt.NDArray[np.int64] | FloatArray,
+    negatives: int,
+    fn: npt.NDArray[np.int64] | FloatArray,
+    positives: int,
+    *,
+    delta: float,
+    confidence: float,
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    check_delta(delta)
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence={confidence!r} is invalid: expected a number in (0, 1)")
+    each = 1 - (1 - confidence) / 2
+    _, fpr_u = clopper_pearson(successes=fp, trials=negatives, confidence=each, side="upper")
+    _, fnr_u = clopper_pearson(successes=fn, trials=positives, confidence=each, side="upper")
+    return epsilon_from_rates(fpr=fpr_u, fnr=fnr_u, delta=delta), fpr_u, fnr_u
+
+
+def best_threshold(*, scores: ArrayLike, is_member: ArrayLike) -> float:
+    """The threshold maximising balanced accuracy ``(TPR + TNR) / 2`` on the given data.
+
+    Meant for *shadow* data only. The threshold is the midpoint between the chosen score and
+    the next lower one, so that a score between the two classes generalises symmetrically.
+
+    Returns:
+        A finite threshold, or ``-inf`` (flag everything) / ``+inf`` (flag nothing).
+    """
+    s, m = _scores_and_labels(scores, is_member)
+    roc = roc_curve(scores=s, is_member=m)
+    i = int(np.argmax(roc.tpr - roc.fpr))  # Youden's J; i = 0 is "flag nothing"
+    if i == 0:
+        return math.inf
+    lower = s[s < roc.thresholds[i]]
+    return float((roc.thresholds[i] + lower.max()) / 2) if lower.size else -math.inf
+
+
+def evaluate_attack(
+    *,
+    attack: str,
+    scores: ArrayLike,
+    decisions: ArrayLike,
+    is_member: ArrayLike,
+    delta: float,
+    confidence: float = 0.95,
+    method: EpsilonBoundMethod = EpsilonBoundMethod.SPLIT_HALF,
+    seed: int = 0,
+    seconds: float = 0.0,
+    notes: Sequence[str] = (),
+) -> AttackResult:
+    """Score one attack on the balanced evaluation set.
+
+    Args:
+        attack: the attack's name (the ``attack`` column).
+        scores: (q,) threshold-free scores: ROC, AUC, advantage, TPR at low FPR.
+        decisions: (q,) bool membership guesses at the threshold chosen on shadow data:
+            ``mia_accuracy``, and the epsilon bound under ``SHADOW_THRESHOLD``.
+        is_member: (q,) bool ground truth.
+        delta: the release's claimed delta.
+        confidence: joint confidence of the epsilon bound.
+        method: how the bound's threshold is kept independent of its counts.
+        seed: seeds the split of ``SPLIT_HALF``.
+        seconds: time the attack took on this release.
+        notes: caveats to carry into the result.
+
+    Returns:
+        The :class:`AttackResult`.
+
+    Raises:
+        ValueError: on shape mismatches or a single class.
+    """
+    s, m = _scores_and_labels(scores, is_member)
+    d = np.asarray(decisions)
+    if d.shape != s.shape or d.dtype != np.bool_:
+        raise ValueError(f"decisions must be a bool array of shape {s.shape}; got {d.shape}")
+    method = EpsilonBoundMethod(method)
+    roc = roc_curve(scores=s, is_member=m)
+    if method is EpsilonBoundMethod.SHADOW_THRESHOLD:
+        bound = _bound_at_decisions(d, m, delta=delta, confidence=confidence, threshold=math.nan)
+    else:
+        bound = _bound_split_half(s, m, delta=delta, confidence=confidence, seed=seed)
+    return AttackResult(
+        attack=attack,
+        mia_accuracy=float(np.mean(d == m)),
+        mia_advantage=advantage(roc),
+        mia_auc=roc_auc(roc),
+        tpr_at_fpr={level: tpr_at_fpr(roc, fpr=level) for level in TPR_FPR_LEVELS},
+        eps_lower_bound=bound.epsilon,
+        epsilon_bound=EpsilonBound(**{**bound.__dict__, "method": method.value}),
+        roc=roc,
+        num_members=int(m.sum()),
+        num_nonmembers=int((~m).sum()),
+        seconds=float(seconds),
+        notes=tuple(notes),
+    )
+
+
+@dataclass(frozen=True)
+class _Bound:
+    epsilon: float
+    fpr_upper: float
+    fnr_upper: float
+    false_positives: int
+    negatives: int
+    false_negatives: int
+    positives: int
+    delta: float
+    confidence: float
+    threshold: float
+
+
+def _bound_at_decisions(
+    d: BoolArray, m: BoolArray, *, delta: float, confidence: float, threshold: float
+) -> _Bound:
+    fp, neg = int((d & ~m).sum()), int((~m).sum())
+    fn, pos = int((~d & m).sum()), int(m.sum())
+    eps, fpr_u, fnr_u = epsilon_lower_bound(
+        false_positives=fp,
+        negatives=neg,
+        false_negatives=fn,
+        positives=pos,
+        delta=delta,
+        confidence=confidence,
+    )
+    return _Bound(eps, fpr_u, fnr_u, fp, neg, fn, pos, delta, confidence, threshold)
+
+
+def _bound_split_half(
+    s: FloatArray, m: BoolArray, *, delta: float, confidence: float, seed: int
+) -> _Bound:
+    rng = np.random.default_rng(seed)
+    select = np.zeros(s.size, dtype=bool)
+    for group in (np.flatnonzero(m), np.flatnonzero(~m)):
+        select[rng.permutation(group)[: group.size // 2]] = True
+    held = ~select
+    if m[select].all() or not m[select].any() or m[held].all() or not m[held].any():
+        raise ValueError("the split-half bound needs at least 2 members and 2 non-members")
+    # choose on one half: the threshold maximising the same bound computed there ...
+    roc = roc_curve(scores=s[select], is_member=m[select])
+    pos, neg = int(m[select].sum()), int((~m[select]).sum())
+    fp = np.rint(roc.fpr * neg)
+    fn = np.rint((1 - roc.tpr) * pos)
+    eps, _, _ = _epsilon_lower_bounds(fp, neg, fn, pos, delta=delta, confidence=confidence)
+    threshold = float(roc.thresholds[int(np.argmax(eps))])
+    # ... and bound on the other half only, so that the selection cannot inflate it
+    return _bound_at_decisions(
+        s[held] >= threshold, m[held], delta=delta, confidence=confidence, threshold=threshold
+    )

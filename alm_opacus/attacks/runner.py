@@ -1,0 +1,227 @@
+"""Prepare the attacks once on the attacker's side, then attack many releases.
+
+``prepare_attacks`` trains the shadow/reference banks and fits every attack (thresholds, the
+attack MLP, LiRA's Gaussians) without any target; the :class:`PreparedAttacks` it returns
+then scores each release with one black-box query of the evaluation examples. Re-prepare
+when the attacker's trainer changes (the adaptive attacker's protection, its epsilon).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+# importing the attack modules fills the registry
+from alm_opacus.attacks import lira as _lira  # noqa: F401
+from alm_opacus.attacks import metric_attacks as _metric_attacks  # noqa: F401
+from alm_opacus.attacks import shadow as _shadow  # noqa: F401
+from alm_opacus.attacks.base import (
+    AttackConfig,
+    AttackerKnowledge,
+    AttackKind,
+    AttackTarget,
+    Predictor,
+)
+from alm_opacus.attacks.metrics import evaluate_attack
+from alm_opacus.attacks.registry import (
+    Attack,
+    ShadowContext,
+    TargetQuery,
+    attack_class,
+    parse_attack_names,
+)
+from alm_opacus.attacks.results import AttackResult
+from alm_opacus.attacks.shadow_data import subseed, to_numpy
+
+DEFAULT_ATTACKS: tuple[str, ...] = tuple(k.value for k in AttackKind)
+
+
+@dataclass(frozen=True)
+class PreparedAttacks:
+    """Fitted attacks, independent of any target release.
+
+    Attributes:
+        attacks: the fitted attacks, in the order asked.
+        config: the configuration they were fitted with.
+        seed: the attacker's seed.
+        num_classes: ``C``.
+        notes: caveats of the preparation (shadow data source, synthesis counts).
+        prepare_seconds: time spent training banks and fitting.
+        bound_to_release: true when shadow data was synthesised by querying one release
+            (``SYNTHETIC``); then the object belongs to that release only.
+    """
+
+    attacks: tuple[Attack, ...]
+    config: AttackConfig
+    seed: int
+    num_classes: int
+    notes: tuple[str, ...]
+    prepare_seconds: float
+    bound_to_release: bool = False
+
+    @property
+    def names(self) -> list[str]:
+        return [a.name for a in self.attacks]
+
+    def attack(self, target: AttackTarget) -> list[AttackResult]:
+        """Attack one release (its noise drawn once) with every prepared attack.
+
+        Args:
+            target: the release and its balanced evaluation set.
+
+        Returns:
+            One :class:`AttackResult` per attack, in order. ``seconds`` is the attack's own
+            time plus its share of the single query of the release.
+
+        Raises:
+            ValueError: if the release's output has the wrong shape or is not a distribution,
+                or the number of classes differs from the preparation's.
+        """
+        if target.num_classes != self.num_classes:
+            raise ValueError(
+                f"target.num_classes={target.num_classes!r} but the attacks were prepared "
+                f"for {self.num_classes} classes"
+            )
+        start = time.perf_counter()
+        with torch.no_grad():
+            proba = to_numpy(target.predict(target.features))
+        q = target.features.shape[0]
+        if proba.shape != (q, self.num_classes):
+            raise ValueError(
+                f"target.predict returned shape {proba.shape}; expected ({q}, {self.num_classes})"
+            )
+        if not np.isfinite(proba).all() or (proba < 0).any():
+            raise ValueError("target.predict returned non-finite or negative probabilities")
+        if not np.allclose(proba.sum(1), 1.0, atol=1e-4):
+            raise ValueError("target.predict returned rows that do not sum to 1")
+        query = TargetQuery(
+            proba=proba,
+            labels=target.labels.cpu().numpy().astype(np.int64),
+            features=target.features,
+        )
+        shared = (time.perf_counter() - start) / max(len(self.attacks), 1)
+        results = []
+        for attack in self.attacks:
+            t0 = time.perf_counter()
+            out = attack.score(query)
+            results.append(
+                evaluate_attack(
+                    attack=attack.name,
+                    scores=out.scores,
+                    decisions=out.decisions,
+                    is_member=target.is_member,
+                    delta=target.delta,
+                    confidence=self.config.confidence,
+                    method=self.config.epsilon_bound,
+                    seed=subseed(self.seed, f"split-{attack.name}"),
+                    seconds=time.perf_counter() - t0 + shared,
+                    notes=(*self.notes, *attack.notes),
+                )
+            )
+        return results
+
+
+def prepare_attacks(
+    *,
+    names: Sequence[str] = DEFAULT_ATTACKS,
+    knowledge: AttackerKnowledge,
+    config: AttackConfig | None = None,
+    seed: int,
+    candidate_features: Tensor | None = None,
+    candidate_labels: Tensor | None = None,
+    oracle: Predictor | None = None,
+) -> PreparedAttacks:
+    """Train the shadow/reference heads and fit the named attacks, before any target exists.
+
+    Args:
+        names: attack names (see :func:`available_attacks`).
+        knowledge: the attacker's pool and trainer.
+        config: the attack configuration (default :class:`AttackConfig`).
+        seed: the attacker's seed.
+        candidate_features: (q, d) the examples whose membership will be asked, *without*
+            their membership (online LiRA trains half its references on each of them).
+        candidate_labels: (q,) their labels.
+        oracle: the release's predictor, only for ``shadow_data='synthetic'``.
+
+    Returns:
+        The :class:`PreparedAttacks`.
+
+    Raises:
+        ValueError: on an unknown or repeated name (the message lists the registered ones), a
+            missing input that an asked attack needs, or inconsistent shapes.
+    """
+    config = AttackConfig() if config is None else config
+    kinds = parse_attack_names(names)
+    candidates = None
+    if (candidate_features is None) != (candidate_labels is None):
+        raise ValueError("pass both candidate_features and candidate_labels, or neither")
+    if candidate_features is not None and candidate_labels is not None:
+        d = knowledge.features.shape[1]
+        if candidate_features.ndim != 2 or candidate_features.shape[1] != d:
+            raise ValueError(
+                f"candidate_features must be (q, {d}); got {tuple(candidate_features.shape)}"
+            )
+        if tuple(candidate_labels.shape) != (candidate_features.shape[0],):
+            raise ValueError(
+                f"candidate_labels must be ({candidate_features.shape[0]},); "
+                f"got {tuple(candidate_labels.shape)}"
+            )
+        candidates = (candidate_features, candidate_labels)
+    start = time.perf_counter()
+    context = ShadowContext(
+        knowledge=knowledge, config=config, seed=seed, candidates=candidates, oracle=oracle
+    )
+    attacks = []
+    for kind in kinds:
+        attack = attack_class(kind)(config=config, seed=subseed(seed, f"attack-{kind.value}"))
+        attack.fit(context)
+        attacks.append(attack)
+    return PreparedAttacks(
+        attacks=tuple(attacks),
+        config=config,
+        seed=int(seed),
+        num_classes=knowledge.num_classes,
+        notes=tuple(context.notes),
+        prepare_seconds=time.perf_counter() - start,
+        bound_to_release=context.queried_oracle,
+    )
+
+
+def run_attacks(
+    *,
+    names: Sequence[str] = DEFAULT_ATTACKS,
+    target: AttackTarget,
+    knowledge: AttackerKnowledge,
+    config: AttackConfig | None = None,
+    seed: int,
+) -> list[AttackResult]:
+    """Prepare the attacks and attack one release (no caching across releases).
+
+    The target's evaluation features and labels are passed as LiRA's candidates and its
+    ``predict`` as the synthesis oracle; its membership is used only to score the attacks.
+
+    Args:
+        names: attack names.
+        target: the release and its evaluation set.
+        knowledge: the attacker's pool and trainer.
+        config: the attack configuration.
+        seed: the attacker's seed.
+
+    Returns:
+        One :class:`AttackResult` per attack.
+    """
+    prepared = prepare_attacks(
+        names=names,
+        knowledge=knowledge,
+        config=config,
+        seed=seed,
+        candidate_features=target.features,
+        candidate_labels=target.labels,
+        oracle=target.predict,
+    )
+    return prepared.attack(target)

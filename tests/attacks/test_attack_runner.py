@@ -1,0 +1,283 @@
+"""End-to-end attacks on digits (raw 64-pixel features): an overfit head is vulnerable, a
+constant release is not, thresholds never see the evaluation set, and the API fails clearly."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+from torch import Tensor
+
+from alm_opacus.attacks import (
+    AttackConfig,
+    AttackerKnowledge,
+    AttackKind,
+    AttackTarget,
+    PreparedAttacks,
+    ShadowDataSource,
+    available_attacks,
+    prepare_attacks,
+    recipe_trainer,
+    run_attacks,
+)
+from alm_opacus.attacks.shadow_data import SynthesisConfig, synthesize
+from alm_opacus.data import load_dataset
+from alm_opacus.heads import HeadConfig, Params, train_head
+
+MEMBERS = 100
+RECIPE = HeadConfig(kind="linear", steps=300, lr=0.1)  # no regularisation: overfits 100 rows
+SMALL = AttackConfig(num_shadow=4, num_reference=4, attack_steps=50, synth_iter_max=60)
+
+
+@dataclass
+class Setup:
+    target: AttackTarget
+    knowledge: AttackerKnowledge
+    prepared: PreparedAttacks
+    attack_seconds: float
+
+
+@pytest.fixture(scope="module")
+def single_thread() -> Iterator[None]:
+    # the test machine is shared; one thread avoids oversubscription stalls
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def digits(single_thread: None) -> tuple[Tensor, Tensor, np.ndarray]:
+    ds = load_dataset("digits")
+    x = torch.from_numpy(ds.images.reshape(len(ds.images), -1)).double()
+    y = torch.from_numpy(ds.labels)
+    return x, y, np.random.default_rng(0).permutation(len(y))
+
+
+def _target(x: Tensor, y: Tensor, perm: np.ndarray) -> AttackTarget:
+    mem, non = perm[:MEMBERS], perm[MEMBERS : 2 * MEMBERS]
+    head = train_head(x[mem], y[mem], num_classes=10, config=RECIPE, seed=123)
+    ev = np.r_[mem, non]
+    return AttackTarget(
+        predict=head.predict_proba,
+        features=x[ev],
+        labels=y[ev],
+        is_member=np.r_[np.ones(MEMBERS, bool), np.zeros(MEMBERS, bool)],
+        num_classes=10,
+    )
+
+
+def _knowledge(x: Tensor, y: Tensor, perm: np.ndarray) -> AttackerKnowledge:
+    pool = perm[2 * MEMBERS : 4 * MEMBERS]  # disjoint from members and non-members
+    trainer = recipe_trainer(config=RECIPE, num_classes=10)
+    return AttackerKnowledge(features=x[pool], labels=y[pool], trainer=trainer, num_classes=10)
+
+
+@pytest.fixture(scope="module")
+def setup(digits: tuple[Tensor, Tensor, np.ndarray]) -> Setup:
+    x, y, perm = digits
+    knowledge = _knowledge(x, y, perm)
+    candidates = x[perm[: 2 * MEMBERS]], y[perm[: 2 * MEMBERS]]
+    # everything is fitted before the target (the release) exists
+    prepared = prepare_attacks(
+        knowledge=knowledge,
+        seed=0,
+        candidate_features=candidates[0],
+        candidate_labels=candidates[1],
+    )
+    target = _target(x, y, perm)
+    start = time.perf_counter()
+    prepared.attack(target)
+    return Setup(target, knowledge, prepared, time.perf_counter() - start)
+
+
+@pytest.mark.slow
+def test_overfit_head_is_vulnerable_to_every_attack(setup: Setup) -> None:
+    results = {r.attack: r for r in setup.prepared.attack(setup.target)}
+    assert list(results) == available_attacks() == [k.value for k in AttackKind]
+    for name, r in results.items():
+        print(
+            f"{name:17s} auc={r.mia_auc:.3f} acc={r.mia_accuracy:.3f} eps={r.eps_lower_bound:.2f}"
+        )
+        floor = 0.52 if name == "correctness" else 0.62
+        assert r.mia_auc > floor, name
+        assert r.mia_accuracy > 0.52, name
+        assert r.num_members == r.num_nonmembers == MEMBERS
+    assert max(r.mia_auc for r in results.values()) >= 0.68
+    assert results["loss"].mia_accuracy >= 0.6
+    assert max(r.eps_lower_bound for r in results.values()) > 0
+
+
+@pytest.mark.slow
+def test_all_attacks_on_one_release_take_under_five_seconds(setup: Setup) -> None:
+    assert setup.attack_seconds < 5.0
+
+
+@pytest.mark.slow
+def test_constant_release_gives_chance_and_no_epsilon(setup: Setup) -> None:
+    t = setup.target
+    const = AttackTarget(
+        predict=lambda f: torch.full((f.shape[0], 10), 0.1, dtype=torch.float64),
+        features=t.features,
+        labels=t.labels,
+        is_member=t.is_member,
+        num_classes=10,
+    )
+    for r in setup.prepared.attack(const):
+        if r.attack in ("shadow", "correctness", "lira-offline", "lira-online"):
+            # scores still vary with the label (shadow, correctness: argmax is class 0) or
+            # with the references (LiRA), but independently of membership
+            assert abs(r.mia_auc - 0.5) < 0.1, r.attack
+        else:
+            assert r.mia_auc == 0.5, r.attack
+            assert r.mia_advantage == 0.0, r.attack
+        assert r.eps_lower_bound == 0.0, r.attack
+
+
+@pytest.mark.slow
+def test_decisions_never_depend_on_evaluation_membership(setup: Setup) -> None:
+    before = copy.deepcopy([a.__dict__ for a in setup.prepared.attacks if hasattr(a, "threshold")])
+    t = setup.target
+    flipped = AttackTarget(
+        predict=t.predict,
+        features=t.features,
+        labels=t.labels,
+        is_member=~t.is_member,
+        num_classes=10,
+    )
+    a = setup.prepared.attack(t)
+    b = setup.prepared.attack(flipped)
+    for ra, rb in zip(a, b, strict=True):
+        # the same guesses scored against the complementary truth
+        assert ra.mia_accuracy == pytest.approx(1 - rb.mia_accuracy)
+        assert ra.mia_auc == pytest.approx(1 - rb.mia_auc)
+    after = [a.__dict__ for a in setup.prepared.attacks if hasattr(a, "threshold")]
+    for x, y in zip(before, after, strict=True):
+        assert repr(x.get("threshold")) == repr(y.get("threshold"))
+
+
+def test_unknown_and_repeated_names_are_rejected(digits: tuple[Tensor, Tensor, np.ndarray]) -> None:
+    x, y, perm = digits
+    k = _knowledge(x, y, perm)
+    with pytest.raises(ValueError, match=r"attack='lira' is unknown: expected one of \['shadow'"):
+        prepare_attacks(names=["lira"], knowledge=k, seed=0)
+    with pytest.raises(ValueError, match="repeats"):
+        prepare_attacks(names=["loss", "loss"], knowledge=k, seed=0)
+    with pytest.raises(ValueError, match="non-empty"):
+        prepare_attacks(names="loss", knowledge=k, seed=0)
+
+
+def test_online_lira_needs_and_checks_its_candidates(
+    digits: tuple[Tensor, Tensor, np.ndarray],
+) -> None:
+    x, y, perm = digits
+    k = _knowledge(x, y, perm)
+    with pytest.raises(ValueError, match="candidate"):
+        prepare_attacks(names=["lira-online"], knowledge=k, config=SMALL, seed=0)
+    other = x[perm[-50:]], y[perm[-50:]]
+    prepared = prepare_attacks(
+        names=["lira-online"],
+        knowledge=k,
+        config=SMALL,
+        seed=0,
+        candidate_features=other[0],
+        candidate_labels=other[1],
+    )
+    with pytest.raises(ValueError, match="other candidates"):
+        prepared.attack(_target(x, y, perm))
+
+
+def test_target_and_config_validation(digits: tuple[Tensor, Tensor, np.ndarray]) -> None:
+    x, y, _ = digits
+    with pytest.raises(ValueError, match="balanced: 3 members and 1 non-members"):
+        AttackTarget(
+            predict=lambda f: f,
+            features=x[:4],
+            labels=y[:4],
+            is_member=np.array([True, True, True, False]),
+            num_classes=10,
+        )
+    with pytest.raises(ValueError, match="num_reference=5"):
+        AttackConfig(num_reference=5)
+    with pytest.raises(ValueError, match="noise_fraction=0"):
+        AttackConfig(noise_fraction=0)
+    with pytest.raises(ValueError, match="'bogus'"):
+        AttackConfig(shadow_data="bogus")  # type: ignore[arg-type]
+
+
+def test_run_attacks_is_deterministic_and_matches_prepare(
+    digits: tuple[Tensor, Tensor, np.ndarray],
+) -> None:
+    x, y, perm = digits
+    target, k = _target(x, y, perm), _knowledge(x, y, perm)
+    names = ["shadow", "loss", "lira-online"]
+    one = run_attacks(names=names, target=target, knowledge=k, config=SMALL, seed=3)
+    two = run_attacks(names=names, target=target, knowledge=k, config=SMALL, seed=3)
+    assert [r.to_row() for r in one] == [r.to_row() for r in two]
+    assert [r.attack for r in one] == names
+
+
+@pytest.mark.parametrize("source", [ShadowDataSource.NOISY, ShadowDataSource.SYNTHETIC])
+def test_noisy_and_synthetic_shadow_data(
+    digits: tuple[Tensor, Tensor, np.ndarray], source: ShadowDataSource
+) -> None:
+    x, y, perm = digits
+    target, k = _target(x, y, perm), _knowledge(x, y, perm)
+    config = AttackConfig(
+        num_shadow=4, attack_steps=50, shadow_data=source, synth_per_class=8, synth_iter_max=80
+    )
+    prepared = prepare_attacks(
+        names=["loss", "shadow"], knowledge=k, config=config, seed=0, oracle=target.predict
+    )
+    assert prepared.bound_to_release == (source is ShadowDataSource.SYNTHETIC)
+    assert any(source.value in note for note in prepared.notes)
+    results = prepared.attack(target)
+    assert all(0 <= r.mia_auc <= 1 for r in results)
+    if source is ShadowDataSource.SYNTHETIC:
+        with pytest.raises(ValueError, match="oracle"):
+            prepare_attacks(names=["loss"], knowledge=k, config=config, seed=0)
+
+
+def test_hill_climbing_finds_records_the_target_is_confident_about(
+    digits: tuple[Tensor, Tensor, np.ndarray],
+) -> None:
+    x, y, perm = digits
+    target, k = _target(x, y, perm), _knowledge(x, y, perm)
+    cfg = SynthesisConfig(per_class=5, k_max=32, k_min=1, conf_min=0.6, rej_max=5, iter_max=150)
+    feats, labels, queries = synthesize(
+        oracle=target.predict,
+        marginals=k.features,
+        num_classes=10,
+        config=cfg,
+        rng=np.random.default_rng(0),
+    )
+    assert feats.shape[0] >= 25
+    assert queries <= 50 * 150
+    proba = target.predict(feats)
+    conf = proba[torch.arange(len(labels)), labels]
+    assert bool((proba.argmax(1) == labels).all())
+    assert bool((conf > cfg.conf_min).all())
+
+
+def test_recipe_trainer_applies_the_protection_to_each_call(
+    digits: tuple[Tensor, Tensor, np.ndarray],
+) -> None:
+    x, y, _ = digits
+    seeds: list[int] = []
+
+    def protect(params: Params, seed: int) -> Params:
+        seeds.append(seed)
+        return {name: torch.zeros_like(v) for name, v in params.items()}
+
+    trainer = recipe_trainer(config=RECIPE.replace(steps=5), num_classes=10, protect=protect)
+    masks = torch.ones(3, 40, dtype=torch.bool)
+    proba = trainer(x[:40], y[:40], masks, 1)(x[:7])
+    assert proba.shape == (3, 7, 10)
+    torch.testing.assert_close(proba, torch.full_like(proba, 0.1))
+    trainer(x[:40], y[:40], masks, 2)
+    assert len(set(seeds)) == 2
