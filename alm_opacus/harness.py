@@ -47,6 +47,7 @@ from alm_opacus.methods import (
     available_methods,
     create_method,
 )
+from alm_opacus.report.plots import write_plots
 from alm_opacus.report.results import ResultRow, read_results, write_results
 from alm_opacus.report.tensorboard import TensorBoardReporter
 from alm_opacus.ssl.pretrain import (
@@ -271,6 +272,7 @@ def run(config: RunConfig) -> RunResult:
         public_features=data.part("public")[0], public_labels=data.part("public")[1],
         cache_dir=config.cache_path, options=dict(config.options), progress=config.progress,
     )  # fmt: skip
+    methods = ["none", *[m for m in config.methods if m != "none"]]
     reporter = TensorBoardReporter(out / "tb")
     rocs = _load_rocs(out / "rocs.json") if config.resume else {}
     x_in, y_in = data.part("members")
@@ -281,7 +283,6 @@ def run(config: RunConfig) -> RunResult:
         pool=data.part("attacker"), names=config.attack_names, num_classes=data.num_classes,
     )  # fmt: skip
     try:
-        methods = ["none", *[m for m in config.methods if m != "none"]]
         for seed in config.seeds:
             reference: float | None = None
             plain_attacks: PreparedAttacks | None = None
@@ -346,14 +347,10 @@ def run(config: RunConfig) -> RunResult:
                         )
                     _save_rocs(out / "rocs.json", rocs)
                     write_results(results_path, rows)
-                    for row in cell_rows:
-                        reporter.add_row(row)
-                    reporter.add_statement(
-                        method=name,
-                        epsilon=epsilon,
-                        seed=seed,
-                        statement=str(releases[0].statement),
-                    )
+                    reporter.add_cell(cell_rows, hparams=_hparams(config))
+        reporter.add_layout(methods)
+        reporter.add_rocs(rocs)
+        write_plots(rows, rocs, out / "plots")
     finally:
         reporter.close()
     return RunResult(rows=rows, out=out, seconds=time.perf_counter() - start)
@@ -455,6 +452,14 @@ def _load_rocs(path: Path) -> dict[RocKey, tuple[list[float], list[float]]]:
     for item in json.loads(path.read_text()):
         out[(item["method"], float(item["epsilon"]), item["attack"])] = (item["fpr"], item["tpr"])
     return out
+
+
+def _hparams(config: RunConfig) -> dict[str, object]:
+    head = config.head
+    return {"dataset": config.dataset, "head": head.kind, "head_steps": head.steps,
+            "head_l2": head.l2, "noise_draws": config.noise_draws,
+            "sensitivity": str(config.options.get("sensitivity", "")),
+            "m": int(config.options.get("m", 0))}  # fmt: skip
 
 
 def _environment() -> dict[str, str]:

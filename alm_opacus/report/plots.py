@@ -11,11 +11,12 @@ import matplotlib
 
 matplotlib.use("Agg")  # headless: plots are files, never windows
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
 
-from alm_opacus.report.results import ResultRow  # noqa: E402
-from alm_opacus.report.table import best_attack_rows  # noqa: E402
+from alm_opacus.report.results import ResultRow
+from alm_opacus.report.table import best_attack_rows
 
 RocMap = Mapping[tuple[str, float, str], tuple[Sequence[float], Sequence[float]]]
 
@@ -106,19 +107,24 @@ def plot_mia(rows: Sequence[ResultRow], path: Path) -> None:
     plt.close(fig)
 
 
-def plot_roc(rocs: RocMap, path: Path, *, epsilon: float | None = None) -> None:
-    """ROC curves on log-log axes (Carlini et al. 2022), one per (method, attack) at ``epsilon``
-    (default: the largest finite one), plus the unprotected head."""
+def roc_figure(rocs: RocMap, *, epsilon: float | None = None) -> Figure:
+    """ROC curves on log-log axes (Carlini et al. 2022) at ``epsilon`` (default: the largest
+    finite one): per method, its strongest attack by AUC, plus the unprotected head."""
     finite = sorted({e for (_, e, _) in rocs if not math.isinf(e)})
     target = epsilon if epsilon is not None else (finite[-1] if finite else math.inf)
     fig, ax = plt.subplots(figsize=(5.5, 5))
     floor = 1e-4
-    for (method, eps, attack), (fpr, tpr) in sorted(rocs.items()):
+    best: dict[str, tuple[float, str, np.ndarray, np.ndarray]] = {}
+    for (method, eps, attack), (fpr, tpr) in rocs.items():
         if eps != target and not math.isinf(eps):
             continue
-        f = np.clip(np.asarray(fpr, dtype=float), floor, 1)
-        t = np.clip(np.asarray(tpr, dtype=float), floor, 1)
-        ax.plot(f, t, lw=1, label=f"{method} / {attack}")
+        f, t = np.asarray(fpr, dtype=float), np.asarray(tpr, dtype=float)
+        auc = float(np.sum(np.diff(f) * (t[1:] + t[:-1]) / 2))
+        if method not in best or auc > best[method][0]:
+            best[method] = (auc, attack, f, t)
+    for method, (auc, attack, f, t) in sorted(best.items()):
+        ax.plot(np.clip(f, floor, 1), np.clip(t, floor, 1), lw=1.2,
+                label=f"{method}: {attack} (AUC {auc:.2f})")  # fmt: skip
     ax.plot([floor, 1], [floor, 1], color="grey", ls=":", lw=0.8)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -127,8 +133,14 @@ def plot_roc(rocs: RocMap, path: Path, *, epsilon: float | None = None) -> None:
     ax.set_xlabel("false positive rate")
     ax.set_ylabel("true positive rate")
     ax.set_title(f"ROC (log-log), epsilon={target:g}")
-    ax.legend(fontsize=6, loc="lower right")
+    ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
+    return fig
+
+
+def plot_roc(rocs: RocMap, path: Path, *, epsilon: float | None = None) -> None:
+    """Save :func:`roc_figure` as a PNG."""
+    fig = roc_figure(rocs, epsilon=epsilon)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
