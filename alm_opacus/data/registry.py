@@ -45,9 +45,7 @@ class Dataset:
         if self.images.ndim != 4:
             raise DataError(f"{self.name}: images must be (N, C, H, W), got {self.images.shape}")
         if len(self.images) != len(self.labels):
-            raise DataError(
-                f"{self.name}: {len(self.images)} images but {len(self.labels)} labels"
-            )
+            raise DataError(f"{self.name}: {len(self.images)} images but {len(self.labels)} labels")
         if len(self.labels) and (self.labels.min() < 0 or self.labels.max() >= self.num_classes):
             raise DataError(
                 f"{self.name}: labels outside [0, {self.num_classes}): "

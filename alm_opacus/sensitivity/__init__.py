@@ -1,0 +1,50 @@
+"""Sensitivity of a trained head: sampled (ALM paper, Algorithm 2) or analytic (convex head).
+
+See docs/sensitivity.md for the adjacency each value covers and the derivations.
+"""
+
+from __future__ import annotations
+
+from alm_opacus.sensitivity.analytic import (
+    ADJACENCIES,
+    AnalyticSensitivity,
+    analytic_sensitivity,
+    softmax_ce_lipschitz,
+)
+from alm_opacus.sensitivity.convex import DEFAULT_TOL, ConvexFit, train_convex_heads
+from alm_opacus.sensitivity.random_dp import (
+    gamma_for_confidence,
+    marginal_gamma,
+    order_for_confidence,
+    sampler_confidence,
+    sampler_failure_probability,
+)
+from alm_opacus.sensitivity.sampler import (
+    SOLVERS,
+    SensitivitySample,
+    default_chunk_size,
+    draw_pairs,
+    sample_sensitivity,
+    sample_sensitivity_sequential,
+)
+
+__all__ = [
+    "ADJACENCIES",
+    "DEFAULT_TOL",
+    "SOLVERS",
+    "AnalyticSensitivity",
+    "ConvexFit",
+    "SensitivitySample",
+    "analytic_sensitivity",
+    "default_chunk_size",
+    "draw_pairs",
+    "gamma_for_confidence",
+    "marginal_gamma",
+    "order_for_confidence",
+    "sample_sensitivity",
+    "sample_sensitivity_sequential",
+    "sampler_confidence",
+    "sampler_failure_probability",
+    "softmax_ce_lipschitz",
+    "train_convex_heads",
+]

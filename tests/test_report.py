@@ -1,0 +1,125 @@
+"""What users see: TensorBoard events (read back), plots, the table, and resumable runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.custom_scalar import layout_pb2
+
+import alm_opacus.harness as harness
+from alm_opacus.harness import RunConfig, run
+from alm_opacus.report.results import read_results
+from alm_opacus.report.table import format_tradeoff_table
+from alm_opacus.report.tensorboard import EPSILON_STEP, LAYOUT_NAME
+
+
+def _small(out: Path, cache: Path, **changes: object) -> RunConfig:
+    base = RunConfig(
+        methods=("alm", "gaussian"), epsilons=(1.0, 10.0), noise_draws=2,
+        attacks=("loss", "lira-offline"), out=str(out), cache_dir=str(cache), progress=False,
+        options={"m": 16},
+    )  # fmt: skip
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path):  # type: ignore[no-untyped-def]
+    out = tmp_path_factory.mktemp("small_run")
+    return run(_small(out, shared_cache))
+
+
+@pytest.mark.slow
+def test_tensorboard_events_hold_the_results(small_run) -> None:  # type: ignore[no-untyped-def]
+    rows = small_run.rows
+    acc = EventAccumulator(str(small_run.out / "tb"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    scalars = set(acc.Tags()["scalars"])
+    for method in ("alm", "gaussian"):
+        for tag in ("utility_loss", "best_mia_auc", "mia_accuracy_vs_utility_loss"):
+            assert f"{tag}/{method}" in scalars, tag
+        assert f"mia_auc/{method}/loss" in scalars
+        logged = {e.step: e.value for e in acc.Scalars(f"utility_loss/{method}")}
+        for row in rows:
+            if row.method == method and row.attack == "loss":
+                step = round(row.epsilon * EPSILON_STEP)
+                assert logged[step] == pytest.approx(row.utility_loss, abs=1e-6)
+        auc = {e.step: e.value for e in acc.Scalars(f"mia_auc/{method}/loss")}
+        for row in rows:
+            if row.method == method and row.attack == "loss":
+                assert auc[round(row.epsilon * EPSILON_STEP)] == pytest.approx(
+                    row.mia_auc, abs=1e-6
+                )
+    tensors = set(acc.Tags()["tensors"])
+    assert any(t.startswith("statement/alm/eps=1/seed=0") for t in tensors)
+    layout = layout_pb2.Layout()
+    layout.ParseFromString(acc.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0])
+    (category,) = [c for c in layout.category if c.title == LAYOUT_NAME]
+    charts = {c.title: list(c.multiline.tag) for c in category.chart}
+    assert len(charts) == 4
+    assert ["utility_loss/alm", "utility_loss/gaussian"] in charts.values()
+    assert any(t.startswith("roc/epsilon=") for t in acc.Tags()["images"])
+    # The hparams plugin writes one session per (method, epsilon, seed) cell.
+    sessions = list((small_run.out / "tb" / "hparams").rglob("events.out.tfevents.*"))
+    assert len(sessions) == 1 + 2 * 2
+
+
+@pytest.mark.slow
+def test_plots_and_table(small_run) -> None:  # type: ignore[no-untyped-def]
+    for name in ("fig1_utility_loss.png", "fig2_mia.png", "roc_loglog.png"):
+        path = small_run.out / "plots" / name
+        assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = format_tradeoff_table(small_run.rows)
+    lines = table.splitlines()
+    assert "alm" in lines[0] and "gaussian" in lines[0] and "none" in lines[0]
+    assert [ln.split("|")[0].strip() for ln in lines[3:]] == ["1", "10", "inf"]
+    assert "random-dp" in table  # sampled sensitivity: never pure-dp
+
+
+@pytest.mark.slow
+def test_rows_aggregate_noise_draws(small_run) -> None:  # type: ignore[no-untyped-def]
+    rows = [r for r in small_run.rows if r.method == "alm"]
+    assert {r.attack for r in rows} == {"loss", "lira-offline"}
+    for r in rows:
+        assert r.noise_draws == 2 and r.guarantee == "random-dp"
+        assert not math.isnan(r.test_accuracy_std) and not math.isnan(r.mia_auc_std)
+        assert r.noise_scale == pytest.approx(r.sensitivity / r.epsilon)
+
+
+@pytest.mark.slow
+def test_interrupted_run_resumes_to_the_same_table(
+    tmp_path: Path, shared_cache: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    run(_small(tmp_path / "whole", shared_cache))
+    calls = {"n": 0}
+    real = harness.Evaluation.attack
+
+    def dies(self, prepared, release):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 4:  # none, then alm at epsilon 1 (2 draws), then dies in epsilon 10
+            raise KeyboardInterrupt
+        return real(self, prepared, release)
+
+    monkeypatch.setattr(harness.Evaluation, "attack", dies)
+    with pytest.raises(KeyboardInterrupt):
+        run(_small(tmp_path / "cut", shared_cache))
+    partial = read_results(tmp_path / "cut" / "results.csv")  # a valid file, finished cells only
+    assert {(r.method, r.epsilon) for r in partial} == {("none", math.inf), ("alm", 1.0)}
+    monkeypatch.setattr(harness.Evaluation, "attack", real)
+    run(_small(tmp_path / "cut", shared_cache, resume=True))
+    # Compare what each run wrote: finished cells of the cut run were read back from its file.
+    resumed = read_results(tmp_path / "cut" / "results.csv")
+    whole_rows = read_results(tmp_path / "whole" / "results.csv")
+
+    def key(rows):  # type: ignore[no-untyped-def]
+        return sorted(
+            (r.method, r.epsilon, r.attack, round(r.test_accuracy, 9), round(r.mia_auc, 9),
+             round(r.eps_lower_bound, 9), r.statement)
+            for r in rows
+        )  # fmt: skip
+
+    assert key(resumed) == key(whole_rows)
+    assert format_tradeoff_table(resumed) == format_tradeoff_table(whole_rows)
