@@ -14,6 +14,7 @@ import torch
 from torch.nn import functional as F
 
 import alm_opacus.harness as harness
+from alm_opacus.attacks import DEFAULT_ATTACKS
 from alm_opacus.cli import main, parse_config
 from alm_opacus.heads import HeadConfig, accuracy, train_head
 from alm_opacus.report.results import RESULT_COLUMNS, read_results
@@ -72,9 +73,12 @@ def test_methods_none_writes_the_contract_table(tmp_path: Path, shared_cache: Pa
         header = next(csv.reader(handle))
     assert tuple(header) == RESULT_COLUMNS
     rows = read_results(out / "results.csv")
-    assert [(r.method, r.guarantee) for r in rows] == [("none", "none")]
-    assert math.isinf(rows[0].epsilon) and rows[0].utility_loss == 0.0
-    assert rows[0].test_accuracy >= 0.93
+    assert {(r.method, r.guarantee) for r in rows} == {("none", "none")}
+    assert [r.attack for r in rows] == list(DEFAULT_ATTACKS)  # one row per attack
+    for row in rows:
+        assert math.isinf(row.epsilon) and row.utility_loss == 0.0
+        assert row.test_accuracy >= 0.93
+        assert 0.0 <= row.mia_auc <= 1.0 and not math.isnan(row.eps_lower_bound)
     for name in ("config.json", "split.json"):
         assert (out / name).exists()
     assert any((out / "tb").iterdir())

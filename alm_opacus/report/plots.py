@@ -75,7 +75,8 @@ def plot_utility(rows: Sequence[ResultRow], path: Path) -> None:
     ax.set_ylabel("utility loss  1 - M(protected)/M(unprotected)")
     ax.set_title("Utility loss vs privacy budget")
     ax.axhline(0.0, color="grey", lw=0.8)
-    ax.legend()
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
