@@ -96,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--epsilons", _positive_float, "a comma list of positive numbers, e.g. 0.1,1,10"
         ),
         default=",".join(f"{e:g}" for e in DEFAULT_EPSILONS),
+        help="the privacy budgets of the grid",
     )
     privacy.add_argument(
         "--delta", type=_delta, default=None, help="default: min(1e-5, 1/(10 n)) for n members"
@@ -121,13 +122,24 @@ def build_parser() -> argparse.ArgumentParser:
     privacy.add_argument(
         "--head", choices=("linear", "mlp"), default="linear", help="the fine-tuning head"
     )
+    privacy.add_argument(
+        "--accountant", choices=("alm_pld", "prv", "rdp"), default="alm_pld",
+        help="DP-SGD's accountant (alm_pld: this project's PLD accountant, registered in Opacus)",
+    )  # fmt: skip
+    privacy.add_argument(
+        "--queries", type=_positive_int("--queries"), default=1,
+        help="queries answered by per-query methods (lu); their total epsilon covers this many",
+    )  # fmt: skip
 
     attack = parser.add_argument_group("attacks")
     attack.add_argument("--attacks", default="all", help="comma list of attack names, or 'all'")
 
     runopts = parser.add_argument_group("run")
     runopts.add_argument(
-        "--seeds", type=_comma_list("--seeds", int, "a comma list of integers"), default="0"
+        "--seeds",
+        type=_comma_list("--seeds", int, "a comma list of integers"),
+        default="0",
+        help="one cell per seed: head training, noise draws and attacks are seeded by it",
     )
     runopts.add_argument("--device", default="cpu", help="cpu or cuda")
     runopts.add_argument("--out", default="runs/latest", help="run folder")
@@ -221,7 +233,9 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
             epsilons=tuple(args.epsilons), delta=args.delta, seeds=tuple(args.seeds),
             split_seed=args.split_seed, device=args.device, out=args.out,
             cache_dir=args.cache_dir, noise_draws=args.noise_draws,
-            options={"sensitivity": args.sensitivity, "m": args.m}, attacks=attacks,
+            options={"sensitivity": args.sensitivity, "m": args.m,
+                     "accountant": args.accountant, "queries": args.queries},
+            attacks=attacks,
             resume=args.resume, head=HeadConfig(kind=args.head),
             progress=not args.no_progress,
         )  # fmt: skip

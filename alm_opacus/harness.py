@@ -264,7 +264,16 @@ def run(config: RunConfig) -> RunResult:
     if config.resume and results_path.exists():
         rows = read_results(results_path)
     done = {row.cell() for row in rows}
-    atomic_write_json(out / "config.json", {**config.to_dict(), "environment": _environment()})
+    methods = ["none", *[m for m in config.methods if m != "none"]]
+    settings = {
+        **config.to_dict(),
+        "environment": _environment(),
+        "tuning_grids": {m: [dict(c) for c in create_method(m).tuning_grid] for m in methods},
+    }
+    chosen: list[dict[str, Any]] = []
+    if config.resume and (out / "config.json").exists():  # keep the finished cells' choices
+        chosen = json.loads((out / "config.json").read_text()).get("chosen_configs", [])
+    atomic_write_json(out / "config.json", {**settings, "chosen_configs": chosen})
     data = prepare(config)
     data.split.save(out / "split.json")
     context = MethodContext(
@@ -272,8 +281,11 @@ def run(config: RunConfig) -> RunResult:
         public_features=data.part("public")[0], public_labels=data.part("public")[1],
         cache_dir=config.cache_path, options=dict(config.options), progress=config.progress,
     )  # fmt: skip
-    methods = ["none", *[m for m in config.methods if m != "none"]]
     reporter = TensorBoardReporter(out / "tb")
+    # Heads, DP-SGD steps and attacks are many small tensor ops: one thread beats two, and
+    # far more so on a loaded machine. Pre-training above used every thread.
+    single_thread = contextlib.ExitStack()
+    single_thread.enter_context(torch_threads(1))
     rocs = _load_rocs(out / "rocs.json") if config.resume else {}
     x_in, y_in = data.part("members")
     x_out, y_out = data.part("nonmembers")
@@ -340,6 +352,9 @@ def run(config: RunConfig) -> RunResult:
                         results=results, seconds=time.perf_counter() - cell_start,
                     )  # fmt: skip
                     rows.extend(cell_rows)
+                    if "config" in releases[0].info:
+                        chosen.append({"method": name, "epsilon": epsilon, "seed": seed,
+                                       "config": releases[0].info["config"]})  # fmt: skip
                     for result in results[: len(evaluation.names)]:  # the first draw's ROCs
                         rocs[(name, epsilon, result.attack)] = (
                             result.roc.fpr.tolist(),
@@ -351,7 +366,9 @@ def run(config: RunConfig) -> RunResult:
         reporter.add_layout(methods)
         reporter.add_rocs(rocs)
         write_plots(rows, rocs, out / "plots")
+        atomic_write_json(out / "config.json", {**settings, "chosen_configs": chosen})
     finally:
+        single_thread.close()
         reporter.close()
     return RunResult(rows=rows, out=out, seconds=time.perf_counter() - start)
 

@@ -80,6 +80,10 @@ class Method:
     name: ClassVar[str] = ""
     #: True when ``release`` is a post-training step on a fixed trained model.
     post_training: ClassVar[bool] = False
+    #: The hyper-parameter configurations the method may try per epsilon (selected on public
+    #: validation data only); the harness lists them in ``config.json`` so that equal tuning
+    #: budgets can be checked. Empty: the method has nothing to tune beyond the shared recipe.
+    tuning_grid: ClassVar[tuple[dict[str, Any], ...]] = ()
 
     def prepare(
         self, *, features: Tensor, labels: Tensor, seed: int, context: MethodContext

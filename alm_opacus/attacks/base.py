@@ -94,7 +94,9 @@ class AttackConfig:
         shadow_per_class: one attack model per class (Shokri et al. 2017, Sec. IV-D).
         attack_pairs: balanced in/out pairs that train an attack model (ALM appendix: 2,000).
             Fewer are used when the shadow data holds fewer; the count is in the result notes.
-        attack_hidden: width of the attack MLP's hidden layers.
+        attack_hidden: width of the attack MLP's hidden layers (the ALM appendix gives no
+            width). 32 matches 64 on the default digits head (shadow AUC 0.61-0.62 over 3
+            seeds for both) at half the cost, which --methods all pays 42 times.
         attack_layers: number of ReLU hidden layers (ALM appendix: 5).
         attack_steps: full-batch Adam steps of the attack MLP.
         attack_lr: Adam learning rate of the attack MLP.
@@ -119,7 +121,7 @@ class AttackConfig:
     noise_fraction: float = 0.1
     shadow_per_class: bool = False
     attack_pairs: int = 2000
-    attack_hidden: int = 64
+    attack_hidden: int = 32
     attack_layers: int = 5
     attack_steps: int = 800
     attack_lr: float = 1e-3

@@ -1,0 +1,167 @@
+#!/usr/bin/env python
+"""Benchmarks, as ratios measured in one run where possible; prints one table, writes bench.json.
+
+* full run: the default ``compare.py --methods all`` on digits (6 epsilons, 1 seed, all
+  attacks, 5 noise draws) in a fresh process with an empty cache: wall time and peak RSS;
+  then the same command with ``--resume``: wall time;
+* sampler: batched Algorithm 2 against the sequential loop at m = 200 (issue target >= 10x);
+* attacks: all attacks on one release once the shadow and reference heads are trained;
+* baselines: DP-SGD against non-private head training, and a DP-SGD retrain at a new epsilon
+  against a post-training re-protection at that epsilon.
+
+Targets (issues 4, 5, 7): sampler ratio >= 10; attacks <= 5 s; full run <= 180 s and
+<= 3 GiB peak RSS; resume <= 10 s. They are printed beside the measurements, never asserted
+in tests (timings belong here, not in the test suite).
+
+    .venv/bin/python scripts/bench.py [--skip-full-run] [--out bench.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_baselines import bench_baselines  # noqa: E402
+from bench_sensitivity import bench_sampler  # noqa: E402
+
+from alm_opacus.attacks import AttackerKnowledge, AttackTarget, prepare_attacks  # noqa: E402
+from alm_opacus.harness import RunConfig, prepare, torch_threads  # noqa: E402
+from alm_opacus.heads import HeadConfig  # noqa: E402
+from alm_opacus.methods import MethodContext, create_method  # noqa: E402
+
+
+def full_run(work: Path) -> dict[str, Any]:
+    """The default --methods all run in a child process; its peak RSS from the kernel."""
+    out = work / "full"
+    cmd = [sys.executable, str(ROOT / "scripts" / "compare.py"), "--methods", "all",
+           "--out", str(out), "--no-progress"]  # fmt: skip
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    t1 = time.perf_counter()
+    subprocess.run([*cmd, "--resume"], check=True, stdout=subprocess.DEVNULL)
+    resume = time.perf_counter() - t1
+    return {
+        "seconds": wall,
+        "peak_rss_gib": max(peak_kib, before) / 2**20,
+        "resume_seconds": resume,
+        "target_seconds": 180,
+        "target_rss_gib": 3,
+        "target_resume_seconds": 10,
+    }
+
+
+def attack_cost(work: Path) -> dict[str, Any]:
+    """All attacks on one release of the unprotected head, once prepared."""
+    data = prepare(RunConfig(out=str(work / "attack"), cache_dir=str(work / "full" / "cache"),
+                             progress=False))  # fmt: skip
+    context = MethodContext(num_classes=data.num_classes, head=HeadConfig())
+    x_in, y_in = data.part("members")
+    x_out, y_out = data.part("nonmembers")
+    method = create_method("none")
+    release = method.release(
+        method.prepare(features=x_in, labels=y_in, seed=0, context=context), features=x_in,
+        labels=y_in, epsilon=float("inf"), delta=0.0, seed=0, draw=0, context=context,
+    )  # fmt: skip
+    pool = data.part("attacker")
+    trainer = method.shadow_trainer(release=release, epsilon=float("inf"), delta=0.0,
+                                    context=context)  # fmt: skip
+    features, labels = torch.cat([x_in, x_out]), torch.cat([y_in, y_out])
+    with torch_threads(1):
+        t0 = time.perf_counter()
+        prepared = prepare_attacks(
+            knowledge=AttackerKnowledge(features=pool[0], labels=pool[1], trainer=trainer,
+                                        num_classes=data.num_classes),
+            seed=0, candidate_features=features, candidate_labels=labels,
+        )  # fmt: skip
+        t1 = time.perf_counter()
+        target = AttackTarget(
+            predict=release.predict_proba, features=features, labels=labels,
+            is_member=np.r_[np.ones(len(y_in), bool), np.zeros(len(y_out), bool)],
+            num_classes=data.num_classes,
+        )  # fmt: skip
+        results = prepared.attack(target)
+        t2 = time.perf_counter()
+    return {
+        "prepare_seconds": t1 - t0,
+        "attack_seconds": t2 - t1,
+        "attacks": [r.attack for r in results],
+        "best_auc": max(r.mia_auc for r in results),
+        "target_seconds": 5,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench.json")
+    parser.add_argument("--skip-full-run", action="store_true")
+    args = parser.parse_args()
+    report: dict[str, Any] = {"torch_threads": torch.get_num_threads()}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        if not args.skip_full_run:
+            report["full_run"] = full_run(work)
+        else:
+            (work / "full").mkdir()
+        data = prepare(RunConfig(out=str(work / "bench"), cache_dir=str(work / "full" / "cache"),
+                                 progress=False))  # fmt: skip
+        x, y = data.part("members")
+        sampler = bench_sampler(features=x, labels=y, num_classes=data.num_classes, m=200,
+                                config=HeadConfig(), autograd_pairs=0)  # fmt: skip
+        report["sampler"] = {k: v for k, v in sampler.items() if np.ndim(v) == 0}
+        report["sampler"]["target_ratio"] = 10
+        report["attacks"] = attack_cost(work)
+        report["baselines"] = bench_baselines(features=x, labels=y,
+                                              num_classes=data.num_classes)  # fmt: skip
+    Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(format_table(report))
+    print(f"\nwritten: {args.out}")
+
+
+def format_table(report: dict[str, Any]) -> str:
+    rows = []
+    full = report.get("full_run")
+    if full:
+        rows += [
+            ("full run --methods all (s)", f"{full['seconds']:.1f}", "<= 180"),
+            ("full run peak RSS (GiB)", f"{full['peak_rss_gib']:.2f}", "<= 3"),
+            ("second run --resume (s)", f"{full['resume_seconds']:.1f}", "<= 10"),
+        ]
+    s = report["sampler"]
+    rows += [
+        ("sampler batched vs sequential, m=200", f"{s['ratio']:.1f}x", ">= 10x"),
+        ("  batched / sequential (s)",
+         f"{s['seconds_batched']:.2f} / {s['seconds_sequential']:.1f}", ""),
+        ("attacks on one release, prepared (s)", f"{report['attacks']['attack_seconds']:.3f}",
+         "<= 5"),
+        ("  preparing shadows + references (s)", f"{report['attacks']['prepare_seconds']:.1f}", ""),
+    ]  # fmt: skip
+    b = report["baselines"]
+    rows += [
+        ("DP-SGD vs non-private head training", f"{b['dpsgd_vs_plain']['ratio']:.1f}x", ""),
+        ("DP-SGD retrain vs post-training re-protect",
+         f"{b['retrain_vs_reprotect']['ratio']:.0f}x", "large (ALM paper)"),
+    ]  # fmt: skip
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{'measure':<{width}}  {'value':>14}  target", "-" * (width + 30)]
+    lines += [f"{a:<{width}}  {b_:>14}  {c}" for a, b_, c in rows]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

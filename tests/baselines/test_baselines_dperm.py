@@ -1,0 +1,135 @@
+"""Output perturbation (Chaudhuri et al. 2011): the L2-Laplace noise law and the release."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from alm_opacus.heads import HeadConfig
+from alm_opacus.methods import MethodContext
+from baselines import dperm
+from baselines.dperm import L2LaplaceNoise
+
+
+@pytest.mark.parametrize(("dim", "scale"), [(1, 0.5), (7, 2.0), (650, 0.01)])
+def test_noise_norm_follows_gamma(dim, scale):
+    # density of b proportional to exp(-||b|| / scale)  =>  ||b|| ~ Gamma(dim, scale)
+    rng = np.random.default_rng(2024)
+    norms = np.array(
+        [np.linalg.norm(L2LaplaceNoise.sample(dim, scale=scale, rng=rng)) for _ in range(4000)]
+    )
+    assert stats.kstest(norms, stats.gamma(a=dim, scale=scale).cdf).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("dim", [3, 50])
+def test_noise_direction_is_uniform(dim):
+    # For u uniform on the sphere S^{dim-1}, u_1^2 ~ Beta(1/2, (dim-1)/2), and E u = 0.
+    rng = np.random.default_rng(7)
+    draws = np.stack([L2LaplaceNoise.sample(dim, scale=1.0, rng=rng) for _ in range(4000)])
+    u = draws / np.linalg.norm(draws, axis=1, keepdims=True)
+    law = stats.beta(0.5, (dim - 1) / 2)
+    assert stats.kstest(u[:, 0] ** 2, law.cdf).pvalue > 1e-3
+    assert stats.kstest(u[:, -1] ** 2, law.cdf).pvalue > 1e-3
+    assert np.abs(u.mean(0)).max() < 5 / math.sqrt(4000)
+
+
+def test_privacy_loss_is_bounded_by_epsilon():
+    # log nu(b) - log nu(b - v) = (||b - v|| - ||b||) / scale <= ||v|| / scale = epsilon
+    rng = np.random.default_rng(1)
+    epsilon, sensitivity, dim = 0.8, 0.3, 20
+    scale = L2LaplaceNoise.calibrate(epsilon=epsilon, sensitivity=sensitivity)
+    assert L2LaplaceNoise.epsilon(scale=scale, sensitivity=sensitivity) == pytest.approx(epsilon)
+    b = np.stack([L2LaplaceNoise.sample(dim, scale=scale, rng=rng) for _ in range(2000)])
+    v = rng.normal(size=(2000, dim))
+    v *= sensitivity / np.linalg.norm(v, axis=1, keepdims=True)
+    loss = (np.linalg.norm(b - v, axis=1) - np.linalg.norm(b, axis=1)) / scale
+    assert loss.max() <= epsilon + 1e-12
+
+
+def _context(pixel_features, **options):
+    x, y = pixel_features
+    return MethodContext(
+        num_classes=10,
+        head=HeadConfig(),
+        public_features=x[200:500],
+        public_labels=y[200:500],
+        options=options,
+    )
+
+
+def test_release_is_pure_dp_with_analytic_l2_sensitivity(pixel_features):
+    x, y = pixel_features
+    ctx = _context(pixel_features)
+    method = dperm.DPERMMethod()
+    prepared = method.prepare(features=x[:150], labels=y[:150], seed=0, context=ctx)
+    release = method.release(
+        prepared,
+        features=x[:150],
+        labels=y[:150],
+        epsilon=2.0,
+        delta=1e-5,
+        seed=0,
+        draw=0,
+        context=ctx,
+    )
+    s = release.statement
+    assert s.guarantee.value == "pure-dp" and s.delta == 0.0 and s.epsilon == 2.0
+    assert s.sensitivity is not None
+    assert (s.sensitivity.norm, s.sensitivity.source.value) == ("l2", "analytic")
+    assert s.noise_scale == pytest.approx(s.sensitivity.value / 2.0)
+    l2 = release.info["config"]["l2"]
+    assert l2 in [c["l2"] for c in dperm.TUNING_GRID]
+    assert len(release.info["tuning"]["tried"]) == len(dperm.TUNING_GRID)
+    # the released head is the clean convex head plus noise of the stated scale
+    clean = prepared.fits[l2].params
+    noise = torch.cat(
+        [(release.module.state_dict()[k] - clean[k][0]).flatten() for k in sorted(clean)]
+    )
+    assert noise.numel() == 10 * 65 == release.info["num_params"]
+    assert float(noise.norm()) > 0
+    # Chaudhuri et al. 2011, Cor. 8 with L = sqrt(2 (R^2 + 1)), R = 1: 2L / (n lambda)
+    assert s.sensitivity.value == pytest.approx(4 / (150 * l2), rel=1e-6)
+
+
+def test_shadow_trainer_shape_and_draws_differ(pixel_features):
+    x, y = pixel_features
+    ctx = _context(pixel_features, dperm_l2=1.0)
+    method = dperm.DPERMMethod()
+    prepared = method.prepare(features=x[:100], labels=y[:100], seed=0, context=ctx)
+    r0, r1 = (
+        method.release(
+            prepared,
+            features=x[:100],
+            labels=y[:100],
+            epsilon=5.0,
+            delta=1e-5,
+            seed=0,
+            draw=d,
+            context=ctx,
+        )
+        for d in (0, 1)
+    )
+    assert not torch.equal(r0.predict_proba(x[600:610]), r1.predict_proba(x[600:610]))
+    trainer = method.shadow_trainer(release=r0, epsilon=5.0, delta=1e-5, context=ctx)
+    masks = torch.zeros(4, 120, dtype=torch.bool)
+    masks[:, ::2] = True
+    predict = trainer(x[700:820], y[700:820], masks, 0)
+    assert predict(x[:5]).shape == (4, 5, 10)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: L2LaplaceNoise.sample(0, scale=1.0, rng=np.random.default_rng()), "dim=0"),
+        (lambda: L2LaplaceNoise.sample(3, scale=0.0, rng=np.random.default_rng()), "scale=0.0"),
+        (lambda: L2LaplaceNoise.calibrate(epsilon=math.nan, sensitivity=1.0), "epsilon=nan"),
+        (lambda: L2LaplaceNoise.calibrate(epsilon=1.0, sensitivity=-2.0), "sensitivity=-2.0"),
+    ],
+)
+def test_bad_input_is_named(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

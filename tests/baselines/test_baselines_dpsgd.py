@@ -1,0 +1,193 @@
+"""DP-SGD through Opacus: the accountant's epsilon, the cache, and the batched re-implementation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from opacus.accountants.utils import get_noise_multiplier
+
+from alm_opacus.heads import HeadConfig
+from baselines import dpsgd
+from baselines.dpsgd import DPSGDConfig, dpsgd_linear_heads, run_opacus, train_dpsgd_head
+
+HEAD = HeadConfig()
+FAST = DPSGDConfig(lr=4.0, max_grad_norm=1.0, epochs=4, batch_size=30)
+
+
+@pytest.fixture(scope="module")
+def small(pixel_features):
+    x, y = pixel_features
+    return x[:90], y[:90]
+
+
+def _check_against_opacus(run, *, epsilon: float, delta: float, accountant: str) -> None:
+    # Independent check: a fresh Opacus accountant fed the run's (sigma, q, steps).
+    again = dpsgd.accountant_epsilon(
+        noise_multiplier=run.noise_multiplier,
+        sample_rate=run.sample_rate,
+        steps=run.steps,
+        delta=delta,
+        accountant=accountant,
+    )
+    assert run.epsilon_spent == pytest.approx(again, rel=1e-9)
+    assert run.epsilon_spent <= epsilon
+    assert run.epsilon_spent > 0.9 * epsilon  # sigma is not wastefully large either
+
+
+def test_rdp_final_epsilon_within_target_and_equal_to_opacus(small):
+    x, y = small
+    run = train_dpsgd_head(
+        x,
+        y,
+        num_classes=10,
+        head=HEAD,
+        config=FAST,
+        epsilon=2.0,
+        delta=1e-5,
+        accountant="rdp",
+        seed=0,
+        noise_seed=0,
+    )
+    _check_against_opacus(run, epsilon=2.0, delta=1e-5, accountant="rdp")
+    # Poisson sampling at 1/len(loader), every batch of every epoch taken.
+    assert run.sample_rate == pytest.approx(1 / math.ceil(90 / 30))
+    assert run.steps == FAST.epochs * math.ceil(90 / 30)
+
+
+def test_opacus_step_undercount_is_corrected(small):
+    # Opacus accounts int(epochs / q) steps but its loader runs epochs * int(1 / q): at
+    # q = 1/75, 3 epochs, that is 224 accounted against 225 run. The run must still end
+    # within the target, accounted at the 225 steps it took.
+    x, y = small
+    q = 1 / 75
+    assert int(3 / q) == 224 and 3 * int(1 / q) == 225
+    config = DPSGDConfig(lr=1.0, max_grad_norm=1.0, epochs=3, batch_size=1)
+    run = train_dpsgd_head(
+        x[:75],
+        y[:75],
+        num_classes=10,
+        head=HEAD,
+        config=config,
+        epsilon=2.0,
+        delta=1e-5,
+        accountant="rdp",
+        seed=0,
+        noise_seed=0,
+    )
+    assert run.steps == 225
+    _check_against_opacus(run, epsilon=2.0, delta=1e-5, accountant="rdp")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("accountant", ["prv", "alm_pld"])
+def test_other_accountants_final_epsilon(small, accountant):
+    x, y = small
+    run = train_dpsgd_head(
+        x,
+        y,
+        num_classes=10,
+        head=HEAD,
+        config=FAST,
+        epsilon=1.5,
+        delta=1e-5,
+        accountant=accountant,
+        seed=0,
+        noise_seed=0,
+    )
+    _check_against_opacus(run, epsilon=1.5, delta=1e-5, accountant=accountant)
+
+
+@pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha")
+def test_cached_sigma_is_make_private_with_epsilon_sigma(small):
+    x, y = small
+    kwargs = dict(
+        num_classes=10, head=HEAD, config=FAST, epsilon=3.0, delta=1e-5, accountant="rdp", seed=0
+    )
+    first = train_dpsgd_head(x, y, noise_seed=1, **kwargs)
+    second = train_dpsgd_head(x, y, noise_seed=2, **kwargs)
+    assert second.from_cache and second.noise_multiplier == first.noise_multiplier
+    # the value make_private_with_epsilon computes: Opacus's own search at the same key
+    expected = get_noise_multiplier(
+        target_epsilon=3.0,
+        target_delta=1e-5,
+        sample_rate=first.sample_rate,
+        epochs=FAST.epochs,
+        accountant="rdp",
+    )
+    assert first.noise_multiplier == expected
+    # independent draws differ; the same draw is reproducible
+    third = train_dpsgd_head(x, y, noise_seed=2, **kwargs)
+    w2, w3 = second.head.fc.weight, third.head.fc.weight
+    assert torch.equal(w2, w3) and not torch.equal(first.head.fc.weight, w2)
+
+
+def test_batched_reimplementation_matches_opacus_without_noise(small):
+    # sigma = 0 and q = 1 (batch_size >= n) make both deterministic: clipping factor,
+    # scaling by the expected batch size and the update must agree to rounding.
+    x, y = small
+    config = DPSGDConfig(lr=2.0, max_grad_norm=0.3, epochs=15, batch_size=200)
+    init = dpsgd._init_params(d=x.shape[1], num_classes=10, head=HEAD, seed=3)
+    model, *_ = run_opacus(
+        x,
+        y,
+        init=init,
+        kind="linear",
+        config=config,
+        epsilon=1.0,
+        delta=1e-5,
+        accountant="rdp",
+        noise_seed=0,
+        noise_multiplier=0.0,
+    )
+    ones = torch.ones(2, len(y), dtype=torch.bool)
+    ours = dpsgd_linear_heads(
+        x, y, masks=ones, num_classes=10, head=HEAD, config=config, sigma=0.0, seed=3
+    )
+    for b in range(2):
+        torch.testing.assert_close(
+            ours["fc.weight"][b], model.fc.weight.detach(), rtol=0, atol=1e-12
+        )
+        torch.testing.assert_close(ours["fc.bias"][b], model.fc.bias.detach(), rtol=0, atol=1e-12)
+
+
+def test_default_delta_and_schedule():
+    assert dpsgd.default_delta(150) == 1e-5
+    assert dpsgd.default_delta(50_000) == pytest.approx(1 / 500_000)
+    assert dpsgd.default_schedule(n=150, dataset="digits") == (30, 75)
+    assert dpsgd.default_schedule(n=10_000) == (20, 256)
+    assert len(dpsgd.TUNING_GRID) == 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"accountant": "gdp"}, "accountant='gdp'"),
+        ({"delta": 0.0}, "delta=0.0"),
+        ({"epsilon": -1.0}, "epsilon=-1.0"),
+        ({"epsilon": math.inf}, "epsilon=inf"),
+    ],
+)
+def test_bad_input_is_named(small, kwargs, match):
+    x, y = small
+    args = dict(
+        num_classes=10,
+        head=HEAD,
+        config=FAST,
+        epsilon=1.0,
+        delta=1e-5,
+        accountant="rdp",
+        seed=0,
+        noise_seed=0,
+    )
+    with pytest.raises(ValueError, match=match):
+        train_dpsgd_head(x, y, **{**args, **kwargs})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("lr", 0.0), ("max_grad_norm", -1.0), ("epochs", 0), ("batch_size", 1.5)]
+)
+def test_bad_config_is_named(field, value):
+    with pytest.raises(ValueError, match=field):
+        DPSGDConfig(**{field: value})

@@ -1,0 +1,133 @@
+"""The baselines as registered methods: registration, statements, tuning records, dpsgd-full."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from alm_opacus.heads import HeadConfig
+from alm_opacus.methods import MethodContext, available_methods, create_method
+from baselines.dpsgd import TUNING_GRID
+
+
+def test_import_registers_every_baseline():
+    import baselines
+
+    assert set(baselines.METHODS) <= set(available_methods())
+    grids = baselines.tuning_grids()
+    json.dumps(grids)  # goes to config.json
+    assert grids["budget"] == baselines.TUNING_BUDGET
+    assert all(len(g) <= baselines.TUNING_BUDGET for g in grids["grids"].values())
+
+
+def _context(pixel_features, **options):
+    x, y = pixel_features
+    return MethodContext(
+        num_classes=10,
+        head=HeadConfig(),
+        public_features=x[200:500],
+        public_labels=y[200:500],
+        options=options,
+    )
+
+
+def test_dpsgd_release_statement_info_and_adaptive_shadows(pixel_features):
+    x, y = pixel_features
+    ctx = _context(pixel_features, accountant="rdp", dpsgd_epochs=3)
+    method = create_method("dpsgd")
+    prepared = method.prepare(features=x[:150], labels=y[:150], seed=0, context=ctx)
+    release = method.release(
+        prepared,
+        features=x[:150],
+        labels=y[:150],
+        epsilon=2.0,
+        delta=1e-5,
+        seed=0,
+        draw=0,
+        context=ctx,
+    )
+    s = release.statement
+    assert s.guarantee.value == "approx-dp" and (s.epsilon, s.delta) == (2.0, 1e-5)
+    info = release.info
+    assert info["epsilon_spent"] <= 2.0 and info["accountant"] == "rdp"
+    assert len(info["tuning"]["tried"]) == 4
+    chosen = {k: info["config"][k] for k in ("lr", "max_grad_norm")}
+    assert chosen in [dict(c) for c in TUNING_GRID]
+    json.dumps(info)
+    # a second draw reuses the tuned config and sigma, and is an independent run
+    again = method.release(
+        prepared,
+        features=x[:150],
+        labels=y[:150],
+        epsilon=2.0,
+        delta=1e-5,
+        seed=0,
+        draw=1,
+        context=ctx,
+    )
+    assert again.info["config"] == info["config"] and again.info["sigma_cached"]
+    assert not torch.equal(release.predict_proba(x[600:610]), again.predict_proba(x[600:610]))
+    assert "adaptive" in info["attacker"]
+    trainer = method.shadow_trainer(release=release, epsilon=2.0, delta=1e-5, context=ctx)
+    masks = torch.zeros(4, 120, dtype=torch.bool)
+    masks[:, 1::2] = True
+    assert trainer(x[700:820], y[700:820], masks, 0)(x[:5]).shape == (4, 5, 10)
+
+
+def test_dpsgd_bad_accountant_option_is_named(pixel_features):
+    x, y = pixel_features
+    with pytest.raises(ValueError, match="accountant='moments'"):
+        create_method("dpsgd").prepare(
+            features=x[:50],
+            labels=y[:50],
+            seed=0,
+            context=_context(pixel_features, accountant="moments"),
+        )
+
+
+class _TinyEncoder(nn.Module):
+    out_dim = 8
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(1, 4, 3, padding=1),
+            nn.BatchNorm2d(4),
+            nn.ReLU(inplace=True),
+            nn.AdaptiveAvgPool2d(2),
+            nn.Flatten(),
+            nn.Linear(16, 8),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.net(x)
+        return out
+
+
+def test_dpsgd_full_replaces_batchnorm_and_stays_within_epsilon(digits):
+    from baselines.dpsgd import DPSGDConfig
+    from baselines.dpsgd_full import dpsgd_full_finetune
+
+    images = torch.from_numpy(digits.images[:60]).float()
+    labels = torch.from_numpy(digits.labels[:60]).long()
+    encoder = _TinyEncoder()
+    run = dpsgd_full_finetune(
+        encoder=encoder,
+        images=images,
+        labels=labels,
+        num_classes=10,
+        config=DPSGDConfig(lr=0.5, epochs=2, batch_size=20),
+        epsilon=3.0,
+        delta=1e-5,
+        accountant="rdp",
+        seed=0,
+        noise_seed=0,
+    )
+    kinds = {type(m) for m in run.model.modules()}
+    assert nn.BatchNorm2d not in kinds and nn.GroupNorm in kinds
+    assert any(isinstance(m, nn.BatchNorm2d) for m in encoder.modules())  # original untouched
+    assert 0 < run.epsilon_spent <= 3.0 and run.steps == 2 * 3
+    assert run.model(images[:2]).shape == (2, 10)
