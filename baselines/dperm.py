@@ -189,6 +189,7 @@ class DPERMMethod(Method):
     """
 
     name: ClassVar[str] = "dperm"
+    tuning_grid: ClassVar[tuple[dict[str, Any], ...]] = TUNING_GRID
     post_training: ClassVar[bool] = True
 
     def prepare(

@@ -595,6 +595,7 @@ class DPSGDMethod(Method):
     """
 
     name: ClassVar[str] = "dpsgd"
+    tuning_grid: ClassVar[tuple[dict[str, Any], ...]] = TUNING_GRID
     post_training: ClassVar[bool] = False
 
     def prepare(

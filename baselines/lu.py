@@ -560,6 +560,7 @@ class LuMethod(Method):
     """
 
     name: ClassVar[str] = "lu"
+    tuning_grid: ClassVar[tuple[dict[str, Any], ...]] = TUNING_GRID
     post_training: ClassVar[bool] = True
 
     def prepare(

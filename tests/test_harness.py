@@ -141,3 +141,24 @@ def test_config_file_with_unknown_key_exits_2(tmp_path: Path, capsys) -> None:  
     with pytest.raises(SystemExit) as info:
         parse_config(["--config", str(cfg)])
     assert info.value.code == 2 and "epsilonz" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_config_json_lists_the_tuning_grids_and_choices(tmp_path: Path, shared_cache: Path) -> None:
+    import json
+
+    out = tmp_path / "tuned"
+    args = ["--methods", "dpsgd,alm", "--epsilons", "1", "--noise-draws", "1", "--attacks",
+            "loss", "--m", "8", "--out", str(out), "--cache-dir", str(shared_cache),
+            "--no-progress"]  # fmt: skip
+    assert main(args) == 0
+    settings = json.loads((out / "config.json").read_text())
+    grids = settings["tuning_grids"]
+    assert len(grids["dpsgd"]) == 4 and grids["alm"] == [] and grids["none"] == []
+    chosen = [c for c in settings["chosen_configs"] if c["method"] == "dpsgd"]
+    assert len(chosen) == 1 and chosen[0]["epsilon"] == 1.0
+    picked = {k: chosen[0]["config"][k] for k in grids["dpsgd"][0]}
+    assert picked in grids["dpsgd"]  # the choice is one of the listed configurations
+    rows = read_results(out / "results.csv")
+    dpsgd = [r for r in rows if r.method == "dpsgd"]
+    assert dpsgd and all(r.guarantee == "approx-dp" and r.epsilon == 1.0 for r in dpsgd)
