@@ -41,6 +41,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"--l2={text!r}: expected a finite number >= 0")
+    return value
+
+
 def _delta(text: str) -> float:
     value = float(text)
     if not 0 <= value < 1:
@@ -122,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     privacy.add_argument(
         "--head", choices=("linear", "mlp"), default="linear", help="the fine-tuning head"
     )
+    privacy.add_argument(
+        "--l2", type=_non_negative_float, default=0.0,
+        help="L2 coefficient of the shared head recipe (0: the overfit default); with "
+        "--sensitivity analytic, the convex head's lambda (0 there means 0.1)",
+    )  # fmt: skip
     privacy.add_argument(
         "--accountant", choices=("alm_pld", "prv", "rdp"), default="alm_pld",
         help="DP-SGD's accountant (alm_pld: this project's PLD accountant, registered in Opacus)",
@@ -234,9 +249,10 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
             split_seed=args.split_seed, device=args.device, out=args.out,
             cache_dir=args.cache_dir, noise_draws=args.noise_draws,
             options={"sensitivity": args.sensitivity, "m": args.m,
-                     "accountant": args.accountant, "queries": args.queries},
+                     "accountant": args.accountant, "queries": args.queries,
+                     **({"l2": args.l2} if args.l2 > 0 else {})},
             attacks=attacks,
-            resume=args.resume, head=HeadConfig(kind=args.head),
+            resume=args.resume, head=HeadConfig(kind=args.head, l2=args.l2),
             progress=not args.no_progress,
         )  # fmt: skip
     except ValueError as exc:

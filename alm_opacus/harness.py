@@ -264,6 +264,7 @@ def run(config: RunConfig) -> RunResult:
     if config.resume and results_path.exists():
         rows = read_results(results_path)
     done = {row.cell() for row in rows}
+    finished_before = len(rows)
     methods = ["none", *[m for m in config.methods if m != "none"]]
     settings = {
         **config.to_dict(),
@@ -363,9 +364,13 @@ def run(config: RunConfig) -> RunResult:
                     _save_rocs(out / "rocs.json", rocs)
                     write_results(results_path, rows)
                     reporter.add_cell(cell_rows, hparams=_hparams(config))
-        reporter.add_layout(methods)
-        reporter.add_rocs(rocs)
-        write_plots(rows, rocs, out / "plots")
+        # Figures are rendered after the last cell, so missing plots mean an earlier run
+        # stopped before them; a resume that computed nothing and finds them skips the work.
+        plots_missing = not (out / "plots" / "fig1_utility_loss.png").exists()
+        if len(rows) > finished_before or plots_missing:
+            reporter.add_layout(methods)
+            reporter.add_rocs(rocs)
+            write_plots(rows, rocs, out / "plots")
         atomic_write_json(out / "config.json", {**settings, "chosen_configs": chosen})
     finally:
         single_thread.close()

@@ -101,6 +101,9 @@ def test_methods_none_writes_the_contract_table(tmp_path: Path, shared_cache: Pa
         (["--data-root", "/nonexistent/x"], "--data-root"),
         (["--out", "/proc/forbidden/out"], "--out"),
         (["--device", "tpu"], "--device"),
+        (["--l2", "-1"], "--l2"),
+        (["--queries", "0"], "--queries"),
+        (["--accountant", "moments"], "--accountant"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line_naming_the_flag(argv, needle, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -133,6 +136,15 @@ def test_config_file_sets_defaults_and_the_command_line_wins(tmp_path: Path) -> 
     assert config.epsilons == (0.5, 2.0)
     assert config.seeds == (3, 4)
     assert config.noise_draws == 7
+
+
+def test_l2_and_accountant_reach_the_recipe_and_the_methods(tmp_path: Path) -> None:
+    config = parse_config(["--l2", "0.01", "--accountant", "prv", "--out", str(tmp_path)])
+    assert config.head.l2 == 0.01
+    assert config.options["l2"] == 0.01 and config.options["accountant"] == "prv"
+    default = parse_config(["--out", str(tmp_path)])
+    assert default.head.l2 == 0.0 and "l2" not in default.options
+    assert default.options["accountant"] == "alm_pld"
 
 
 def test_config_file_with_unknown_key_exits_2(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
