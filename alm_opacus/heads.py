@@ -143,6 +143,23 @@ def head_objective(
     return data_term + 0.5 * config.l2 * reg
 
 
+def check_head_inputs(features: Tensor, labels: Tensor, masks: Tensor) -> None:
+    """Shapes shared by every batched head trainer.
+
+    Raises:
+        ValueError: unless features are (n, d), labels (n,), masks (B, n) with no empty row.
+    """
+    if features.ndim != 2 or labels.shape != (features.shape[0],):
+        raise ValueError(
+            f"features (n, d) and labels (n,) expected; got {tuple(features.shape)} "
+            f"and {tuple(labels.shape)}"
+        )
+    if masks.ndim != 2 or masks.shape[1] != features.shape[0]:
+        raise ValueError(f"masks must be (B, {features.shape[0]}); got {tuple(masks.shape)}")
+    if not bool(masks.any(1).all()):
+        raise ValueError("every mask row must select at least one example")
+
+
 def train_heads(
     features: Tensor,
     labels: Tensor,
@@ -174,15 +191,7 @@ def train_heads(
     Raises:
         ValueError: on shape mismatches or an empty mask row.
     """
-    if features.ndim != 2 or labels.shape != (features.shape[0],):
-        raise ValueError(
-            f"features (n, d) and labels (n,) expected; got {tuple(features.shape)} "
-            f"and {tuple(labels.shape)}"
-        )
-    if masks.ndim != 2 or masks.shape[1] != features.shape[0]:
-        raise ValueError(f"masks must be (B, {features.shape[0]}); got {tuple(masks.shape)}")
-    if not bool(masks.any(1).all()):
-        raise ValueError("every mask row must select at least one example")
+    check_head_inputs(features, labels, masks)
     device = features.device
     x = features.to(config.torch_dtype)
     y = labels.to(device=device, dtype=torch.long)

@@ -15,13 +15,13 @@ Sensitivity (``context.options["sensitivity"]``):
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
+from alm_opacus._hashing import derive_seed, tensor_digest
 from alm_opacus.heads import Head, HeadConfig, batched_logits, flat_params, train_heads
 from alm_opacus.mechanisms import create_mechanism, make_generator
 from alm_opacus.methods import (
@@ -51,12 +51,6 @@ class PreparedHead:
     details: dict[str, Any]
 
 
-def derive_seed(*parts: object) -> int:
-    """A 63-bit seed from any labels, stable across processes (unlike ``hash``)."""
-    digest = hashlib.sha256(repr(parts).encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
-
-
 def convex_config(context: MethodContext) -> HeadConfig:
     """The convex head the analytic bound covers."""
     return context.head.replace(
@@ -80,7 +74,7 @@ def prepare_head(
         raise ValueError(f"sensitivity={source!r} is invalid: expected 'sampled' or 'analytic'")
     m = int(context.options.get("m", 200))
     gamma = float(context.options.get("gamma", 0.05))
-    digest = hashlib.sha256(features.numpy().tobytes() + labels.numpy().tobytes()).hexdigest()
+    digest = tensor_digest(features, labels)
     key = (digest, seed, source, m, gamma, context.head, tuple(sorted(context.options.items())))
     if key in _PREPARED:
         return _PREPARED[key]
@@ -187,9 +181,7 @@ def clean_shadow_heads(
     """The attacker's shadow heads before noise. Post-training noise does not change how
     they are trained, so every epsilon and mechanism reuses them (cached in-process)."""
     key = (
-        hashlib.sha256(
-            features.numpy().tobytes() + labels.numpy().tobytes() + masks.numpy().tobytes()
-        ).hexdigest(),
+        tensor_digest(features, labels, masks),
         seed, config, solver, num_classes,
     )  # fmt: skip
     if key not in _CLEAN_SHADOWS:

@@ -9,7 +9,6 @@ attacker's pool are never looked at, so the choice costs no privacy budget.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -17,6 +16,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+from alm_opacus._hashing import derive_seed, tensor_digest
 from alm_opacus.methods import MethodContext
 
 __all__ = [
@@ -38,21 +38,6 @@ TUNING_DRAWS = 2
 MIN_VALIDATION = 20
 
 T = TypeVar("T")
-
-
-def tensor_digest(*tensors: Tensor) -> str:
-    """SHA-256 of the tensors' bytes (cache keys for work that depends only on them)."""
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(str((tuple(t.shape), t.dtype)).encode())
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-def derive_seed(*parts: object) -> int:
-    """A 63-bit seed from any labels, stable across processes (unlike ``hash``)."""
-    digest = hashlib.sha256(repr(parts).encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
 
 
 @dataclass(frozen=True)

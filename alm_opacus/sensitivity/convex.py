@@ -17,7 +17,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from alm_opacus._validation import check_positive
-from alm_opacus.heads import HeadConfig, Params, clip_features
+from alm_opacus.heads import HeadConfig, Params, check_head_inputs, clip_features
 
 __all__ = ["DEFAULT_TOL", "ConvexFit", "train_convex_heads"]
 
@@ -154,15 +154,7 @@ def train_convex_heads(
             f"kind={config.kind!r}, l2={config.l2!r}, dtype={config.dtype!r}"
         )
     tol = check_positive(tol, name="tol")
-    if features.ndim != 2 or labels.shape != (features.shape[0],):
-        raise ValueError(
-            f"features (n, d) and labels (n,) expected; got {tuple(features.shape)} "
-            f"and {tuple(labels.shape)}"
-        )
-    if masks.ndim != 2 or masks.shape[1] != features.shape[0]:
-        raise ValueError(f"masks must be (B, {features.shape[0]}); got {tuple(masks.shape)}")
-    if not bool(masks.any(1).all()):
-        raise ValueError("every mask row must select at least one example")
+    check_head_inputs(features, labels, masks)
     device = features.device
     x = clip_features(features.to(torch.float64), config.clip_radius)
     y = labels.to(device=device, dtype=torch.long)
