@@ -37,3 +37,18 @@ def default_pipeline(shared_cache: Path, tmp_path_factory: pytest.TempPathFactor
     out = tmp_path_factory.mktemp("pipeline_run")
     config = RunConfig(out=str(out), cache_dir=str(shared_cache), progress=False)
     return prepare(config)
+
+
+@pytest.fixture
+def make_context(pixel_features):  # type: ignore[no-untyped-def]
+    """A MethodContext on digits pixels with public rows 200:500, for method tests."""
+    from alm_opacus.heads import HeadConfig
+    from alm_opacus.methods import MethodContext
+
+    x, y = pixel_features
+
+    def make(**options: object) -> MethodContext:
+        return MethodContext(num_classes=10, head=HeadConfig(), public_features=x[200:500],
+                             public_labels=y[200:500], options=dict(options))  # fmt: skip
+
+    return make

@@ -9,8 +9,6 @@ import pytest
 import torch
 from scipy import stats
 
-from alm_opacus.heads import HeadConfig
-from alm_opacus.methods import MethodContext
 from baselines import dperm
 from baselines.dperm import L2LaplaceNoise
 
@@ -50,20 +48,9 @@ def test_privacy_loss_is_bounded_by_epsilon():
     assert loss.max() <= epsilon + 1e-12
 
 
-def _context(pixel_features, **options):
+def test_release_is_pure_dp_with_analytic_l2_sensitivity(pixel_features, make_context):
     x, y = pixel_features
-    return MethodContext(
-        num_classes=10,
-        head=HeadConfig(),
-        public_features=x[200:500],
-        public_labels=y[200:500],
-        options=options,
-    )
-
-
-def test_release_is_pure_dp_with_analytic_l2_sensitivity(pixel_features):
-    x, y = pixel_features
-    ctx = _context(pixel_features)
+    ctx = make_context()
     method = dperm.DPERMMethod()
     prepared = method.prepare(features=x[:150], labels=y[:150], seed=0, context=ctx)
     release = method.release(
@@ -95,9 +82,9 @@ def test_release_is_pure_dp_with_analytic_l2_sensitivity(pixel_features):
     assert s.sensitivity.value == pytest.approx(4 / (150 * l2), rel=1e-6)
 
 
-def test_shadow_trainer_shape_and_draws_differ(pixel_features):
+def test_shadow_trainer_shape_and_draws_differ(pixel_features, make_context):
     x, y = pixel_features
-    ctx = _context(pixel_features, dperm_l2=1.0)
+    ctx = make_context(dperm_l2=1.0)
     method = dperm.DPERMMethod()
     prepared = method.prepare(features=x[:100], labels=y[:100], seed=0, context=ctx)
     r0, r1 = (

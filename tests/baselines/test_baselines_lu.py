@@ -9,8 +9,6 @@ import pytest
 import torch
 from scipy.special import expit, logsumexp
 
-from alm_opacus.heads import HeadConfig
-from alm_opacus.methods import MethodContext
 from baselines import lu
 
 
@@ -95,20 +93,9 @@ def test_lipschitz_bound_holds_on_the_ball(pixel_features):
     assert worst <= rho
 
 
-def _context(pixel_features, **options):
+def test_release_is_per_query_with_named_gaps_and_total(pixel_features, make_context):
     x, y = pixel_features
-    return MethodContext(
-        num_classes=10,
-        head=HeadConfig(),
-        public_features=x[200:500],
-        public_labels=y[200:500],
-        options=options,
-    )
-
-
-def test_release_is_per_query_with_named_gaps_and_total(pixel_features):
-    x, y = pixel_features
-    ctx = _context(pixel_features, queries=7, lu_steps=30, lu_hidden=16, tune=False)
+    ctx = make_context(queries=7, lu_steps=30, lu_hidden=16, tune=False)
     method = lu.LuMethod()
     prepared = method.prepare(features=x[:100], labels=y[:100], seed=0, context=ctx)
     release = method.release(
@@ -137,9 +124,9 @@ def test_release_is_per_query_with_named_gaps_and_total(pixel_features):
     assert bool((spread.sum(1) <= 1).all())
 
 
-def test_gaussian_statement_states_basic_composition(pixel_features):
+def test_gaussian_statement_states_basic_composition(pixel_features, make_context):
     x, y = pixel_features
-    ctx = _context(pixel_features, lu_noise="gaussian", lu_steps=10, lu_hidden=8, tune=False)
+    ctx = make_context(lu_noise="gaussian", lu_steps=10, lu_hidden=8, tune=False)
     method = lu.LuMethod()
     prepared = method.prepare(features=x[:60], labels=y[:60], seed=0, context=ctx)
     s = method.release(
@@ -171,7 +158,7 @@ def test_bad_input_is_named(call, match):
         call()
 
 
-def test_bad_options_are_named(pixel_features):
+def test_bad_options_are_named(pixel_features, make_context):
     x, y = pixel_features
     for options, match in (
         ({"lu_noise": "cauchy"}, "lu_noise='cauchy'"),
@@ -179,5 +166,5 @@ def test_bad_options_are_named(pixel_features):
     ):
         with pytest.raises(ValueError, match=match):
             lu.LuMethod().prepare(
-                features=x[:50], labels=y[:50], seed=0, context=_context(pixel_features, **options)
+                features=x[:50], labels=y[:50], seed=0, context=make_context(**options)
             )

@@ -8,8 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from alm_opacus.heads import HeadConfig
-from alm_opacus.methods import MethodContext, available_methods, create_method
+from alm_opacus.methods import available_methods, create_method
 from baselines.dpsgd import TUNING_GRID
 
 
@@ -23,20 +22,9 @@ def test_import_registers_every_baseline():
     assert all(len(g) <= baselines.TUNING_BUDGET for g in grids["grids"].values())
 
 
-def _context(pixel_features, **options):
+def test_dpsgd_release_statement_info_and_adaptive_shadows(pixel_features, make_context):
     x, y = pixel_features
-    return MethodContext(
-        num_classes=10,
-        head=HeadConfig(),
-        public_features=x[200:500],
-        public_labels=y[200:500],
-        options=options,
-    )
-
-
-def test_dpsgd_release_statement_info_and_adaptive_shadows(pixel_features):
-    x, y = pixel_features
-    ctx = _context(pixel_features, accountant="rdp", dpsgd_epochs=3)
+    ctx = make_context(accountant="rdp", dpsgd_epochs=3)
     method = create_method("dpsgd")
     prepared = method.prepare(features=x[:150], labels=y[:150], seed=0, context=ctx)
     release = method.release(
@@ -77,14 +65,14 @@ def test_dpsgd_release_statement_info_and_adaptive_shadows(pixel_features):
     assert trainer(x[700:820], y[700:820], masks, 0)(x[:5]).shape == (4, 5, 10)
 
 
-def test_dpsgd_bad_accountant_option_is_named(pixel_features):
+def test_dpsgd_bad_accountant_option_is_named(pixel_features, make_context):
     x, y = pixel_features
     with pytest.raises(ValueError, match="accountant='moments'"):
         create_method("dpsgd").prepare(
             features=x[:50],
             labels=y[:50],
             seed=0,
-            context=_context(pixel_features, accountant="moments"),
+            context=make_context(accountant="moments"),
         )
 
 
