@@ -50,3 +50,29 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
 
     with atomic_open(path, "wb") as handle:
         torch.save(obj, handle)
+
+
+def cached(path: Path | None, *, kind: str, key: str, compute: Any) -> Any:
+    """Return ``compute()``, cached at ``path`` (atomically written, checked on load).
+
+    The payload must load with ``torch.load(weights_only=True)`` (tensors, numbers, strings,
+    lists and dicts). ``path=None`` disables caching.
+
+    Raises:
+        ValueError: if the file at ``path`` is unreadable, or holds another kind or key.
+    """
+    import torch
+
+    if path is None:
+        return compute()
+    if path.exists():
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise ValueError(f"{path}: not a readable cache file ({exc}); delete it") from exc
+        if not isinstance(state, dict) or state.get("kind") != kind or state.get("key") != key:
+            raise ValueError(f"{path}: expected a {kind!r} cache for key {key!r}; delete it")
+        return state["payload"]
+    payload = compute()
+    atomic_torch_save({"kind": kind, "key": key, "payload": payload}, path)
+    return payload

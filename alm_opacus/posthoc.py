@@ -15,7 +15,9 @@ Sensitivity (``context.options["sensitivity"]``):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -23,6 +25,7 @@ from torch import Tensor
 
 from alm_opacus._hashing import derive_seed, tensor_digest
 from alm_opacus.heads import Head, HeadConfig, batched_logits, flat_params, train_heads
+from alm_opacus.io import cached
 from alm_opacus.mechanisms import create_mechanism, make_generator
 from alm_opacus.methods import (
     Method,
@@ -34,6 +37,7 @@ from alm_opacus.methods import (
 )
 from alm_opacus.protect import PostTrainingPrivacyEngine, ProtectedModule, SensitivityInfo
 from alm_opacus.sensitivity import analytic_sensitivity, sample_sensitivity, train_convex_heads
+from alm_opacus.ssl.pretrain import config_hash
 
 #: The convex head's defaults for ``--sensitivity analytic`` (features are unit-norm already).
 ANALYTIC_L2 = 0.1
@@ -67,8 +71,9 @@ _PREPARED: dict[tuple[Any, ...], PreparedHead] = {}
 def prepare_head(
     *, features: Tensor, labels: Tensor, seed: int, context: MethodContext
 ) -> PreparedHead:
-    """Train the clean head and find its sensitivity; cached in-process, because ALM, Laplace
-    and Gaussian protect the very same head."""
+    """Train the clean head and find its sensitivity. Cached in-process (ALM, Laplace and
+    Gaussian protect the very same head) and, with ``context.cache_dir``, on disk by a hash
+    of everything that determines it, so a resumed run does not redo Algorithm 2."""
     source = str(context.options.get("sensitivity", "sampled"))
     if source not in ("sampled", "analytic"):
         raise ValueError(f"sensitivity={source!r} is invalid: expected 'sampled' or 'analytic'")
@@ -78,13 +83,40 @@ def prepare_head(
     key = (digest, seed, source, m, gamma, context.head, tuple(sorted(context.options.items())))
     if key in _PREPARED:
         return _PREPARED[key]
+    path = None
+    if context.cache_dir is not None:
+        path = Path(context.cache_dir) / f"posthoc-head-{config_hash(repr(key))}.pt"
+    payload = cached(
+        path, kind="alm_opacus.posthoc-head", key=repr(key),
+        compute=lambda: _prepare_payload(features, labels, seed=seed, context=context,
+                                         source=source, m=m, gamma=gamma),
+    )  # fmt: skip
+    config = HeadConfig(**payload["config"])
+    head = Head(in_features=int(features.shape[1]), num_classes=context.num_classes,
+                config=config).to(context.device)  # fmt: skip
+    head.load_state_dict(payload["state_dict"])
+    prepared = PreparedHead(
+        head=head, config=config,
+        sensitivity={n: SensitivityInfo(**d) for n, d in payload["sensitivity"].items()},
+        solver=payload["solver"], details=payload["details"],
+    )  # fmt: skip
+    _PREPARED[key] = prepared
+    return prepared
+
+
+def _prepare_payload(
+    features: Tensor, labels: Tensor, *, seed: int, context: MethodContext, source: str, m: int,
+    gamma: float,
+) -> dict[str, Any]:  # fmt: skip
+    """The clean head and its sensitivity, as a cacheable payload (tensors and primitives)."""
     x, y = features.to(context.device), labels.to(context.device)
     ones = torch.ones(1, len(y), dtype=torch.bool, device=x.device)
+    sample: dict[str, Tensor] = {}
     if source == "analytic":
         config = convex_config(context)
         assert config.clip_radius is not None  # convex_config always sets it
         fit = train_convex_heads(x, y, masks=ones, num_classes=context.num_classes, config=config)
-        head = Head.from_params(fit.params, num_classes=context.num_classes, config=config)
+        params = fit.params
         bound = analytic_sensitivity(
             n=len(y), l2=config.l2, clip_radius=float(config.clip_radius), grad_tol=fit.tol,
             num_params=int(flat_params(fit.params).shape[1]),
@@ -97,20 +129,32 @@ def prepare_head(
         config = context.head
         params = train_heads(x, y, masks=ones, num_classes=context.num_classes, config=config,
                              seed=seed)  # fmt: skip
-        head = Head.from_params(params, num_classes=context.num_classes, config=config)
-        sample = sample_sensitivity(
+        result = sample_sensitivity(
             x, y, num_classes=context.num_classes, config=config, seed=seed, m=m, gamma=gamma,
             progress=context.progress,
         )  # fmt: skip
-        info = {norm: sample.to_info(norm) for norm in ("l1", "l2")}
-        details = {"m": m, "order": sample.order, "gamma": sample.gamma,
-                   "confidence": sample.confidence, "l1_max": float(sample.l1.max()),
-                   "l2_max": float(sample.l2.max())}  # fmt: skip
+        info = {norm: result.to_info(norm) for norm in ("l1", "l2")}
+        details = {"m": m, "order": result.order, "gamma": result.gamma,
+                   "confidence": result.confidence, "l1_max": float(result.l1.max()),
+                   "l2_max": float(result.l2.max())}  # fmt: skip
+        sample = {"l1": torch.from_numpy(result.l1), "l2": torch.from_numpy(result.l2),
+                  "pairs": torch.from_numpy(result.pairs)}  # fmt: skip
         solver = "adam"
-    prepared = PreparedHead(head=head, config=config, sensitivity=info, solver=solver,
-                            details=details)  # fmt: skip
-    _PREPARED[key] = prepared
-    return prepared
+    head = Head.from_params(params, num_classes=context.num_classes, config=config)
+    return {
+        "config": dataclasses.asdict(config),
+        "state_dict": {k: v.cpu() for k, v in head.state_dict().items()},
+        "sensitivity": {n: _info_dict(i) for n, i in info.items()},
+        "solver": solver,
+        "details": details,
+        "sample": sample,  # the whole sample of Algorithm 2, for plots
+    }
+
+
+def _info_dict(info: SensitivityInfo) -> dict[str, Any]:
+    out = dataclasses.asdict(info)
+    out["source"] = info.source.value
+    return out
 
 
 class PostTrainingMethod(Method):
@@ -157,7 +201,8 @@ class PostTrainingMethod(Method):
 
         def trainer(features: Tensor, labels: Tensor, masks: Tensor, seed: int) -> Predict:
             params = clean_shadow_heads(features, labels, masks=masks, seed=seed, config=config,
-                                        solver=solver, num_classes=context.num_classes)  # fmt: skip
+                                        solver=solver, num_classes=context.num_classes,
+                                        cache_dir=context.cache_dir)  # fmt: skip
             generator = make_generator(seed=derive_seed("shadow-noise", self.name, seed, scale))
             noisy = {k: v + mech.sample(tuple(v.shape), scale=scale, generator=generator).to(v)
                      for k, v in sorted(params.items())}  # fmt: skip
@@ -176,22 +221,29 @@ _CLEAN_SHADOWS: dict[tuple[Any, ...], dict[str, Tensor]] = {}
 
 def clean_shadow_heads(
     features: Tensor, labels: Tensor, *, masks: Tensor, seed: int, config: HeadConfig,
-    solver: str, num_classes: int,
+    solver: str, num_classes: int, cache_dir: Path | None = None,
 ) -> dict[str, Tensor]:  # fmt: skip
     """The attacker's shadow heads before noise. Post-training noise does not change how
-    they are trained, so every epsilon and mechanism reuses them (cached in-process)."""
+    they are trained, so every epsilon and mechanism reuses them (cached in-process and, with
+    ``cache_dir``, on disk by a hash of everything that determines them)."""
     key = (
         tensor_digest(features, labels, masks),
         seed, config, solver, num_classes,
     )  # fmt: skip
     if key not in _CLEAN_SHADOWS:
-        if solver == "newton":
-            params = train_convex_heads(features, labels, masks=masks, num_classes=num_classes,
-                                        config=config).params  # fmt: skip
-        else:
-            params = train_heads(features, labels, masks=masks, num_classes=num_classes,
-                                 config=config, seed=seed)  # fmt: skip
-        _CLEAN_SHADOWS[key] = params
+
+        def train() -> dict[str, Tensor]:
+            if solver == "newton":
+                return train_convex_heads(features, labels, masks=masks, num_classes=num_classes,
+                                          config=config).params  # fmt: skip
+            return train_heads(features, labels, masks=masks, num_classes=num_classes,
+                               config=config, seed=seed)  # fmt: skip
+
+        path = None if cache_dir is None else (
+            Path(cache_dir) / f"shadow-heads-{config_hash(repr(key))}.pt"
+        )  # fmt: skip
+        _CLEAN_SHADOWS[key] = cached(path, kind="alm_opacus.shadow-heads", key=repr(key),
+                                     compute=train)  # fmt: skip
     return _CLEAN_SHADOWS[key]
 
 

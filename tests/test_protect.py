@@ -182,3 +182,24 @@ def test_adaptive_shadow_trainer_adds_the_released_noise_scale(small) -> None:  
     # At epsilon=0.01 the noise swamps the weights: shadow predictions move far from plain ones.
     assert float((proba - plain).abs().mean()) > 0.05
     assert np.isfinite(proba.numpy()).all()
+
+
+def test_prepared_head_and_sensitivity_are_cached_on_disk(small, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import alm_opacus.posthoc as posthoc
+
+    x, y = small
+    context = MethodContext(num_classes=10, head=FAST, options={"m": 6}, cache_dir=tmp_path)
+    first = posthoc.prepare_head(features=x, labels=y, seed=3, context=context)
+    (path,) = tmp_path.glob("posthoc-head-*.pt")
+    posthoc._PREPARED.clear()  # a new process: only the disk cache is left
+    stamp = path.stat().st_mtime_ns
+    again = posthoc.prepare_head(features=x, labels=y, seed=3, context=context)
+    assert path.stat().st_mtime_ns == stamp  # read, not recomputed
+    assert again.sensitivity == first.sensitivity and again.details == first.details
+    for a, b in zip(first.head.state_dict().values(), again.head.state_dict().values(),
+                    strict=True):  # fmt: skip
+        assert torch.equal(a, b)
+    posthoc._PREPARED.clear()
+    path.write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="cache"):
+        posthoc.prepare_head(features=x, labels=y, seed=3, context=context)
