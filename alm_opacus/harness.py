@@ -48,7 +48,7 @@ from alm_opacus.methods import (
     create_method,
 )
 from alm_opacus.report.plots import write_plots
-from alm_opacus.report.results import ResultRow, read_results, write_results
+from alm_opacus.report.results import ResultRow, cell_key, read_results, write_results
 from alm_opacus.report.tensorboard import TensorBoardReporter
 from alm_opacus.ssl.pretrain import (
     DEFAULT_SSL,
@@ -304,13 +304,10 @@ def run(config: RunConfig) -> RunResult:
                 prepared = None
                 grid = (math.inf,) if name == "none" else config.epsilons
                 for epsilon in grid:
-                    probe = ResultRow(config.dataset, name, epsilon, 0.0, "", math.nan, math.nan,
-                                      seed, math.nan, math.nan)  # fmt: skip
-                    if probe.cell() in done:
+                    cell = cell_key(name, epsilon, seed)
+                    if cell in done:
                         if name == "none":
-                            reference = next(
-                                r.test_accuracy for r in rows if r.cell() == probe.cell()
-                            )
+                            reference = next(r.test_accuracy for r in rows if r.cell() == cell)
                         continue
                     cell_start = time.perf_counter()
                     if prepared is None:

@@ -14,7 +14,6 @@ training in ``release``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -202,7 +201,3 @@ class NoProtection(Method):
             predict_proba=lambda x: head.predict_proba(x.to(context.device)).float().cpu(),
             module=head,
         )
-
-
-def is_unprotected(epsilon: float) -> bool:
-    return math.isinf(epsilon)

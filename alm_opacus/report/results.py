@@ -74,13 +74,18 @@ class ResultRow:
 
     def cell(self) -> tuple[str, str, int]:
         """The (method, epsilon, seed) cell this row belongs to (the resume key)."""
-        return (self.method, _fmt(self.epsilon), self.seed)
+        return cell_key(self.method, self.epsilon, self.seed)
 
     def replace(self, **changes: object) -> ResultRow:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
 assert len(fields(ResultRow)) == len(RESULT_COLUMNS)
+
+
+def cell_key(method: str, epsilon: float, seed: int) -> tuple[str, str, int]:
+    """The resume key of a cell; epsilon as written in the CSV, so read rows match."""
+    return (method, _fmt(epsilon), seed)
 
 
 def _fmt(value: object) -> str:
