@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 from alm_opacus.data import DataError, available_datasets
 from alm_opacus.harness import DEFAULT_EPSILONS, RunConfig, check_out, load_plugins, run
 from alm_opacus.heads import HeadConfig
-from alm_opacus.methods import available_methods
+from alm_opacus.methods import available_methods, default_methods
 from alm_opacus.report.table import format_tradeoff_table
 
 
@@ -95,10 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--split-seed", type=int, default=0, help="seeds the split and pre-training")
 
     privacy = parser.add_argument_group("protections")
+    opt_in = sorted(set(available_methods()) - set(default_methods()))
     privacy.add_argument(
         "--methods",
         default="none",
-        help=f"comma list of {', '.join(available_methods())}, or 'all'",
+        help=f"comma list of {', '.join(available_methods())}, or 'all' for every method"
+        + (f" but the opt-in {', '.join(opt_in)} (e.g. all,{opt_in[0]})" if opt_in else ""),
     )
     privacy.add_argument(
         "--epsilons",
@@ -218,8 +220,10 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
     methods = [m.strip() for m in str(args.methods).split(",") if m.strip()]
     if not methods:
         parser.error("--methods is empty: expected a comma list of method names, or 'all'")
-    if methods == ["all"]:
-        methods = available_methods()
+    if "all" in methods:  # "all" expands in place; the opt-in methods join when named
+        at = methods.index("all")
+        rest = [m for m in methods if m != "all"]
+        methods = list(dict.fromkeys([*rest[:at], *default_methods(), *rest[at:]]))
     unknown = [m for m in methods if m not in available_methods()]
     if unknown:
         parser.error(

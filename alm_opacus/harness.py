@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 import alm_opacus
 from alm_opacus._validation import check_delta, check_epsilon
@@ -36,11 +36,13 @@ from alm_opacus.attacks import (
     available_attacks,
     prepare_attacks,
 )
-from alm_opacus.data import available_datasets, load_dataset
+from alm_opacus.data import available_datasets, load_dataset, to_float
 from alm_opacus.data.split import DEFAULT_SIZES, Split, SplitSizes, make_split
 from alm_opacus.heads import HeadConfig, accuracy, utility_loss
 from alm_opacus.io import atomic_write_json, atomic_write_text
 from alm_opacus.methods import (
+    INPUT_KINDS,
+    InputKind,
     Method,
     MethodContext,
     Release,
@@ -181,7 +183,13 @@ class RunConfig:
 
 @dataclass
 class Prepared:
-    """The data a run's methods and attacks share."""
+    """The data a run's methods and attacks share.
+
+    Attributes:
+        images: the dataset's images as stored (uint8 or float, possibly a memmap); converted
+            to float per part, and only for methods that take images.
+        encoder: the encoder pre-trained on the public split.
+    """
 
     config: RunConfig
     split: Split
@@ -189,10 +197,22 @@ class Prepared:
     labels: Tensor
     num_classes: int
     delta: float
+    images: np.ndarray | None = None
+    encoder: nn.Module | None = None
 
     def part(self, name: str) -> tuple[Tensor, Tensor]:
         idx = torch.from_numpy(getattr(self.split, name))
         return self.features[idx], self.labels[idx]
+
+    def inputs(self, kind: InputKind, name: str) -> Tensor:
+        """The split part ``name`` as ``kind``: features, or images as float in [0, 1]."""
+        if kind == "features":
+            return self.part(name)[0]
+        if kind != "images" or self.images is None:
+            raise ValueError(f"inputs kind {kind!r} is not available: expected {INPUT_KINDS}")
+        rows = np.sort(getattr(self.split, name))  # sorted reads are sequential on a memmap
+        order = np.argsort(np.argsort(getattr(self.split, name)))
+        return torch.from_numpy(to_float(np.asarray(self.images[rows])))[order]
 
 
 @dataclass
@@ -229,7 +249,7 @@ def prepare(config: RunConfig) -> Prepared:
     return Prepared(
         config=config, split=split, features=features,
         labels=torch.from_numpy(np.asarray(dataset.labels, dtype=np.int64)),
-        num_classes=dataset.num_classes, delta=delta,
+        num_classes=dataset.num_classes, delta=delta, images=dataset.images, encoder=encoder,
     )  # fmt: skip
 
 
@@ -277,10 +297,15 @@ def run(config: RunConfig) -> RunResult:
     atomic_write_json(out / "config.json", {**settings, "chosen_configs": chosen})
     data = prepare(config)
     data.split.save(out / "split.json")
+    kinds = {name: _input_kind(create_method(name)) for name in methods}
+    with_images = "images" in kinds.values()
     context = MethodContext(
         num_classes=data.num_classes, head=config.head, device=config.device,
         public_features=data.part("public")[0], public_labels=data.part("public")[1],
-        cache_dir=config.cache_path, options=dict(config.options), progress=config.progress,
+        public_images=data.inputs("images", "public") if with_images else None,
+        encoder=data.encoder if with_images else None,
+        cache_dir=config.cache_path, options={"dataset": config.dataset, **config.options},
+        progress=config.progress,
     )  # fmt: skip
     reporter = TensorBoardReporter(out / "tb")
     # Heads, DP-SGD steps and attacks are many small tensor ops: one thread beats two, and
@@ -288,10 +313,20 @@ def run(config: RunConfig) -> RunResult:
     single_thread = contextlib.ExitStack()
     single_thread.enter_context(torch_threads(1))
     rocs = _load_rocs(out / "rocs.json") if config.resume else {}
-    x_in, y_in = data.part("members")
-    x_out, y_out = data.part("nonmembers")
+    y_in, y_out = data.part("members")[1], data.part("nonmembers")[1]
+    queries: dict[tuple[InputKind, str], Tensor] = {}
+
+    def inputs(kind: InputKind, part: str) -> Tensor:  # built once, and only when asked
+        if (kind, part) not in queries:
+            queries[kind, part] = (
+                torch.cat([inputs(kind, "members"), inputs(kind, "nonmembers")])
+                if part == "evaluation"
+                else data.inputs(kind, part)
+            )
+        return queries[kind, part]
+
     evaluation = Evaluation(
-        features=torch.cat([x_in, x_out]), labels=torch.cat([y_in, y_out]),
+        features=inputs("features", "evaluation"), labels=torch.cat([y_in, y_out]),
         is_member=np.r_[np.ones(len(y_in), bool), np.zeros(len(y_out), bool)],
         pool=data.part("attacker"), names=config.attack_names, num_classes=data.num_classes,
     )  # fmt: skip
@@ -301,6 +336,7 @@ def run(config: RunConfig) -> RunResult:
             plain_attacks: PreparedAttacks | None = None
             for name in methods:
                 method = create_method(name)
+                kind = kinds[name]
                 prepared = None
                 grid = (math.inf,) if name == "none" else config.epsilons
                 for epsilon in grid:
@@ -312,8 +348,9 @@ def run(config: RunConfig) -> RunResult:
                     cell_start = time.perf_counter()
                     if prepared is None:
                         prepared = method.prepare(
-                            features=x_in, labels=y_in, seed=seed, context=context
-                        )
+                            features=inputs(kind, "members"), labels=y_in, seed=seed,
+                            context=context,
+                        )  # fmt: skip
                     draws = 1 if name == "none" else config.noise_draws
                     accuracies: list[float] = []
                     releases: list[Release] = []
@@ -321,11 +358,14 @@ def run(config: RunConfig) -> RunResult:
                     attacks: PreparedAttacks | None = None
                     for draw in range(draws):
                         release = method.release(
-                            prepared, features=x_in, labels=y_in, epsilon=epsilon,
-                            delta=data.delta, seed=seed, draw=draw, context=context,
+                            prepared, features=inputs(kind, "members"), labels=y_in,
+                            epsilon=epsilon, delta=data.delta, seed=seed, draw=draw,
+                            context=context,
                         )  # fmt: skip
                         releases.append(release)
-                        accuracies.append(accuracy(release.predict_proba(x_out), y_out))
+                        accuracies.append(
+                            accuracy(release.predict_proba(inputs(kind, "nonmembers")), y_out)
+                        )
                         if not evaluation.names:
                             continue
                         if attacks is None:
@@ -340,7 +380,8 @@ def run(config: RunConfig) -> RunResult:
                                     plain_attacks = attacks
                             else:
                                 attacks = plain_attacks
-                        results.extend(evaluation.attack(attacks, release))
+                        queried = None if kind == "features" else inputs(kind, "evaluation")
+                        results.extend(evaluation.attack(attacks, release, inputs=queried))
                     if name == "none":
                         reference = accuracies[0]
                     assert reference is not None
@@ -410,6 +451,15 @@ def _cell_rows(
     return out
 
 
+def _input_kind(method: Method) -> InputKind:
+    if method.inputs not in INPUT_KINDS:
+        raise ValueError(
+            f"method {method.name!r} declares inputs={method.inputs!r}: expected one of "
+            f"{INPUT_KINDS}"
+        )
+    return method.inputs
+
+
 @contextlib.contextmanager
 def torch_threads(n: int) -> Iterator[None]:
     """Run a block with ``n`` intra-op threads: the attacks' many tiny matrix products are
@@ -443,11 +493,15 @@ class Evaluation:
                 candidate_features=self.features, candidate_labels=self.labels,
             )  # fmt: skip
 
-    def attack(self, prepared: PreparedAttacks, release: Release) -> list[AttackResult]:
+    def attack(
+        self, prepared: PreparedAttacks, release: Release, *, inputs: Tensor | None = None
+    ) -> list[AttackResult]:
+        """Attack ``release``, querying it with ``inputs`` (the evaluation rows in the
+        release's input kind; ``None``: the features)."""
         target = AttackTarget(
             predict=release.predict_proba, features=self.features, labels=self.labels,
             is_member=self.is_member, num_classes=self.num_classes,
-            delta=release.statement.delta,
+            delta=release.statement.delta, inputs=inputs,
         )  # fmt: skip
         with torch_threads(1):
             return prepared.attack(target)

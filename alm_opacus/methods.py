@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from torch import Tensor, nn
 
@@ -25,6 +25,10 @@ from alm_opacus.heads import HeadConfig, train_head
 from alm_opacus.protect import PrivacyStatement
 
 Predict = Callable[[Tensor], Tensor]
+#: What a method trains on and its release is queried with: the frozen public encoder's
+#: L2-normalised features (n, d), or the images (n, C, H, W), float in [0, 1].
+InputKind = Literal["features", "images"]
+INPUT_KINDS: tuple[InputKind, ...] = ("features", "images")
 #: ``trainer(features, labels, masks (B, n), seed) -> predict``, predict giving (B, q, C).
 ShadowTrainer = Callable[[Tensor, Tensor, Tensor, int], Predict]
 
@@ -36,7 +40,8 @@ class Release:
     Attributes:
         method: registry name of the method.
         statement: what the release may claim.
-        predict_proba: features (q, d) -> probabilities (q, C).
+        predict_proba: inputs of the method's :attr:`Method.inputs` kind (features (q, d) by
+            default) -> probabilities (q, C).
         module: the released module, if the method releases weights.
         info: method-specific diagnostics (e.g. training time).
     """
@@ -58,6 +63,10 @@ class MethodContext:
         device: ``"cpu"`` or ``"cuda"``.
         public_features: features of the public split (non-private; for tuning).
         public_labels: their labels.
+        public_images: the same rows as images, given only when a method with
+            ``inputs = "images"`` runs.
+        encoder: the encoder pre-trained on public data (frozen; a method that fine-tunes it
+            must copy it), given only when a method with ``inputs = "images"`` runs.
         cache_dir: where a method may cache per-config work.
         options: method-specific options from the command line (e.g. ``sensitivity``, ``m``).
         progress: whether to show progress bars.
@@ -68,6 +77,8 @@ class MethodContext:
     device: str = "cpu"
     public_features: Tensor | None = None
     public_labels: Tensor | None = None
+    public_images: Tensor | None = None
+    encoder: nn.Module | None = None
     cache_dir: Path | None = None
     options: dict[str, Any] = field(default_factory=dict)
     progress: bool = False
@@ -83,6 +94,11 @@ class Method:
     #: validation data only); the harness lists them in ``config.json`` so that equal tuning
     #: budgets can be checked. Empty: the method has nothing to tune beyond the shared recipe.
     tuning_grid: ClassVar[tuple[dict[str, Any], ...]] = ()
+    #: What ``prepare``/``release`` get as ``features`` and the release's ``predict_proba``
+    #: takes. The attacker's shadow and reference heads always work on features.
+    inputs: ClassVar[InputKind] = "features"
+    #: Whether ``--methods all`` includes the method (false: opt-in, named explicitly).
+    in_all: ClassVar[bool] = True
 
     def prepare(
         self, *, features: Tensor, labels: Tensor, seed: int, context: MethodContext
@@ -149,6 +165,11 @@ def register_method(name: str, *, force: bool = False) -> Callable[[MethodFactor
 def available_methods() -> list[str]:
     """Registered method names, sorted."""
     return sorted(_METHODS)
+
+
+def default_methods() -> list[str]:
+    """What ``all`` expands to: the registered methods that are not opt-in, sorted."""
+    return [name for name in available_methods() if _METHODS[name]().in_all]
 
 
 def create_method(name: str) -> Method:

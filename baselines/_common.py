@@ -50,18 +50,25 @@ class PublicSplit:
     validation_labels: Tensor
 
 
-def public_split(*, context: MethodContext, n: int, seed: int) -> PublicSplit | None:
+def public_split(
+    *, context: MethodContext, n: int, seed: int, inputs: Tensor | None = None
+) -> PublicSplit | None:
     """Split the public data into a training part of ``n`` rows and a validation part.
 
     Args:
         context: holds ``public_features`` and ``public_labels``.
         n: the members' size; training on as many rows makes the noise level match.
         seed: seeds the permutation.
+        inputs: rows to split instead of the public features, aligned with them (e.g.
+            ``context.public_images``); the split is the same either way.
 
     Returns:
         The split, or None when there is no public data or fewer than ``n + 20`` rows.
     """
-    x, y = context.public_features, context.public_labels
+    x = context.public_features if inputs is None else inputs
+    y = context.public_labels
+    if inputs is not None and y is not None and len(inputs) != len(y):
+        raise ValueError(f"inputs has {len(inputs)} rows but the public labels {len(y)}")
     if x is None or y is None or len(x) < n + MIN_VALIDATION:
         return None
     g = torch.Generator().manual_seed(derive_seed("public-split", seed, n) % 2**63)

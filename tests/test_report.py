@@ -97,11 +97,11 @@ def test_interrupted_run_resumes_to_the_same_table(
     calls = {"n": 0}
     real = harness.Evaluation.attack
 
-    def dies(self, prepared, release):  # type: ignore[no-untyped-def]
+    def dies(self, prepared, release, **kwargs):  # type: ignore[no-untyped-def]
         calls["n"] += 1
         if calls["n"] == 4:  # none, then alm at epsilon 1 (2 draws), then dies in epsilon 10
             raise KeyboardInterrupt
-        return real(self, prepared, release)
+        return real(self, prepared, release, **kwargs)
 
     monkeypatch.setattr(harness.Evaluation, "attack", dies)
     with pytest.raises(KeyboardInterrupt):

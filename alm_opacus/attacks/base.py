@@ -180,13 +180,17 @@ class AttackTarget:
     """One release under attack, and the balanced evaluation set it is attacked on.
 
     Attributes:
-        predict: the release's black-box output, ``features (q, d) -> probabilities (q, C)``.
+        predict: the release's black-box output, ``inputs -> probabilities (q, C)``.
         features: (q, d) evaluation features: the members, then as many non-members (any order).
+            The attacker's shadow and reference heads see these.
         labels: (q,) their labels.
         is_member: (q,) bool ground truth; used only to score the attacks, never to fit them.
         num_classes: ``C``.
         delta: the delta the release claims (0 for pure DP and for no claim); it enters the
             empirical epsilon lower bound.
+        inputs: what ``predict`` is queried with, row for row the same examples as
+            ``features`` (e.g. their images, for a release that fine-tuned the encoder);
+            ``None``: the features.
     """
 
     predict: Predictor
@@ -195,6 +199,12 @@ class AttackTarget:
     is_member: BoolArray
     num_classes: int
     delta: float = 0.0
+    inputs: Tensor | None = None
+
+    @property
+    def queries(self) -> Tensor:
+        """What the release is queried with."""
+        return self.features if self.inputs is None else self.inputs
 
     def __post_init__(self) -> None:
         is_member = np.asarray(self.is_member)
@@ -213,6 +223,8 @@ class AttackTarget:
                 f"the evaluation set must be balanced: {members} members and "
                 f"{q - members} non-members given"
             )
+        if self.inputs is not None and self.inputs.shape[0] != q:
+            raise ValueError(f"inputs must have q={q} rows; got {tuple(self.inputs.shape)}")
         _check_labels(self.labels, self.num_classes)
         check_delta(self.delta)
 

@@ -89,7 +89,7 @@ class PreparedAttacks:
             )
         start = time.perf_counter()
         with torch.no_grad():
-            proba = to_numpy(target.predict(target.features))
+            proba = to_numpy(target.predict(target.queries))
         q = target.features.shape[0]
         if proba.shape != (q, self.num_classes):
             raise ValueError(
@@ -203,7 +203,8 @@ def run_attacks(
     """Prepare the attacks and attack one release (no caching across releases).
 
     The target's evaluation features and labels are passed as LiRA's candidates and its
-    ``predict`` as the synthesis oracle; its membership is used only to score the attacks.
+    ``predict`` as the synthesis oracle (only when it is queried with features: synthesis
+    works in feature space); its membership is used only to score the attacks.
 
     Args:
         names: attack names.
@@ -222,6 +223,6 @@ def run_attacks(
         seed=seed,
         candidate_features=target.features,
         candidate_labels=target.labels,
-        oracle=target.predict,
+        oracle=target.predict if target.inputs is None else None,
     )
     return prepared.attack(target)

@@ -4,7 +4,6 @@ constant release is not, thresholds never see the evaluation set, and the API fa
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -39,7 +38,6 @@ class Setup:
     target: AttackTarget
     knowledge: AttackerKnowledge
     prepared: PreparedAttacks
-    attack_seconds: float
 
 
 @pytest.fixture(scope="module")
@@ -90,10 +88,7 @@ def setup(digits: tuple[Tensor, Tensor, np.ndarray]) -> Setup:
         candidate_features=candidates[0],
         candidate_labels=candidates[1],
     )
-    target = _target(x, y, perm)
-    start = time.perf_counter()
-    prepared.attack(target)
-    return Setup(target, knowledge, prepared, time.perf_counter() - start)
+    return Setup(_target(x, y, perm), knowledge, prepared)
 
 
 @pytest.mark.slow
@@ -111,11 +106,6 @@ def test_overfit_head_is_vulnerable_to_every_attack(setup: Setup) -> None:
     assert max(r.mia_auc for r in results.values()) >= 0.68
     assert results["loss"].mia_accuracy >= 0.6
     assert max(r.eps_lower_bound for r in results.values()) > 0
-
-
-@pytest.mark.slow
-def test_all_attacks_on_one_release_take_under_five_seconds(setup: Setup) -> None:
-    assert setup.attack_seconds < 5.0
 
 
 @pytest.mark.slow
@@ -281,3 +271,32 @@ def test_recipe_trainer_applies_the_protection_to_each_call(
     torch.testing.assert_close(proba, torch.full_like(proba, 0.1))
     trainer(x[:40], y[:40], masks, 2)
     assert len(set(seeds)) == 2
+
+
+@pytest.mark.slow
+def test_a_release_queried_with_other_inputs_gets_them_and_the_banks_keep_features(
+    setup: Setup,
+) -> None:
+    # e.g. dpsgd-full: the release reads images; shadow and reference heads read features.
+    t = setup.target
+    seen: list[Tensor] = []
+    images = t.features.reshape(-1, 1, 8, 8) * 2.0  # row-aligned stand-ins for images
+
+    def predict(queries: Tensor) -> Tensor:
+        seen.append(queries)
+        return t.predict(queries.reshape(len(queries), -1) / 2.0)
+
+    same = AttackTarget(
+        predict=predict, features=t.features, labels=t.labels, is_member=t.is_member,
+        num_classes=10, inputs=images,
+    )  # fmt: skip
+    results = setup.prepared.attack(same)
+    assert len(seen) == 1 and seen[0] is images
+    # the same probabilities, so the same scores as querying with the features
+    for a, b in zip(results, setup.prepared.attack(t), strict=True):
+        assert a.mia_auc == pytest.approx(b.mia_auc, abs=1e-12), a.attack
+    with pytest.raises(ValueError, match="inputs must have q=200 rows"):
+        AttackTarget(
+            predict=predict, features=t.features, labels=t.labels, is_member=t.is_member,
+            num_classes=10, inputs=images[:5],
+        )  # fmt: skip
