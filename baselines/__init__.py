@@ -1,4 +1,5 @@
-"""Baselines to compare post-training protections with: ``dpsgd``, ``lu`` and ``dperm``.
+"""Baselines to compare post-training protections with: ``dpsgd``, ``lu``, ``dperm`` and the
+opt-in ``dpsgd-full``.
 
 Importing this package registers them into ``alm_opacus``'s method registry (the harness
 imports it through the ``alm_opacus.methods`` entry point group; ``alm_opacus`` never
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from baselines import dperm, dpsgd, lu
+from baselines import dperm, dpsgd, dpsgd_full, lu
 from baselines._common import TUNING_BUDGET, TUNING_DRAWS
 
 __all__ = [
@@ -20,16 +21,18 @@ __all__ = [
     "TUNING_GRIDS",
     "dperm",
     "dpsgd",
+    "dpsgd_full",
     "lu",
     "tuning_grids",
 ]
 
-METHODS = ("dpsgd", "lu", "dperm")
+METHODS = ("dpsgd", "lu", "dperm", "dpsgd-full")
 
 TUNING_GRIDS: dict[str, tuple[dict[str, float], ...]] = {
     "dpsgd": dpsgd.TUNING_GRID,
     "lu": lu.TUNING_GRID,
     "dperm": dperm.TUNING_GRID,
+    "dpsgd-full": dpsgd_full.FULL_TUNING_GRID,
 }
 
 

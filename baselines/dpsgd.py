@@ -67,8 +67,10 @@ __all__ = [
     "DPSGDConfig",
     "DPSGDMethod",
     "DPSGDRun",
+    "OpacusFit",
     "accountant_epsilon",
     "cached_noise_multiplier",
+    "checked_epsilon",
     "default_delta",
     "default_schedule",
     "dpsgd_linear_heads",
@@ -330,8 +332,7 @@ def run_opacus(
     x: Tensor,
     y: Tensor,
     *,
-    init: Params,
-    kind: str,
+    model: nn.Module,
     config: DPSGDConfig,
     epsilon: float,
     delta: float,
@@ -339,7 +340,7 @@ def run_opacus(
     noise_seed: int,
     noise_multiplier: float | None = None,
 ) -> tuple[nn.Module, PrivacyEngine, float, bool, dict[str, float]]:
-    """The Opacus training loop on prepared (clipped) features.
+    """The Opacus training loop: ``model`` (trained in place) on inputs ``x``, labels ``y``.
 
     The noise multiplier comes from ``make_private_with_epsilon`` the first time a key
     (epsilon, delta, sample rate, epochs, accountant) is seen in this process, and from the
@@ -357,7 +358,6 @@ def run_opacus(
         batch_size=config.batch_size,
         generator=torch.Generator().manual_seed(derive_seed("poisson", noise_seed)),
     )
-    model = _Net(init, kind)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     with _quiet_opacus():
         engine = PrivacyEngine(accountant=accountant)
@@ -402,6 +402,29 @@ def run_opacus(
                 dp_opt.step()
     seconds = {"calibration": calibrated - start, "training": time.perf_counter() - calibrated}
     return model, engine, float(dp_opt.noise_multiplier), cached, seconds
+
+
+def checked_epsilon(
+    engine: PrivacyEngine, *, epsilon: float, delta: float, accountant: str
+) -> tuple[float, int]:
+    """The accountant's epsilon at ``delta`` after training, and the steps it counted.
+
+    Raises:
+        RuntimeError: if it exceeds the target ``epsilon`` (the model is never released).
+    """
+    history = tuple(tuple(h) for h in engine.accountant.history)
+    key = (history, float(delta), accountant)
+    if key not in _SPENT:  # deterministic in (history, delta): computed once
+        with _quiet_opacus():
+            _SPENT[key] = float(engine.get_epsilon(delta))
+    spent = _SPENT[key]
+    steps = sum(int(h[2]) for h in history)
+    if not spent <= epsilon:
+        raise RuntimeError(
+            f"the {accountant} accountant reports epsilon={spent:.6g} > target {epsilon:g} "
+            f"after {steps} steps; refusing to release"
+        )
+    return spent, steps
 
 
 def train_dpsgd_head(
@@ -456,8 +479,7 @@ def train_dpsgd_head(
     model, engine, sigma, cached, seconds = run_opacus(
         x,
         labels.to(device=device, dtype=torch.long),
-        init=init,
-        kind=head.kind,
+        model=_Net(init, head.kind),
         config=config,
         epsilon=epsilon,
         delta=delta,
@@ -465,19 +487,8 @@ def train_dpsgd_head(
         noise_seed=noise_seed,
     )
     start = time.perf_counter()
-    history = tuple(tuple(h) for h in engine.accountant.history)
-    spent_key = (history, float(delta), accountant)
-    if spent_key not in _SPENT:  # deterministic in (history, delta): computed once
-        with _quiet_opacus():
-            _SPENT[spent_key] = float(engine.get_epsilon(delta))
-    spent = _SPENT[spent_key]
+    spent, steps = checked_epsilon(engine, epsilon=epsilon, delta=delta, accountant=accountant)
     seconds["accounting"] = time.perf_counter() - start
-    steps = sum(int(h[2]) for h in history)
-    if not spent <= epsilon:
-        raise RuntimeError(
-            f"the {accountant} accountant reports epsilon={spent:.6g} > target {epsilon:g} "
-            f"after {steps} steps; refusing to release"
-        )
     params = {k: v.detach().clone() for k, v in model.state_dict().items()}
     released = Head(in_features=d, num_classes=num_classes, config=head).to(device)
     released.load_state_dict(params)
@@ -570,6 +581,34 @@ def dpsgd_linear_heads(
     return {"fc.weight": w[..., :d].contiguous(), "fc.bias": w[..., d].contiguous()}
 
 
+@dataclass(frozen=True)
+class OpacusFit:
+    """A DP-SGD-trained model as the method releases it, with its accounting."""
+
+    module: nn.Module
+    predict_proba: Predict
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+    epsilon_spent: float
+    from_cache: bool
+    seconds: dict[str, float]
+
+    @classmethod
+    def of(cls, run: Any, *, module: nn.Module, predict_proba: Predict) -> OpacusFit:
+        """From a :class:`DPSGDRun` or ``DPSGDFullRun`` (same accounting fields)."""
+        return cls(
+            module=module,
+            predict_proba=predict_proba,
+            noise_multiplier=run.noise_multiplier,
+            sample_rate=run.sample_rate,
+            steps=run.steps,
+            epsilon_spent=run.epsilon_spent,
+            from_cache=run.from_cache,
+            seconds=run.seconds,
+        )
+
+
 @dataclass
 class _Prepared:
     n: int
@@ -597,31 +636,42 @@ class DPSGDMethod(Method):
     name: ClassVar[str] = "dpsgd"
     tuning_grid: ClassVar[tuple[dict[str, Any], ...]] = TUNING_GRID
     post_training: ClassVar[bool] = False
+    #: Options are read as ``<prefix>_lr``, ``<prefix>_clip``, ``<prefix>_epochs``, ...
+    option_prefix: ClassVar[str] = "dpsgd"
+    mechanism: ClassVar[str] = "dp-sgd"
+    #: Extra notes for the statement.
+    notes: ClassVar[tuple[str, ...]] = ()
 
     def prepare(
         self, *, features: Tensor, labels: Tensor, seed: int, context: MethodContext
     ) -> Any:
         n = int(features.shape[0])
+        prefix = self.option_prefix
         epochs, batch = default_schedule(n=n, dataset=context.options.get("dataset"))
-        epochs = option(context, "dpsgd_epochs", epochs, int)
-        batch = option(context, "dpsgd_batch_size", batch, int)
+        epochs = option(context, f"{prefix}_epochs", epochs, int)
+        batch = option(context, f"{prefix}_batch_size", batch, int)
         check_accountant(str(context.options.get("accountant", DEFAULT_ACCOUNTANT)))
         load_sigma_cache(context.cache_dir)
         return _Prepared(
             n=n,
             seed=seed,
             schedule=(epochs, batch),
-            split=public_split(context=context, n=n, seed=seed),
+            split=public_split(context=context, n=n, seed=seed, inputs=self._public(context)),
         )
+
+    def _public(self, context: MethodContext) -> Tensor | None:
+        """The public rows in this method's input kind (``None``: the public features)."""
+        return None
 
     def _candidates(self, prepared: _Prepared, context: MethodContext) -> list[DPSGDConfig]:
         epochs, batch = prepared.schedule
-        grid = [dict(c) for c in TUNING_GRID]
-        if "dpsgd_lr" in context.options and "dpsgd_clip" in context.options:
+        prefix = self.option_prefix
+        grid = [dict(c) for c in self.tuning_grid]
+        if f"{prefix}_lr" in context.options and f"{prefix}_clip" in context.options:
             grid = [
                 {
-                    "lr": option(context, "dpsgd_lr", 1.0, float),
-                    "max_grad_norm": option(context, "dpsgd_clip", 1.0, float),
+                    "lr": option(context, f"{prefix}_lr", 1.0, float),
+                    "max_grad_norm": option(context, f"{prefix}_clip", 1.0, float),
                 }
             ]
         return [
@@ -659,25 +709,19 @@ class DPSGDMethod(Method):
             def score(config: DPSGDConfig) -> float:
                 accs = []
                 for draw in range(TUNING_DRAWS):
-                    run = train_dpsgd_head(
+                    fit = self._fit(
                         s.train_features,
                         s.train_labels,
-                        num_classes=context.num_classes,
-                        head=context.head,
                         config=config,
                         epsilon=epsilon,
                         delta=delta,
                         accountant=accountant,
                         seed=derive_seed("tune-init", prepared.seed),
                         noise_seed=derive_seed("tune", prepared.seed, draw, epsilon),
-                        device=context.device,
+                        context=context,
                     )
-                    accs.append(
-                        accuracy_of(
-                            run.head.predict_proba(s.validation_features.to(context.device)),
-                            s.validation_labels,
-                        )
-                    )
+                    proba = fit.predict_proba(s.validation_features)
+                    accs.append(accuracy_of(proba, s.validation_labels))
                 return sum(accs) / len(accs)
 
             chosen = select_config(candidates, score=score, describe=_describe)
@@ -699,18 +743,16 @@ class DPSGDMethod(Method):
         accountant = check_accountant(str(context.options.get("accountant", DEFAULT_ACCOUNTANT)))
         known = len(_SIGMAS)
         config, tuning = self.choose(prepared, epsilon=epsilon, delta=delta, context=context)
-        run = train_dpsgd_head(
+        run = self._fit(
             features,
             labels,
-            num_classes=context.num_classes,
-            head=context.head,
             config=config,
             epsilon=epsilon,
             delta=delta,
             accountant=accountant,
             seed=seed,
-            noise_seed=derive_seed("dpsgd", seed, draw, float(epsilon)),
-            device=context.device,
+            noise_seed=derive_seed(self.name, seed, draw, float(epsilon)),
+            context=context,
         )
         if len(_SIGMAS) > known:
             save_sigma_cache(context.cache_dir)
@@ -718,7 +760,7 @@ class DPSGDMethod(Method):
             epsilon=float(epsilon),
             delta=float(delta),
             guarantee="approx-dp",  # type: ignore[arg-type]
-            mechanism=f"dp-sgd (opacus, {accountant} accountant)",
+            mechanism=f"{self.mechanism} (opacus, {accountant} accountant)",
             noise_scale=run.noise_multiplier,
             sensitivity=SensitivityInfo(
                 value=config.max_grad_norm,
@@ -733,14 +775,14 @@ class DPSGDMethod(Method):
                 "add/remove-one adjacency; sensitivity is the per-example clipping norm of "
                 "each step",
                 "secure_mode off: seeded torch PRNG, floating-point noise (not a CSPRNG)",
+                *self.notes,
             ),
         )
-        head = run.head
         return Release(
             method=self.name,
             statement=statement,
-            predict_proba=lambda x: head.predict_proba(x.to(context.device)).float().cpu(),
-            module=head,
+            predict_proba=run.predict_proba,
+            module=run.module,
             info={
                 "config": config.to_dict(),
                 "tuning": tuning.to_info(),
@@ -751,9 +793,46 @@ class DPSGDMethod(Method):
                 "epsilon_spent": run.epsilon_spent,
                 "sigma_cached": run.from_cache,
                 "seconds": run.seconds,
-                "attacker": _attacker_note(context.head),
+                "attacker": self._attacker_note(context),
             },
         )
+
+    def _fit(
+        self,
+        x: Tensor,
+        y: Tensor,
+        *,
+        config: DPSGDConfig,
+        epsilon: float,
+        delta: float,
+        accountant: str,
+        seed: int,
+        noise_seed: int,
+        context: MethodContext,
+    ) -> OpacusFit:
+        """One DP-SGD run on inputs ``x`` (tuning and release share it)."""
+        run = train_dpsgd_head(
+            x,
+            y,
+            num_classes=context.num_classes,
+            head=context.head,
+            config=config,
+            epsilon=epsilon,
+            delta=delta,
+            accountant=accountant,
+            seed=seed,
+            noise_seed=noise_seed,
+            device=context.device,
+        )
+        head = run.head
+        return OpacusFit.of(
+            run,
+            module=head,
+            predict_proba=lambda q: head.predict_proba(q.to(context.device)).float().cpu(),
+        )
+
+    def _attacker_note(self, context: MethodContext) -> str:
+        return _attacker_note(context.head)
 
     def shadow_trainer(
         self, *, release: Release, epsilon: float, delta: float, context: MethodContext

@@ -174,3 +174,110 @@ def test_config_json_lists_the_tuning_grids_and_choices(tmp_path: Path, shared_c
     rows = read_results(out / "results.csv")
     dpsgd = [r for r in rows if r.method == "dpsgd"]
     assert dpsgd and all(r.guarantee == "approx-dp" and r.epsilon == 1.0 for r in dpsgd)
+
+
+def test_prepared_inputs_are_each_parts_images_in_split_order(default_pipeline) -> None:  # type: ignore[no-untyped-def]
+    from alm_opacus.data import load_dataset, to_float
+
+    data = default_pipeline
+    images = load_dataset("digits").images
+    for part in ("members", "nonmembers", "public"):
+        rows = getattr(data.split, part)
+        got = data.inputs("images", part)
+        assert got.dtype == torch.float32 and got.shape == (len(rows), 1, 8, 8)
+        assert torch.equal(got, torch.from_numpy(to_float(images[rows])))
+        assert torch.equal(data.inputs("features", part), data.part(part)[0])
+    with pytest.raises(ValueError, match="'pixels'"):
+        data.inputs("pixels", "members")
+
+
+def test_all_expands_to_every_method_but_the_opt_in_ones(tmp_path: Path) -> None:
+    from alm_opacus.methods import available_methods, create_method
+
+    everything = parse_config(["--methods", "all", "--out", str(tmp_path)]).methods
+    opt_in = [m for m in available_methods() if not create_method(m).in_all]
+    assert opt_in == ["dpsgd-full"]
+    assert set(everything) == set(available_methods()) - {"dpsgd-full"}
+    both = parse_config(["--methods", "all,dpsgd-full", "--out", str(tmp_path)]).methods
+    assert set(both) == set(available_methods()) and len(both) == len(set(both))
+    assert parse_config(["--methods", "dpsgd-full", "--out", str(tmp_path)]).methods == (
+        "dpsgd-full",
+    )
+
+
+def _pixel_probe(seen: list[tuple[str, tuple[int, ...]]]):  # type: ignore[no-untyped-def]
+    """A method factory on images: a head on the flattened pixels, recording its inputs."""
+    from alm_opacus.methods import Method, Release
+    from alm_opacus.protect import PrivacyStatement
+
+    class Probe(Method):
+        name = "pixel-probe"
+        inputs = "images"
+        in_all = False
+
+        def prepare(self, *, features, labels, seed, context):  # type: ignore[no-untyped-def]
+            seen.append(("prepare", tuple(features.shape)))
+            assert context.encoder is not None and context.public_images is not None
+            flat = features.reshape(len(features), -1).double()
+            return train_head(flat, labels, num_classes=10, config=context.head, seed=seed)
+
+        def release(self, prepared, *, features, labels, epsilon, delta, seed, draw, context):  # type: ignore[no-untyped-def]
+            seen.append(("release", tuple(features.shape)))
+
+            def predict(x: torch.Tensor) -> torch.Tensor:
+                seen.append(("query", tuple(x.shape)))
+                return prepared.predict_proba(x.reshape(len(x), -1).double()).float()
+
+            return Release(method=self.name, statement=PrivacyStatement.unprotected(),
+                           predict_proba=predict)  # fmt: skip
+
+    return Probe
+
+
+@pytest.mark.slow
+def test_an_image_method_is_trained_tested_and_attacked_on_images(
+    tmp_path: Path, shared_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from alm_opacus import methods as registry
+    from alm_opacus.data import load_dataset, to_float
+
+    seen: list[tuple[str, tuple[int, ...]]] = []
+    monkeypatch.setitem(registry._METHODS, "pixel-probe", _pixel_probe(seen))
+    config = harness.RunConfig(
+        methods=("pixel-probe",), epsilons=(1.0,), noise_draws=1, attacks=("loss",),
+        out=str(tmp_path / "run"), cache_dir=str(shared_cache), progress=False,
+    )  # fmt: skip
+    result = harness.run(config)
+    assert seen[:2] == [("prepare", (150, 1, 8, 8)), ("release", (150, 1, 8, 8))]
+    assert ("query", (150, 1, 8, 8)) in seen  # test accuracy on the non-members' images
+    assert ("query", (300, 1, 8, 8)) in seen  # the attack's balanced evaluation set
+    # the reported accuracy is the probe's on the non-members' images, recomputed here
+    data = harness.prepare(config)
+    ds = load_dataset("digits")
+
+    def flat(part: str) -> torch.Tensor:
+        rows = getattr(data.split, part)
+        return torch.from_numpy(to_float(ds.images[rows])).reshape(-1, 64).double()
+
+    head = train_head(flat("members"), data.part("members")[1], num_classes=10,
+                      config=config.head, seed=0)  # fmt: skip
+    expected = accuracy(head.predict_proba(flat("nonmembers")), data.part("nonmembers")[1])
+    probe = [r for r in result.rows if r.method == "pixel-probe"]
+    assert probe and probe[0].test_accuracy == pytest.approx(expected, abs=1e-9)
+    assert 0.0 <= probe[0].mia_auc <= 1.0
+
+
+@pytest.mark.slow
+def test_dpsgd_full_runs_in_the_harness_on_images(tmp_path: Path, shared_cache: Path) -> None:
+    options = {"dpsgd_full_epochs": 2, "dpsgd_full_lr": 0.1, "dpsgd_full_clip": 1.0}
+    config = harness.RunConfig(
+        methods=("dpsgd-full",), epsilons=(2.0,), noise_draws=1, attacks=("loss",),
+        out=str(tmp_path / "run"), cache_dir=str(shared_cache), progress=False,
+        options=options,
+    )  # fmt: skip
+    rows = [r for r in harness.run(config).rows if r.method == "dpsgd-full"]
+    assert len(rows) == 1
+    row = rows[0]
+    assert row.guarantee == "approx-dp" and row.epsilon == 2.0 and row.delta == 1e-5
+    assert "encoder and head" in row.statement and row.sensitivity == 1.0
+    assert 0.0 <= row.test_accuracy <= 1.0 and 0.0 <= row.mia_auc <= 1.0

@@ -132,8 +132,7 @@ def test_batched_reimplementation_matches_opacus_without_noise(small):
     model, *_ = run_opacus(
         x,
         y,
-        init=init,
-        kind="linear",
+        model=dpsgd._Net(init, "linear"),
         config=config,
         epsilon=1.0,
         delta=1e-5,

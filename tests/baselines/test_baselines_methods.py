@@ -119,3 +119,88 @@ def test_dpsgd_full_replaces_batchnorm_and_stays_within_epsilon(digits):
     assert any(isinstance(m, nn.BatchNorm2d) for m in encoder.modules())  # original untouched
     assert 0 < run.epsilon_spent <= 3.0 and run.steps == 2 * 3
     assert run.model(images[:2]).shape == (2, 10)
+
+
+def test_private_model_starts_groupnorm_from_the_batchnorm_affine_parameters():
+    from baselines.dpsgd_full import private_model
+
+    encoder = _TinyEncoder()
+    bn = encoder.net[1]
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor([0.5, 2.0, -1.0, 3.0]))
+        bn.bias.copy_(torch.tensor([0.1, -0.2, 0.3, 0.0]))
+    model = private_model(encoder=encoder, num_classes=10, seed=0)
+    gn = model[0].net[1]
+    assert isinstance(gn, nn.GroupNorm)
+    assert torch.equal(gn.weight, bn.weight) and torch.equal(gn.bias, bn.bias)
+    assert not model[0].net[2].inplace and encoder.net[2].inplace
+
+
+def _image_context(digits, **options):  # type: ignore[no-untyped-def]
+    from alm_opacus.heads import HeadConfig
+    from alm_opacus.methods import MethodContext
+
+    images = torch.from_numpy(digits.images).float()
+    labels = torch.from_numpy(digits.labels).long()
+    context = MethodContext(
+        num_classes=10, head=HeadConfig(), public_features=torch.zeros(len(images), 2)[200:300],
+        public_labels=labels[200:300], public_images=images[200:300], encoder=_TinyEncoder(),
+        options={"accountant": "rdp", **options},
+    )  # fmt: skip
+    return context, images, labels
+
+
+def test_dpsgd_full_tunes_on_public_images_and_releases_an_image_predictor(digits):
+    from baselines.dpsgd_full import FULL_TUNING_GRID
+
+    context, images, labels = _image_context(digits, dpsgd_full_epochs=1, dpsgd_full_batch_size=20)
+    method = create_method("dpsgd-full")
+    assert method.inputs == "images" and not method.in_all
+    assert method.tuning_grid == FULL_TUNING_GRID and len(FULL_TUNING_GRID) == 4
+    prepared = method.prepare(features=images[:40], labels=labels[:40], seed=0, context=context)
+    # the public images are split like the public features would be: 40 train, 60 validation
+    assert prepared.split.train_features.shape == (40, 1, 8, 8)
+    assert prepared.split.validation_features.shape == (60, 1, 8, 8)
+    release = method.release(
+        prepared, features=images[:40], labels=labels[:40], epsilon=4.0, delta=1e-5, seed=0,
+        draw=0, context=context,
+    )  # fmt: skip
+    tuning = release.info["tuning"]
+    chosen = tuning["chosen"]
+    assert len(tuning["tried"]) == 4
+    assert chosen in [{k: t[k] for k in chosen} for t in tuning["tried"]]
+    picked = {k: release.info["config"][k] for k in ("lr", "max_grad_norm")}
+    assert picked in [dict(c) for c in FULL_TUNING_GRID]
+    assert release.statement.guarantee.value == "approx-dp"
+    assert release.info["epsilon_spent"] <= 4.0 and release.info["steps"] == 2
+    proba = release.predict_proba(images[100:103])
+    assert proba.shape == (3, 10) and torch.allclose(proba.sum(1), torch.ones(3))
+    assert "mis-specified" in release.info["attacker"]
+
+
+def test_dpsgd_full_needs_the_encoder_and_images(digits):
+    import dataclasses
+
+    context, images, labels = _image_context(digits)
+    method = create_method("dpsgd-full")
+    with pytest.raises(ValueError, match=r"context\.encoder"):
+        method.prepare(features=images[:40], labels=labels[:40], seed=0,
+                       context=dataclasses.replace(context, encoder=None))  # fmt: skip
+    with pytest.raises(ValueError, match=r"images \(n, C, H, W\)"):
+        method.prepare(features=images[:40].reshape(40, -1), labels=labels[:40], seed=0,
+                       context=context)  # fmt: skip
+
+
+def test_public_split_of_images_matches_the_split_of_features(make_context):
+    from baselines._common import public_split
+
+    context = make_context()
+    feats = public_split(context=context, n=50, seed=3)
+    rows = torch.arange(len(context.public_features)).float().reshape(-1, 1, 1, 1) * 10
+    imgs = public_split(context=context, n=50, seed=3, inputs=rows)
+    assert feats is not None and imgs is not None
+    order = (imgs.train_features.flatten() / 10).long()
+    assert torch.equal(feats.train_features, context.public_features[order])
+    assert torch.equal(feats.validation_labels, imgs.validation_labels)
+    with pytest.raises(ValueError, match="inputs has 3 rows"):
+        public_split(context=context, n=50, seed=3, inputs=rows[:3])
