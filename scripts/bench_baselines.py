@@ -1,6 +1,7 @@
 """Benchmark the cost of DP-SGD against post-training protection, in one process.
 
-Two ratios (``scripts/bench.py`` imports :func:`bench_baselines`):
+Two ratios, and a third when images and an encoder are given (``scripts/bench.py`` imports
+:func:`bench_baselines`):
 
 * ``dpsgd_vs_plain``: one DP-SGD head training (``baselines.dpsgd``, Opacus, sigma cached,
   as for every noise draw after the first) against one non-private head training with the
@@ -8,7 +9,9 @@ Two ratios (``scripts/bench.py`` imports :func:`bench_baselines`):
 * ``retrain_vs_reprotect``: a DP-SGD retrain at a *new* epsilon (``make_private_with_epsilon``
   must find a new sigma, then train and account) against re-protecting an already trained
   head at that epsilon with ``PostTrainingPrivacyEngine`` (noise drawn once; the
-  sensitivity does not depend on epsilon, so it is not recomputed).
+  sensitivity does not depend on epsilon, so it is not recomputed);
+* ``full_vs_head``: one ``dpsgd-full`` run (encoder and head, sigma cached) against one
+  ``dpsgd`` head run with the same schedule.
 
 Times are medians of ``repeats`` runs; the machine's load is not controlled, so compare
 ratios from one run. Both sides of each ratio run with one torch intra-op thread.
@@ -28,14 +31,21 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from alm_opacus.heads import HeadConfig, train_head
 from alm_opacus.protect import PostTrainingPrivacyEngine, SensitivityInfo
 from baselines import dpsgd
 from baselines.dpsgd import DPSGDConfig, single_thread, train_dpsgd_head
+from baselines.dpsgd_full import dpsgd_full_finetune
 
-__all__ = ["bench_baselines", "bench_dpsgd_vs_plain", "bench_retrain_vs_reprotect", "stand_in"]
+__all__ = [
+    "bench_baselines",
+    "bench_dpsgd_vs_plain",
+    "bench_full_vs_head",
+    "bench_retrain_vs_reprotect",
+    "stand_in",
+]
 
 
 def _median_seconds(fn: Any, repeats: int) -> float:
@@ -162,6 +172,50 @@ def bench_retrain_vs_reprotect(
     }
 
 
+def bench_full_vs_head(
+    *,
+    features: Tensor,
+    images: Tensor,
+    encoder: nn.Module,
+    labels: Tensor,
+    num_classes: int,
+    head: HeadConfig,
+    config: DPSGDConfig,
+    epsilon: float = 1.0,
+    delta: float = 1e-5,
+    accountant: str = "prv",
+    repeats: int = 3,
+) -> dict[str, Any]:
+    """One ``dpsgd-full`` run against one ``dpsgd`` head run (same schedule, sigma cached).
+
+    Returns:
+        ``seconds_full``, ``seconds_head``, ``ratio`` (full / head) and the encoder's size.
+    """
+    common: dict[str, Any] = {"num_classes": num_classes, "config": config, "epsilon": epsilon,
+                              "delta": delta, "accountant": accountant}  # fmt: skip
+    train_dpsgd_head(features, labels, head=head, seed=0, noise_seed=0, **common)  # warm sigma
+    counter = iter(range(1, 10**6))
+    full = _median_seconds(
+        lambda: dpsgd_full_finetune(
+            encoder=encoder, images=images, labels=labels, seed=0, noise_seed=next(counter),
+            **common,
+        ),
+        repeats,
+    )  # fmt: skip
+    one = _median_seconds(
+        lambda: train_dpsgd_head(
+            features, labels, head=head, seed=0, noise_seed=next(counter), **common
+        ),
+        repeats,
+    )
+    return {
+        "seconds_full": full,
+        "seconds_head": one,
+        "ratio": full / one,
+        "encoder_parameters": sum(p.numel() for p in encoder.parameters()),
+    }
+
+
 def bench_baselines(
     *,
     features: Tensor,
@@ -171,8 +225,10 @@ def bench_baselines(
     config: DPSGDConfig | None = None,
     accountant: str = "prv",
     repeats: int = 3,
+    images: Tensor | None = None,
+    encoder: nn.Module | None = None,
 ) -> dict[str, Any]:
-    """Both ratios in one process.
+    """The ratios in one process.
 
     Args:
         features: (n, d) member features.
@@ -182,10 +238,12 @@ def bench_baselines(
         config: the DP-SGD recipe (default: the dataset schedule by ``n``, lr 4, clip 1).
         accountant: the DP-SGD accountant.
         repeats: timing repeats.
+        images: (n, C, H, W) the members' images, for ``full_vs_head``.
+        encoder: the public encoder, for ``full_vs_head``.
 
     Returns:
         ``{"dpsgd_vs_plain": {...}, "retrain_vs_reprotect": {...}, "n": n, "d": d,
-        "threads": torch threads}``.
+        "threads": torch threads}``, plus ``"full_vs_head"`` with images and an encoder.
     """
     head = head or HeadConfig()
     if config is None:
@@ -200,13 +258,16 @@ def bench_baselines(
         "accountant": accountant,
         "repeats": repeats,
     }
-    return {
+    out = {
         "n": int(features.shape[0]),
         "d": int(features.shape[1]),
         "threads": torch.get_num_threads(),
         "dpsgd_vs_plain": bench_dpsgd_vs_plain(**common),
         "retrain_vs_reprotect": bench_retrain_vs_reprotect(**common),
     }
+    if images is not None and encoder is not None:
+        out["full_vs_head"] = bench_full_vs_head(images=images, encoder=encoder, **common)
+    return out
 
 
 def stand_in(*, n: int, d: int = 128, seed: int = 0) -> tuple[Tensor, Tensor, int]:
