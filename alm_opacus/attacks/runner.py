@@ -26,6 +26,7 @@ from alm_opacus.attacks.base import (
     AttackKind,
     AttackTarget,
     Predictor,
+    ShadowDataSource,
 )
 from alm_opacus.attacks.metrics import evaluate_attack
 from alm_opacus.attacks.registry import (
@@ -215,7 +216,17 @@ def run_attacks(
 
     Returns:
         One :class:`AttackResult` per attack.
+
+    Raises:
+        ValueError: for synthetic shadow data against a release queried with other inputs
+            than features (``target.inputs``): synthesis makes feature vectors.
     """
+    config = AttackConfig() if config is None else config
+    if target.inputs is not None and config.shadow_data is ShadowDataSource.SYNTHETIC:
+        raise ValueError(
+            "shadow_data='synthetic' synthesises feature vectors, but this release is queried "
+            "with target.inputs (e.g. images); use shadow_data='real' or 'noisy'"
+        )
     prepared = prepare_attacks(
         names=names,
         knowledge=knowledge,

@@ -295,6 +295,9 @@ def test_a_release_queried_with_other_inputs_gets_them_and_the_banks_keep_featur
     # the same probabilities, so the same scores as querying with the features
     for a, b in zip(results, setup.prepared.attack(t), strict=True):
         assert a.mia_auc == pytest.approx(b.mia_auc, abs=1e-12), a.attack
+    synthetic = AttackConfig(shadow_data=ShadowDataSource.SYNTHETIC)
+    with pytest.raises(ValueError, match="synthesises feature vectors"):
+        run_attacks(target=same, knowledge=setup.knowledge, config=synthetic, seed=0)
     with pytest.raises(ValueError, match="inputs must have q=200 rows"):
         AttackTarget(
             predict=predict, features=t.features, labels=t.labels, is_member=t.is_member,
