@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -263,7 +262,9 @@ def evaluate_attack(
     method = EpsilonBoundMethod(method)
     roc = roc_curve(scores=s, is_member=m)
     if method is EpsilonBoundMethod.SHADOW_THRESHOLD:
-        bound = _bound_at_decisions(d, m, delta=delta, confidence=confidence, threshold=math.nan)
+        bound = _bound_at_decisions(
+            d, m, delta=delta, confidence=confidence, threshold=math.nan, method=method
+        )
     else:
         bound = _bound_split_half(s, m, delta=delta, confidence=confidence, seed=seed)
     return AttackResult(
@@ -273,7 +274,7 @@ def evaluate_attack(
         mia_auc=roc_auc(roc),
         tpr_at_fpr={level: tpr_at_fpr(roc, fpr=level) for level in TPR_FPR_LEVELS},
         eps_lower_bound=bound.epsilon,
-        epsilon_bound=EpsilonBound(**{**bound.__dict__, "method": method.value}),
+        epsilon_bound=bound,
         roc=roc,
         num_members=int(m.sum()),
         num_nonmembers=int((~m).sum()),
@@ -282,23 +283,15 @@ def evaluate_attack(
     )
 
 
-@dataclass(frozen=True)
-class _Bound:
-    epsilon: float
-    fpr_upper: float
-    fnr_upper: float
-    false_positives: int
-    negatives: int
-    false_negatives: int
-    positives: int
-    delta: float
-    confidence: float
-    threshold: float
-
-
 def _bound_at_decisions(
-    d: BoolArray, m: BoolArray, *, delta: float, confidence: float, threshold: float
-) -> _Bound:
+    d: BoolArray,
+    m: BoolArray,
+    *,
+    delta: float,
+    confidence: float,
+    threshold: float,
+    method: EpsilonBoundMethod,
+) -> EpsilonBound:
     fp, neg = int((d & ~m).sum()), int((~m).sum())
     fn, pos = int((~d & m).sum()), int(m.sum())
     eps, fpr_u, fnr_u = epsilon_lower_bound(
@@ -309,12 +302,16 @@ def _bound_at_decisions(
         delta=delta,
         confidence=confidence,
     )
-    return _Bound(eps, fpr_u, fnr_u, fp, neg, fn, pos, delta, confidence, threshold)
+    return EpsilonBound(
+        epsilon=eps, fpr_upper=fpr_u, fnr_upper=fnr_u, false_positives=fp, negatives=neg,
+        false_negatives=fn, positives=pos, delta=delta, confidence=confidence,
+        threshold=threshold, method=method.value,
+    )  # fmt: skip
 
 
 def _bound_split_half(
     s: FloatArray, m: BoolArray, *, delta: float, confidence: float, seed: int
-) -> _Bound:
+) -> EpsilonBound:
     rng = np.random.default_rng(seed)
     select = np.zeros(s.size, dtype=bool)
     for group in (np.flatnonzero(m), np.flatnonzero(~m)):
@@ -331,5 +328,10 @@ def _bound_split_half(
     threshold = float(roc.thresholds[int(np.argmax(eps))])
     # ... and bound on the other half only, so that the selection cannot inflate it
     return _bound_at_decisions(
-        s[held] >= threshold, m[held], delta=delta, confidence=confidence, threshold=threshold
+        s[held] >= threshold,
+        m[held],
+        delta=delta,
+        confidence=confidence,
+        threshold=threshold,
+        method=EpsilonBoundMethod.SPLIT_HALF,
     )
