@@ -68,6 +68,7 @@ __all__ = [
     "DPSGDMethod",
     "DPSGDRun",
     "OpacusFit",
+    "OpacusRun",
     "accountant_epsilon",
     "cached_noise_multiplier",
     "checked_epsilon",
@@ -303,22 +304,21 @@ def _init_params(*, d: int, num_classes: int, head: HeadConfig, seed: int) -> Pa
     return out
 
 
-@dataclass
-class DPSGDRun:
-    """One DP-SGD training run.
+@dataclass(kw_only=True)
+class OpacusRun:
+    """The accounting of one DP-SGD training run through Opacus.
 
     Attributes:
-        head: the trained head (``alm_opacus.heads.Head``).
         noise_multiplier: sigma.
         sample_rate: Poisson sampling probability q.
         steps: optimizer steps taken (= accountant steps).
         epsilon_spent: the accountant's epsilon at ``delta`` after training (<= target).
         accountant: the accountant's name.
         from_cache: whether sigma came from this process's cache.
-        seconds: wall time, split into ``calibration`` (sigma) and ``training``.
+        seconds: wall time, split into ``calibration`` (sigma), ``training`` and
+            ``accounting``.
     """
 
-    head: Head
     noise_multiplier: float
     sample_rate: float
     steps: int
@@ -326,6 +326,13 @@ class DPSGDRun:
     accountant: str
     from_cache: bool
     seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class DPSGDRun(OpacusRun):
+    """One DP-SGD head training run: the trained head (``alm_opacus.heads.Head``)."""
+
+    head: Head
 
 
 def run_opacus(
@@ -583,30 +590,11 @@ def dpsgd_linear_heads(
 
 @dataclass(frozen=True)
 class OpacusFit:
-    """A DP-SGD-trained model as the method releases it, with its accounting."""
+    """A DP-SGD-trained model as the method releases it, with its run's accounting."""
 
     module: nn.Module
     predict_proba: Predict
-    noise_multiplier: float
-    sample_rate: float
-    steps: int
-    epsilon_spent: float
-    from_cache: bool
-    seconds: dict[str, float]
-
-    @classmethod
-    def of(cls, run: Any, *, module: nn.Module, predict_proba: Predict) -> OpacusFit:
-        """From a :class:`DPSGDRun` or ``DPSGDFullRun`` (same accounting fields)."""
-        return cls(
-            module=module,
-            predict_proba=predict_proba,
-            noise_multiplier=run.noise_multiplier,
-            sample_rate=run.sample_rate,
-            steps=run.steps,
-            epsilon_spent=run.epsilon_spent,
-            from_cache=run.from_cache,
-            seconds=run.seconds,
-        )
+    run: OpacusRun
 
 
 @dataclass
@@ -743,7 +731,7 @@ class DPSGDMethod(Method):
         accountant = check_accountant(str(context.options.get("accountant", DEFAULT_ACCOUNTANT)))
         known = len(_SIGMAS)
         config, tuning = self.choose(prepared, epsilon=epsilon, delta=delta, context=context)
-        run = self._fit(
+        fit = self._fit(
             features,
             labels,
             config=config,
@@ -756,6 +744,7 @@ class DPSGDMethod(Method):
         )
         if len(_SIGMAS) > known:
             save_sigma_cache(context.cache_dir)
+        run = fit.run
         statement = PrivacyStatement(
             epsilon=float(epsilon),
             delta=float(delta),
@@ -781,8 +770,8 @@ class DPSGDMethod(Method):
         return Release(
             method=self.name,
             statement=statement,
-            predict_proba=run.predict_proba,
-            module=run.module,
+            predict_proba=fit.predict_proba,
+            module=fit.module,
             info={
                 "config": config.to_dict(),
                 "tuning": tuning.to_info(),
@@ -825,10 +814,10 @@ class DPSGDMethod(Method):
             device=context.device,
         )
         head = run.head
-        return OpacusFit.of(
-            run,
+        return OpacusFit(
             module=head,
             predict_proba=lambda q: head.predict_proba(q.to(context.device)).float().cpu(),
+            run=run,
         )
 
     def _attacker_note(self, context: MethodContext) -> str:

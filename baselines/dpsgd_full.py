@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -32,6 +32,7 @@ from baselines.dpsgd import (
     DPSGDConfig,
     DPSGDMethod,
     OpacusFit,
+    OpacusRun,
     check_accountant,
     checked_epsilon,
     run_opacus,
@@ -114,18 +115,11 @@ def private_model(*, encoder: nn.Module, num_classes: int, seed: int) -> nn.Modu
     return model
 
 
-@dataclass
-class DPSGDFullRun:
-    """One full fine-tuning run: the model, its noise and the accountant's epsilon."""
+@dataclass(kw_only=True)
+class DPSGDFullRun(OpacusRun):
+    """One full fine-tuning run: the model (encoder and head) and its accounting."""
 
     model: nn.Module
-    noise_multiplier: float
-    sample_rate: float
-    steps: int
-    epsilon_spent: float
-    accountant: str
-    from_cache: bool = False
-    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def dpsgd_full_finetune(
@@ -275,8 +269,8 @@ class DPSGDFullMethod(DPSGDMethod):
             noise_seed=noise_seed,
             device=context.device,
         )
-        return OpacusFit.of(
-            run, module=run.model, predict_proba=predictor(run.model, device=context.device)
+        return OpacusFit(
+            module=run.model, predict_proba=predictor(run.model, device=context.device), run=run
         )
 
     # The plain attacker (the harness then shares its prepared attacks across methods).
