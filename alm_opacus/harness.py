@@ -210,9 +210,10 @@ class Prepared:
             return self.part(name)[0]
         if kind != "images" or self.images is None:
             raise ValueError(f"inputs kind {kind!r} is not available: expected {INPUT_KINDS}")
-        rows = np.sort(getattr(self.split, name))  # sorted reads are sequential on a memmap
-        order = np.argsort(np.argsort(getattr(self.split, name)))
-        return torch.from_numpy(to_float(np.asarray(self.images[rows])))[order]
+        idx = getattr(self.split, name)
+        rows = np.sort(idx)  # sorted reads are sequential on a memmap
+        images = torch.from_numpy(to_float(np.asarray(self.images[rows])))
+        return images[np.argsort(np.argsort(idx))]  # back in the split's order
 
 
 @dataclass
