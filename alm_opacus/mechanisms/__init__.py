@@ -18,7 +18,12 @@ from alm_opacus.mechanisms.base import (
 from alm_opacus.mechanisms.gaussian import ClassicGaussianMechanism, GaussianMechanism
 from alm_opacus.mechanisms.laplace import LaplaceMechanism
 from alm_opacus.mechanisms.logistic import LogisticMechanism
-from alm_opacus.mechanisms.sampling import make_generator
+from alm_opacus.mechanisms.sampling import (
+    NoiseGenerator,
+    SecureGenerator,
+    is_secure,
+    make_generator,
+)
 
 __all__ = [
     "AdditiveNoiseMechanism",
@@ -26,10 +31,13 @@ __all__ = [
     "GaussianMechanism",
     "LaplaceMechanism",
     "LogisticMechanism",
+    "NoiseGenerator",
     "PureAdditiveNoiseMechanism",
+    "SecureGenerator",
     "analysis",
     "available_mechanisms",
     "create_mechanism",
+    "is_secure",
     "make_generator",
     "register_mechanism",
 ]

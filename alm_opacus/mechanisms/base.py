@@ -9,7 +9,7 @@ import torch
 
 from alm_opacus._validation import check_delta, check_epsilon, check_positive, check_sensitivity
 from alm_opacus.mechanisms import analysis
-from alm_opacus.mechanisms.sampling import Shape
+from alm_opacus.mechanisms.sampling import NoiseGenerator, Shape
 
 __all__ = [
     "AdditiveNoiseMechanism",
@@ -67,7 +67,7 @@ class AdditiveNoiseMechanism(abc.ABC):
         shape: Shape,
         *,
         scale: float,
-        generator: torch.Generator,
+        generator: NoiseGenerator,
         dtype: torch.dtype = torch.float64,
     ) -> torch.Tensor:
         """Draw i.i.d. noise of this mechanism, computed in float64 then cast to ``dtype``.
@@ -162,7 +162,7 @@ class AdditiveNoiseMechanism(abc.ABC):
     def _calibrate(self, *, epsilon: float, delta: float, sensitivity: float) -> float: ...
 
     @abc.abstractmethod
-    def _standard_noise(self, shape: Shape, *, generator: torch.Generator) -> torch.Tensor: ...
+    def _standard_noise(self, shape: Shape, *, generator: NoiseGenerator) -> torch.Tensor: ...
 
     @abc.abstractmethod
     def _epsilon(

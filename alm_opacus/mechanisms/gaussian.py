@@ -9,7 +9,7 @@ import torch
 from alm_opacus._validation import check_epsilon, check_positive, check_sensitivity
 from alm_opacus.mechanisms import analysis
 from alm_opacus.mechanisms.base import AdditiveNoiseMechanism, Norm, register_mechanism
-from alm_opacus.mechanisms.sampling import Shape, standard_normal
+from alm_opacus.mechanisms.sampling import NoiseGenerator, Shape, standard_normal
 
 __all__ = ["ClassicGaussianMechanism", "GaussianMechanism"]
 
@@ -32,7 +32,7 @@ class GaussianMechanism(AdditiveNoiseMechanism):
             epsilon=epsilon, delta=delta, sensitivity=sensitivity
         )
 
-    def _standard_noise(self, shape: Shape, *, generator: torch.Generator) -> torch.Tensor:
+    def _standard_noise(self, shape: Shape, *, generator: NoiseGenerator) -> torch.Tensor:
         return standard_normal(shape, generator=generator)
 
     def _epsilon(self, *, delta: float, scale: float, sensitivity: float, dim: int | None) -> float:

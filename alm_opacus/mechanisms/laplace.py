@@ -9,7 +9,7 @@ import torch
 
 from alm_opacus.mechanisms import analysis
 from alm_opacus.mechanisms.base import PureAdditiveNoiseMechanism, register_mechanism
-from alm_opacus.mechanisms.sampling import Shape, standard_laplace
+from alm_opacus.mechanisms.sampling import NoiseGenerator, Shape, standard_laplace
 
 __all__ = ["LaplaceMechanism"]
 
@@ -20,7 +20,7 @@ class LaplaceMechanism(PureAdditiveNoiseMechanism):
     name: ClassVar[str] = "laplace"
     _unit_std: ClassVar[float] = math.sqrt(2.0)  # Var = 2b²
 
-    def _standard_noise(self, shape: Shape, *, generator: torch.Generator) -> torch.Tensor:
+    def _standard_noise(self, shape: Shape, *, generator: NoiseGenerator) -> torch.Tensor:
         return standard_laplace(shape, generator=generator)
 
     def _scalar_epsilon(self, *, delta: float, scale: float, sensitivity: float) -> float:

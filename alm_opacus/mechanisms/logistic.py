@@ -9,7 +9,7 @@ import torch
 
 from alm_opacus.mechanisms import analysis
 from alm_opacus.mechanisms.base import PureAdditiveNoiseMechanism, register_mechanism
-from alm_opacus.mechanisms.sampling import Shape, standard_logistic
+from alm_opacus.mechanisms.sampling import NoiseGenerator, Shape, standard_logistic
 
 __all__ = ["LogisticMechanism"]
 
@@ -23,7 +23,7 @@ class LogisticMechanism(PureAdditiveNoiseMechanism):
     name: ClassVar[str] = "alm"
     _unit_std: ClassVar[float] = math.pi / math.sqrt(3.0)  # Var = s²π²/3
 
-    def _standard_noise(self, shape: Shape, *, generator: torch.Generator) -> torch.Tensor:
+    def _standard_noise(self, shape: Shape, *, generator: NoiseGenerator) -> torch.Tensor:
         return standard_logistic(shape, generator=generator)
 
     def _scalar_epsilon(self, *, delta: float, scale: float, sensitivity: float) -> float:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import enum
 import io
 import math
 from collections.abc import Iterable, Sequence
@@ -15,14 +16,85 @@ from pathlib import Path
 
 from alm_opacus.io import atomic_write_text
 
-RESULT_COLUMNS = (
-    "dataset", "method", "epsilon", "delta", "guarantee", "sensitivity", "noise_scale", "seed",
-    "test_accuracy", "utility_loss", "attack", "mia_accuracy", "mia_advantage", "mia_auc",
-    "tpr_at_fpr_0.001", "tpr_at_fpr_0.01", "eps_lower_bound", "seconds",
-    # appended after the design page's columns:
-    "noise_draws", "test_accuracy_std", "mia_auc_std", "mia_accuracy_std", "statement",
-    "utility_loss_std",
-)  # fmt: skip
+
+class Column(str, enum.Enum):
+    """Every ``results.csv`` column, in file order; the value is the header.
+
+    The first 18 are the design page's; the rest were appended later (columns are only ever
+    appended, never renamed or repurposed). The field of :class:`ResultRow` for a column is
+    its value with ``.`` replaced by ``_``. Modelled on TF Privacy's
+    ``AttackResultsDFColumns``.
+    """
+
+    DATASET = "dataset"
+    METHOD = "method"
+    #: the target epsilon the cell was asked for (``inf`` for the unprotected baseline)
+    EPSILON = "epsilon"
+    DELTA = "delta"
+    #: pure-dp | approx-dp | random-dp | per-query | none (the statement's kind)
+    GUARANTEE = "guarantee"
+    #: the sensitivity the noise is calibrated to; for DP-SGD the per-step clipping norm
+    SENSITIVITY = "sensitivity"
+    #: the statement's noise scale (absolute for post-training mechanisms; for DP-SGD rows
+    #: the unitless multiplier, as before: read ``noise_multiplier`` and ``noise_std``)
+    NOISE_SCALE = "noise_scale"
+    SEED = "seed"
+    TEST_ACCURACY = "test_accuracy"
+    UTILITY_LOSS = "utility_loss"
+    ATTACK = "attack"
+    MIA_ACCURACY = "mia_accuracy"
+    MIA_ADVANTAGE = "mia_advantage"
+    MIA_AUC = "mia_auc"
+    TPR_AT_FPR_0_001 = "tpr_at_fpr_0.001"
+    TPR_AT_FPR_0_01 = "tpr_at_fpr_0.01"
+    EPS_LOWER_BOUND = "eps_lower_bound"
+    SECONDS = "seconds"
+    # -- appended --------------------------------------------------------------------------
+    NOISE_DRAWS = "noise_draws"
+    TEST_ACCURACY_STD = "test_accuracy_std"
+    MIA_AUC_STD = "mia_auc_std"
+    MIA_ACCURACY_STD = "mia_accuracy_std"
+    STATEMENT = "statement"
+    UTILITY_LOSS_STD = "utility_loss_std"
+    #: DP-SGD's unitless noise multiplier sigma (empty for other methods)
+    NOISE_MULTIPLIER = "noise_multiplier"
+    #: DP-SGD's per-example clipping norm C (empty for other methods)
+    CLIP_NORM = "clip_norm"
+    #: standard deviation of one noise coordinate: of the released weights (post-training),
+    #: of each step's noise on the summed clipped gradients (DP-SGD: sigma * C)
+    NOISE_STD = "noise_std"
+    #: l1 | l2: the norm of ``sensitivity``
+    SENSITIVITY_NORM = "sensitivity_norm"
+    #: analytic | sampled-public | sampled-members | caller | clipping
+    SENSITIVITY_SOURCE = "sensitivity_source"
+    #: replace-one | add-remove: the neighbouring relation of ``epsilon``/``delta``
+    NEIGHBOURING = "neighbouring"
+    #: the guarantee converted to replace-one, the relation the table compares on
+    EPSILON_REPLACE_ONE = "epsilon_replace_one"
+    DELTA_REPLACE_ONE = "delta_replace_one"
+    #: secure (OS CSPRNG, cannot be replayed) | seeded (private only while the seed is secret)
+    NOISE_SOURCE = "noise_source"
+    #: epsilon spent so far on the same clean model, this release included (the ledger)
+    EPSILON_SPENT = "epsilon_spent"
+    #: the accountant behind a DP-SGD epsilon (alm_pld | prv | rdp)
+    ACCOUNTANT = "accountant"
+    #: 95% intervals of the attack metrics over the evaluation set
+    MIA_AUC_CI_LOW = "mia_auc_ci_low"
+    MIA_AUC_CI_HIGH = "mia_auc_ci_high"
+    TPR_AT_FPR_0_001_CI_LOW = "tpr_at_fpr_0.001_ci_low"
+    TPR_AT_FPR_0_001_CI_HIGH = "tpr_at_fpr_0.001_ci_high"
+    TPR_AT_FPR_0_01_CI_LOW = "tpr_at_fpr_0.01_ci_low"
+    TPR_AT_FPR_0_01_CI_HIGH = "tpr_at_fpr_0.01_ci_high"
+    #: the largest eps_lower_bound the evaluation set can produce at its size and confidence
+    EPS_LOWER_BOUND_CEILING = "eps_lower_bound_ceiling"
+    #: ok | infeasible (the cell could not be released at this epsilon; see ``reason``)
+    STATUS = "status"
+    REASON = "reason"
+
+
+RESULT_COLUMNS: tuple[str, ...] = tuple(c.value for c in Column)
+#: How many columns the design page defines (the rest were appended).
+DESIGN_COLUMNS = 18
 
 
 @dataclass
@@ -53,6 +125,26 @@ class ResultRow:
     mia_accuracy_std: float = math.nan
     statement: str = ""
     utility_loss_std: float = math.nan
+    noise_multiplier: float = math.nan
+    clip_norm: float = math.nan
+    noise_std: float = math.nan
+    sensitivity_norm: str = ""
+    sensitivity_source: str = ""
+    neighbouring: str = ""
+    epsilon_replace_one: float = math.nan
+    delta_replace_one: float = math.nan
+    noise_source: str = ""
+    epsilon_spent: float = math.nan
+    accountant: str = ""
+    mia_auc_ci_low: float = math.nan
+    mia_auc_ci_high: float = math.nan
+    tpr_at_fpr_0_001_ci_low: float = math.nan
+    tpr_at_fpr_0_001_ci_high: float = math.nan
+    tpr_at_fpr_0_01_ci_low: float = math.nan
+    tpr_at_fpr_0_01_ci_high: float = math.nan
+    eps_lower_bound_ceiling: float = math.nan
+    status: str = "ok"
+    reason: str = ""
 
     def to_record(self) -> dict[str, object]:
         """The row keyed by the CSV column names."""
@@ -80,7 +172,7 @@ class ResultRow:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
-assert len(fields(ResultRow)) == len(RESULT_COLUMNS)
+assert [f.name for f in fields(ResultRow)] == [c.replace(".", "_") for c in RESULT_COLUMNS]
 
 
 def cell_key(method: str, epsilon: float, seed: int) -> tuple[str, str, int]:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy import stats
 
-from alm_opacus.mechanisms import create_mechanism, make_generator
+from alm_opacus.mechanisms import SecureGenerator, create_mechanism, is_secure, make_generator
 
 SCIPY = {
     "alm": stats.logistic,
@@ -40,11 +40,54 @@ def test_same_seed_same_noise(name):
     assert not torch.equal(a, c)
 
 
-def test_secure_mode_seeds_from_os_entropy():
+def test_secure_mode_draws_from_the_os_csprng(monkeypatch):
     mech = create_mechanism("alm")
-    a = mech.sample(64, scale=1.0, generator=make_generator(secure_mode=True))
+    gen = make_generator(secure_mode=True)
+    assert isinstance(gen, SecureGenerator) and is_secure(gen)
+    assert not is_secure(make_generator(seed=0))
+    a = mech.sample(64, scale=1.0, generator=gen)
     b = mech.sample(64, scale=1.0, generator=make_generator(secure_mode=True))
     assert not torch.equal(a, b)
+    # Every bit comes from os.urandom: fixing it fixes the noise, and no torch seed matters.
+    import alm_opacus.mechanisms.sampling as sampling
+
+    monkeypatch.setattr(sampling.os, "urandom", lambda k: (bytes(range(256)) * (k // 256 + 1))[:k])
+    torch.manual_seed(0)
+    c = mech.sample(64, scale=1.0, generator=make_generator(secure_mode=True))
+    torch.manual_seed(1)
+    d = mech.sample(64, scale=1.0, generator=make_generator(secure_mode=True))
+    assert torch.equal(c, d)
+
+
+@pytest.mark.parametrize("name", sorted(SCIPY))
+def test_secure_samples_follow_scipy_distribution(name):
+    mech = create_mechanism(name)
+    x = mech.sample((20_000,), scale=1.5, generator=make_generator(secure_mode=True))
+    assert x.dtype == torch.float64 and torch.isfinite(x).all()
+    # a fresh CSPRNG draw each run: a KS p-value below 1e-6 has probability 1e-6
+    assert stats.kstest(x.numpy(), SCIPY[name](scale=1.5).cdf).pvalue > 1e-6
+
+
+def test_secure_normal_is_exactly_symmetric_and_bounded():
+    # a and 2^53 - a map to exactly opposite values: fold the uniform at 1/2.
+    from alm_opacus.mechanisms import sampling
+
+    class Fixed(SecureGenerator):
+        def bits(self, shape, *, bits):  # k and 2^52 - 1 - k give a and 2^53 - a
+            k = torch.tensor([0, 1, 12345, 2**52 - 12346, 2**52 - 2, 2**52 - 1])
+            return k.reshape(shape)
+
+    z = sampling.standard_normal((6,), generator=Fixed())
+    assert torch.equal(z, -z.flip(0))
+    assert float(z.abs().max()) == pytest.approx(-stats.norm.ppf(2.0**-53), rel=1e-12)
+
+
+def test_uniform_open_never_hits_the_ends():
+    from alm_opacus.mechanisms.sampling import uniform_open
+
+    u = uniform_open((100_000,), generator=make_generator(secure_mode=True))
+    assert float(u.min()) > 0 and float(u.max()) < 1
+    assert stats.kstest(u.numpy(), stats.uniform.cdf).pvalue > 1e-6
 
 
 @pytest.mark.parametrize(
