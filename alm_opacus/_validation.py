@@ -47,3 +47,26 @@ def check_positive(value: float, *, name: str) -> float:
 def check_sensitivity(sensitivity: float, *, name: str = "sensitivity") -> float:
     """Return ``sensitivity`` as a float after checking that it is finite and > 0."""
     return check_positive(sensitivity, name=name)
+
+
+def check_features_labels(features: object, labels: object) -> None:
+    """Check that ``features`` is (n, d) and ``labels`` is (n,).
+
+    Raises:
+        ValueError: naming both shapes otherwise.
+    """
+    f_shape = tuple(getattr(features, "shape", ()))
+    l_shape = tuple(getattr(labels, "shape", ()))
+    if len(f_shape) != 2 or l_shape != f_shape[:1]:
+        raise ValueError(f"features (n, d) and labels (n,) expected; got {f_shape} and {l_shape}")
+
+
+def default_delta(n: int) -> float:
+    """The default delta for ``n`` members: ``min(1e-5, 1 / (10 n))``, below ``1 / n``.
+
+    Raises:
+        ValueError: unless ``n`` is an integer >= 1.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n={n!r} is invalid: expected an integer >= 1")
+    return min(1e-5, 1.0 / (10 * n))

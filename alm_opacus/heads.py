@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from alm_opacus._validation import check_positive
+from alm_opacus._validation import check_features_labels, check_positive
 
 Params = dict[str, Tensor]
 
@@ -83,24 +83,37 @@ def clip_features(features: Tensor, radius: float | None) -> Tensor:
 # --- parameter layouts: names follow the nn.Module below, so state_dicts line up -------------
 
 
+def uniform_init(
+    shape: tuple[int, ...], *, fan_in: int, generator: torch.Generator,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:  # fmt: skip
+    """``nn.Linear``'s default law, U(-1/sqrt(fan_in), 1/sqrt(fan_in)), from a seeded generator.
+
+    The one initialiser of every head, shadow model and baseline network in the project.
+    """
+    bound = 1.0 / fan_in**0.5
+    return (torch.rand(shape, generator=generator, dtype=dtype) * 2 - 1) * bound
+
+
+def linear_init(
+    sizes: dict[str, tuple[int, int]], *, generator: torch.Generator, dtype: torch.dtype
+) -> Params:
+    """``{name.weight, name.bias}`` for layers ``name -> (out, in)``, in the given order."""
+    out: Params = {}
+    for name, (rows, cols) in sizes.items():
+        out[f"{name}.weight"] = uniform_init((rows, cols), fan_in=cols, generator=generator,
+                                             dtype=dtype)  # fmt: skip
+        out[f"{name}.bias"] = uniform_init((rows,), fan_in=cols, generator=generator, dtype=dtype)
+    return out
+
+
 def _init_linear(d: int, c: int, config: HeadConfig, g: torch.Generator) -> Params:
-    bound = 1.0 / d**0.5
-    dt = config.torch_dtype
-    return {
-        "fc.weight": (torch.rand(c, d, generator=g, dtype=dt) * 2 - 1) * bound,
-        "fc.bias": (torch.rand(c, generator=g, dtype=dt) * 2 - 1) * bound,
-    }
+    return linear_init({"fc": (c, d)}, generator=g, dtype=config.torch_dtype)
 
 
 def _init_mlp(d: int, c: int, config: HeadConfig, g: torch.Generator) -> Params:
-    h, dt = config.hidden, config.torch_dtype
-    b1, b2 = 1.0 / d**0.5, 1.0 / h**0.5
-    return {
-        "fc1.weight": (torch.rand(h, d, generator=g, dtype=dt) * 2 - 1) * b1,
-        "fc1.bias": (torch.rand(h, generator=g, dtype=dt) * 2 - 1) * b1,
-        "fc2.weight": (torch.rand(c, h, generator=g, dtype=dt) * 2 - 1) * b2,
-        "fc2.bias": (torch.rand(c, generator=g, dtype=dt) * 2 - 1) * b2,
-    }
+    h = config.hidden
+    return linear_init({"fc1": (h, d), "fc2": (c, h)}, generator=g, dtype=config.torch_dtype)
 
 
 def _logits_linear(p: Params, x: Tensor) -> Tensor:
@@ -149,11 +162,7 @@ def check_head_inputs(features: Tensor, labels: Tensor, masks: Tensor) -> None:
     Raises:
         ValueError: unless features are (n, d), labels (n,), masks (B, n) with no empty row.
     """
-    if features.ndim != 2 or labels.shape != (features.shape[0],):
-        raise ValueError(
-            f"features (n, d) and labels (n,) expected; got {tuple(features.shape)} "
-            f"and {tuple(labels.shape)}"
-        )
+    check_features_labels(features, labels)
     if masks.ndim != 2 or masks.shape[1] != features.shape[0]:
         raise ValueError(f"masks must be (B, {features.shape[0]}); got {tuple(masks.shape)}")
     if not bool(masks.any(1).all()):

@@ -14,23 +14,95 @@ training in ``release``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Generic, Literal, TypeVar, cast
 
 from torch import Tensor, nn
 
+from alm_opacus._hashing import derive_seed
+from alm_opacus.attacks.base import Predictor, ShadowTrainer
 from alm_opacus.heads import HeadConfig, train_head
+from alm_opacus.mechanisms.sampling import NoiseGenerator, make_generator
+from alm_opacus.options import (
+    MethodOptions,
+    NoOptions,
+    OptionError,
+    build_options,
+    option_fields,
+    split_scoped,
+)
 from alm_opacus.protect import PrivacyStatement
 
-Predict = Callable[[Tensor], Tensor]
+__all__ = [
+    "INPUT_KINDS",
+    "InfeasibleRelease",
+    "InputKind",
+    "Method",
+    "MethodContext",
+    "MethodOptions",
+    "NoOptions",
+    "NoisePolicy",
+    "Predict",
+    "Release",
+    "RunMemo",
+    "ShadowTrainer",
+    "TrainingNoise",
+    "available_methods",
+    "create_method",
+    "default_methods",
+    "method_class",
+    "method_options",
+    "plain_shadow_trainer",
+    "register_method",
+    "validate_options",
+]
+
+#: ``inputs (q, ...) -> probabilities (q, C)``.
+Predict = Predictor
 #: What a method trains on and its release is queried with: the frozen public encoder's
 #: L2-normalised features (n, d), or the images (n, C, H, W), float in [0, 1].
 InputKind = Literal["features", "images"]
 INPUT_KINDS: tuple[InputKind, ...] = ("features", "images")
-#: ``trainer(features, labels, masks (B, n), seed) -> predict``, predict giving (B, q, C).
-ShadowTrainer = Callable[[Tensor, Tensor, Tensor, int], Predict]
+#: Builds the adaptive attacker's trainer for one release (called once per cell).
+AttackerFactory = Callable[[], ShadowTrainer]
+
+OptionsT = TypeVar("OptionsT", bound=MethodOptions)
+PreparedT = TypeVar("PreparedT")
+T = TypeVar("T")
+
+
+class InfeasibleRelease(ValueError):
+    """The method cannot make a release at this epsilon (e.g. no noise level reaches it).
+
+    The harness records the cell as infeasible, with this message as the reason, and goes on.
+    """
+
+
+@dataclass(frozen=True)
+class TrainingNoise:
+    """The accounting of a release trained with noise (DP-SGD and its variants).
+
+    Attributes:
+        noise_multiplier: sigma, unitless: the noise scale per coordinate is sigma * clip.
+        clip_norm: the per-example clipping norm ``C`` (the per-step sensitivity).
+        clip_norm_kind: ``"l2"`` (Gaussian) or ``"l1"`` (logistic, Laplace).
+        sample_rate: Poisson sampling probability per step.
+        steps: optimiser steps.
+        accountant: the accountant behind ``epsilon_spent``.
+        epsilon_spent: the accountant's epsilon at the release's delta (<= the target).
+        mechanism: the per-step noise mechanism (``gaussian``, ``alm``, ``laplace``).
+    """
+
+    noise_multiplier: float
+    clip_norm: float
+    sample_rate: float
+    steps: int
+    accountant: str
+    epsilon_spent: float
+    clip_norm_kind: str = "l2"
+    mechanism: str = "gaussian"
 
 
 @dataclass
@@ -43,14 +115,76 @@ class Release:
         predict_proba: inputs of the method's :attr:`Method.inputs` kind (features (q, d) by
             default) -> probabilities (q, C).
         module: the released module, if the method releases weights.
-        info: method-specific diagnostics (e.g. training time).
+        baseline: true for the unprotected reference every utility loss is measured against.
+        chosen_config: the configuration the method tuned for this epsilon (public data only).
+        attacker: builds the adaptive attacker's shadow trainer (one that imitates this
+            release's protection); ``None``: the attacker trains plain heads.
+        attacker_note: how the attacker's shadows relate to the victim (for the notes).
+        training: the accounting of noisy training, for methods that train with noise.
+        noise_std: standard deviation of one noise coordinate of the released weights (or of
+            each step's noise on the summed gradients, for noisy training).
+        info: method-specific diagnostics; never read by the harness.
     """
 
     method: str
     statement: PrivacyStatement
     predict_proba: Predict
     module: nn.Module | None = None
+    baseline: bool = False
+    chosen_config: dict[str, Any] | None = None
+    attacker: AttackerFactory | None = None
+    attacker_note: str = ""
+    training: TrainingNoise | None = None
+    noise_std: float | None = None
     info: dict[str, Any] = field(default_factory=dict)
+
+
+class RunMemo:
+    """Work shared within one run (a clean head, shadow heads, a noise multiplier): computed
+    once per key and kept on the run's context, never in a module-level cache."""
+
+    def __init__(self) -> None:
+        self._store: dict[Hashable, Any] = {}
+
+    def get(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """``compute()`` the first time ``key`` is asked for, the stored value afterwards."""
+        if key not in self._store:
+            self._store[key] = compute()
+        return cast(T, self._store[key])
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._store
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+
+@dataclass(frozen=True)
+class NoisePolicy:
+    """Where release noise comes from.
+
+    Attributes:
+        reproducible: draw from a seeded generator derived from public labels (method,
+            seed, draw, epsilon): reproducible research only, as anyone who knows the
+            labels can regenerate and subtract the noise. Default: the OS CSPRNG.
+    """
+
+    reproducible: bool = False
+
+    @property
+    def source(self) -> str:
+        """``"seeded"`` or ``"secure"`` (what statements and results record)."""
+        return "seeded" if self.reproducible else "secure"
+
+    def generator(self, *labels: object, device: str = "cpu") -> NoiseGenerator:
+        """A generator for one release's noise: seeded from ``labels`` when reproducible."""
+        if self.reproducible:
+            return make_generator(seed=derive_seed(*labels), device=device)
+        return make_generator(secure_mode=True, device=device)
+
+    def seed(self, *labels: object) -> int | None:
+        """The seed a seeded draw would use (``None`` for secure noise)."""
+        return derive_seed(*labels) if self.reproducible else None
 
 
 @dataclass(frozen=True)
@@ -61,15 +195,19 @@ class MethodContext:
         num_classes: number of classes.
         head: the fine-tuning recipe shared by every method (and known to the attacker).
         device: ``"cpu"`` or ``"cuda"``.
-        public_features: features of the public split (non-private; for tuning).
+        public_features: features of the public split (non-private; for tuning and for
+            sampling sensitivities).
         public_labels: their labels.
         public_images: the same rows as images, given only when a method with
             ``inputs = "images"`` runs.
         encoder: the encoder pre-trained on public data (frozen; a method that fine-tunes it
             must copy it), given only when a method with ``inputs = "images"`` runs.
-        cache_dir: where a method may cache per-config work.
-        options: method-specific options from the command line (e.g. ``sensitivity``, ``m``).
+        cache_dir: where a method may cache per-config work on disk.
         progress: whether to show progress bars.
+        dataset: the dataset's registry name.
+        schedule: the dataset's DP-SGD schedule ``(epochs, expected batch size)``.
+        noise: where release noise comes from.
+        memo: work shared within the run.
     """
 
     num_classes: int
@@ -80,16 +218,24 @@ class MethodContext:
     public_images: Tensor | None = None
     encoder: nn.Module | None = None
     cache_dir: Path | None = None
-    options: dict[str, Any] = field(default_factory=dict)
     progress: bool = False
+    dataset: str | None = None
+    schedule: tuple[int, int] | None = None
+    noise: NoisePolicy = field(default_factory=NoisePolicy)
+    memo: RunMemo = field(default_factory=RunMemo)
 
 
-class Method:
-    """Base class. Subclasses set ``name`` and override ``prepare`` and ``release``."""
+class Method(Generic[OptionsT, PreparedT]):
+    """Base class. Subclasses set ``name`` (and ``Options``) and override ``prepare`` and
+    ``release``; ``self.options`` holds the validated options."""
 
     name: ClassVar[str] = ""
+    #: The options dataclass (defaults and validation); see :mod:`alm_opacus.options`.
+    Options: ClassVar[type[MethodOptions]] = NoOptions
     #: True when ``release`` is a post-training step on a fixed trained model.
     post_training: ClassVar[bool] = False
+    #: True for the unprotected reference (released once, at epsilon = inf).
+    baseline: ClassVar[bool] = False
     #: The hyper-parameter configurations the method may try per epsilon (selected on public
     #: validation data only); the harness lists them in ``config.json`` so that equal tuning
     #: budgets can be checked. Empty: the method has nothing to tune beyond the shared recipe.
@@ -100,15 +246,24 @@ class Method:
     #: Whether ``--methods all`` includes the method (false: opt-in, named explicitly).
     in_all: ClassVar[bool] = True
 
+    def __init__(self, options: OptionsT | None = None) -> None:
+        if options is None:
+            options = cast(OptionsT, self.Options())
+        if not isinstance(options, self.Options):
+            raise OptionError(
+                f"{self.name} takes {self.Options.__name__}, got {type(options).__name__}"
+            )
+        self.options: OptionsT = options
+
     def prepare(
         self, *, features: Tensor, labels: Tensor, seed: int, context: MethodContext
-    ) -> Any:
+    ) -> PreparedT:
         """Work shared by every epsilon and noise draw (default: none)."""
-        return None
+        return cast(PreparedT, None)
 
     def release(
         self,
-        prepared: Any,
+        prepared: PreparedT,
         *,
         features: Tensor,
         labels: Tensor,
@@ -120,44 +275,30 @@ class Method:
     ) -> Release:
         raise NotImplementedError
 
-    def shadow_trainer(
-        self, *, release: Release, epsilon: float, delta: float, context: MethodContext
-    ) -> ShadowTrainer:
-        """A trainer for the attacker's shadow and reference heads.
 
-        The default trains unprotected heads with the victim's recipe; methods whose
-        protection the attacker can imitate cheaply override it (the adaptive attacker).
-        The returned function maps ``(features, labels, masks (B, n), seed)`` to a
-        predictor of probabilities with shape (B, q, C).
-        """
-        return plain_shadow_trainer(context)
-
-
-def plain_shadow_trainer(
-    context: MethodContext,
-) -> ShadowTrainer:
+def plain_shadow_trainer(context: MethodContext) -> ShadowTrainer:
     """Shadow heads trained with the victim's recipe, without protection."""
     from alm_opacus.attacks import recipe_trainer
 
     return recipe_trainer(config=context.head, num_classes=context.num_classes)
 
 
-MethodFactory = Callable[[], Method]
-_METHODS: dict[str, MethodFactory] = {}
+_METHODS: dict[str, type[Method[Any, Any]]] = {}
+_M = TypeVar("_M", bound=type[Method[Any, Any]])
 
 
-def register_method(name: str, *, force: bool = False) -> Callable[[MethodFactory], MethodFactory]:
-    """Decorator registering a method class (or factory) under ``name``.
+def register_method(name: str, *, force: bool = False) -> Callable[[_M], _M]:
+    """Decorator registering a method class under ``name``.
 
     Raises:
         ValueError: if ``name`` is taken and ``force`` is false.
     """
 
-    def decorator(factory: MethodFactory) -> MethodFactory:
+    def decorator(cls: _M) -> _M:
         if name in _METHODS and not force:
             raise ValueError(f"method {name!r} is already registered; pass force=True")
-        _METHODS[name] = factory
-        return factory
+        _METHODS[name] = cls
+        return cls
 
     return decorator
 
@@ -169,11 +310,11 @@ def available_methods() -> list[str]:
 
 def default_methods() -> list[str]:
     """What ``all`` expands to: the registered methods that are not opt-in, sorted."""
-    return [name for name in available_methods() if _METHODS[name]().in_all]
+    return [name for name in available_methods() if _METHODS[name].in_all]
 
 
-def create_method(name: str) -> Method:
-    """Instantiate the method ``name``.
+def method_class(name: str) -> type[Method[Any, Any]]:
+    """The class registered as ``name``.
 
     Raises:
         ValueError: for an unknown name, listing the registered ones.
@@ -182,15 +323,78 @@ def create_method(name: str) -> Method:
         raise ValueError(
             f"unknown method {name!r}: expected one of {', '.join(available_methods())}"
         )
-    return _METHODS[name]()
+    return _METHODS[name]
+
+
+def method_options(name: str, values: Mapping[str, Any] | None = None) -> MethodOptions:
+    """The options of method ``name`` from run-config values.
+
+    ``values`` holds shared keys (``"m"``: set in every method declaring ``m``; others
+    ignore it) and scoped keys (``"dpsgd.lr"``: this method only, and it must declare it).
+
+    Raises:
+        ValueError: for an unknown method; OptionError for a bad key or value.
+    """
+    cls = method_class(name).Options
+    values = dict(values or {})
+    scoped = {k.split(".", 1)[1] for k in values if "." in k and k.split(".")[0] == name}
+    unknown = sorted(scoped - set(option_fields(cls)))
+    if unknown:
+        known = ", ".join(sorted(option_fields(cls))) or "none"
+        raise OptionError(f"unknown option {name}.{unknown[0]}: {name} declares {known}")
+    return build_options(cls, split_scoped(values, method=name), method=name, strict=False)
+
+
+def validate_options(values: Mapping[str, Any]) -> None:
+    """Check run-config option values against every registered method.
+
+    Raises:
+        OptionError: for a scoped key of an unknown method or field, a shared key that no
+            registered method declares, or a value that does not fit.
+    """
+    declared: set[str] = set()
+    for name in available_methods():
+        declared |= set(option_fields(method_class(name).Options))
+    for key in values:
+        if "." in key:
+            scope = key.split(".")[0]
+            if scope not in _METHODS:
+                raise OptionError(
+                    f"option {key}: unknown method {scope!r}; expected one of "
+                    f"{', '.join(available_methods())}"
+                )
+        elif key not in declared:
+            raise OptionError(
+                f"unknown option {key!r}: no registered method declares it (scope it as "
+                "METHOD.KEY, or see --help for the shared ones)"
+            )
+    for name in available_methods():
+        method_options(name, values)
+
+
+def create_method(
+    name: str, options: MethodOptions | Mapping[str, Any] | None = None
+) -> Method[Any, Any]:
+    """Instantiate the method ``name`` with its options (a mapping is validated strictly:
+    every key must be one of the method's fields).
+
+    Raises:
+        ValueError: for an unknown name, listing the registered ones; OptionError for bad
+            options.
+    """
+    cls = method_class(name)
+    if options is None or isinstance(options, MethodOptions):
+        return cls(options)
+    return cls(build_options(cls.Options, options, method=name, strict=True))
 
 
 @register_method("none")
-class NoProtection(Method):
+class NoProtection(Method[NoOptions, Any]):
     """The unprotected head: the baseline every utility loss is measured against."""
 
     name = "none"
     post_training = True
+    baseline = True
 
     def prepare(
         self, *, features: Tensor, labels: Tensor, seed: int, context: MethodContext
@@ -221,4 +425,5 @@ class NoProtection(Method):
             statement=PrivacyStatement.unprotected(),
             predict_proba=lambda x: head.predict_proba(x.to(context.device)).float().cpu(),
             module=head,
+            baseline=True,
         )

@@ -4,7 +4,7 @@ Each trains the head once per seed (``prepare``), finds its sensitivity once, an
 releases a noisy copy per (epsilon, noise draw) with :class:`PostTrainingPrivacyEngine`:
 re-protecting at a new epsilon needs no retraining (ALM paper, Algorithm 1).
 
-Sensitivity (``context.options["sensitivity"]``):
+Sensitivity (option ``sensitivity``, see :class:`PostTrainingOptions`):
 
 * ``"sampled"`` (default, as in the ALM paper): Algorithm 2 on the victim's own recipe; the
   statement is random-DP with the sampler's gamma and confidence.
@@ -18,20 +18,23 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
 
 from alm_opacus._hashing import derive_seed, tensor_digest
+from alm_opacus._validation import check_positive
 from alm_opacus.heads import Head, HeadConfig, batched_logits, flat_params, train_heads
 from alm_opacus.io import cached
 from alm_opacus.mechanisms import create_mechanism, make_generator
 from alm_opacus.methods import (
     Method,
     MethodContext,
+    MethodOptions,
     Predict,
     Release,
+    RunMemo,
     ShadowTrainer,
     register_method,
 )
@@ -42,6 +45,35 @@ from alm_opacus.ssl.pretrain import config_hash
 #: The convex head's defaults for ``--sensitivity analytic`` (features are unit-norm already).
 ANALYTIC_L2 = 0.1
 ANALYTIC_CLIP = 1.0
+
+SensitivitySourceName = Literal["sampled", "analytic"]
+
+
+@dataclass(frozen=True)
+class PostTrainingOptions(MethodOptions):
+    """Options of ``alm``, ``laplace``, ``gaussian`` and ``gaussian-classic``.
+
+    Attributes:
+        sensitivity: ``"sampled"`` (Algorithm 2) or ``"analytic"`` (the convex head's bound).
+        m: neighbour pairs drawn by the sampler.
+        gamma: the random-DP gamma of the sampled sensitivity.
+        analytic_l2: lambda of the convex head the analytic bound covers.
+        clip_radius: features are clipped to this L2 norm in the convex head.
+    """
+
+    sensitivity: SensitivitySourceName = "sampled"
+    m: int = 200
+    gamma: float = 0.05
+    analytic_l2: float = ANALYTIC_L2
+    clip_radius: float = ANALYTIC_CLIP
+
+    def __post_init__(self) -> None:
+        if self.m < 2:
+            raise ValueError(f"m={self.m!r} is invalid: expected an integer >= 2")
+        if not 0 < self.gamma < 1:
+            raise ValueError(f"gamma={self.gamma!r} is invalid: expected a number in (0, 1)")
+        check_positive(self.analytic_l2, name="analytic_l2")
+        check_positive(self.clip_radius, name="clip_radius")
 
 
 @dataclass(frozen=True)
@@ -55,65 +87,64 @@ class PreparedHead:
     details: dict[str, Any]
 
 
-def convex_config(context: MethodContext) -> HeadConfig:
-    """The convex head the analytic bound covers."""
-    return context.head.replace(
-        kind="linear",
-        l2=float(context.options.get("l2", ANALYTIC_L2)),
-        clip_radius=float(context.options.get("clip_radius", ANALYTIC_CLIP)),
-        dtype="float64",
-    )
-
-
-_PREPARED: dict[tuple[Any, ...], PreparedHead] = {}
+def convex_config(head: HeadConfig, *, l2: float, clip_radius: float) -> HeadConfig:
+    """The convex head the analytic bound covers: ``head``'s recipe as an L2-regularised
+    linear head on clipped features, in float64 (also used by ``dperm``)."""
+    return head.replace(kind="linear", l2=float(l2), clip_radius=float(clip_radius),
+                        dtype="float64")  # fmt: skip
 
 
 def prepare_head(
-    *, features: Tensor, labels: Tensor, seed: int, context: MethodContext
-) -> PreparedHead:
-    """Train the clean head and find its sensitivity. Cached in-process (ALM, Laplace and
-    Gaussian protect the very same head) and, with ``context.cache_dir``, on disk by a hash
-    of everything that determines it, so a resumed run does not redo Algorithm 2."""
-    source = str(context.options.get("sensitivity", "sampled"))
-    if source not in ("sampled", "analytic"):
-        raise ValueError(f"sensitivity={source!r} is invalid: expected 'sampled' or 'analytic'")
-    m = int(context.options.get("m", 200))
-    gamma = float(context.options.get("gamma", 0.05))
+    *, features: Tensor, labels: Tensor, seed: int, context: MethodContext,
+    options: PostTrainingOptions,
+) -> PreparedHead:  # fmt: skip
+    """Train the clean head and find its sensitivity. Memoised on the run (ALM, Laplace and
+    Gaussian protect the very same head) and, with ``context.cache_dir``, cached on disk by a
+    hash of everything that determines it, so a resumed run does not redo Algorithm 2."""
     digest = tensor_digest(features, labels)
-    key = (digest, seed, source, m, gamma, context.head, tuple(sorted(context.options.items())))
-    if key in _PREPARED:
-        return _PREPARED[key]
+    key = (digest, seed, context.head, options)
+    return context.memo.get(
+        ("posthoc-head", key),
+        lambda: _load_or_prepare(features, labels, seed=seed, context=context, options=options,
+                                 key=key),
+    )  # fmt: skip
+
+
+def _load_or_prepare(
+    features: Tensor, labels: Tensor, *, seed: int, context: MethodContext,
+    options: PostTrainingOptions, key: tuple[Any, ...],
+) -> PreparedHead:  # fmt: skip
     path = None
     if context.cache_dir is not None:
         path = Path(context.cache_dir) / f"posthoc-head-{config_hash(repr(key))}.pt"
     payload = cached(
         path, kind="alm_opacus.posthoc-head", key=repr(key),
         compute=lambda: _prepare_payload(features, labels, seed=seed, context=context,
-                                         source=source, m=m, gamma=gamma),
+                                         options=options),
     )  # fmt: skip
     config = HeadConfig(**payload["config"])
     head = Head(in_features=int(features.shape[1]), num_classes=context.num_classes,
                 config=config).to(context.device)  # fmt: skip
     head.load_state_dict(payload["state_dict"])
-    prepared = PreparedHead(
+    return PreparedHead(
         head=head, config=config,
         sensitivity={n: SensitivityInfo(**d) for n, d in payload["sensitivity"].items()},
         solver=payload["solver"], details=payload["details"],
     )  # fmt: skip
-    _PREPARED[key] = prepared
-    return prepared
 
 
 def _prepare_payload(
-    features: Tensor, labels: Tensor, *, seed: int, context: MethodContext, source: str, m: int,
-    gamma: float,
+    features: Tensor, labels: Tensor, *, seed: int, context: MethodContext,
+    options: PostTrainingOptions,
 ) -> dict[str, Any]:  # fmt: skip
     """The clean head and its sensitivity, as a cacheable payload (tensors and primitives)."""
     x, y = features.to(context.device), labels.to(context.device)
     ones = torch.ones(1, len(y), dtype=torch.bool, device=x.device)
     sample: dict[str, Tensor] = {}
-    if source == "analytic":
-        config = convex_config(context)
+    m, gamma = options.m, options.gamma
+    if options.sensitivity == "analytic":
+        config = convex_config(context.head, l2=options.analytic_l2,
+                               clip_radius=options.clip_radius)  # fmt: skip
         assert config.clip_radius is not None  # convex_config always sets it
         fit = train_convex_heads(x, y, masks=ones, num_classes=context.num_classes, config=config)
         params = fit.params
@@ -157,52 +188,57 @@ def _info_dict(info: SensitivityInfo) -> dict[str, Any]:
     return out
 
 
-class PostTrainingMethod(Method):
+class PostTrainingMethod(Method[PostTrainingOptions, PreparedHead]):
     """Noise added once to the trained head's weights, calibrated to its sensitivity."""
 
+    Options = PostTrainingOptions
     mechanism: ClassVar[str] = ""
     post_training = True
 
     def prepare(
         self, *, features: Tensor, labels: Tensor, seed: int, context: MethodContext
-    ) -> Any:
-        return prepare_head(features=features, labels=labels, seed=seed, context=context)
+    ) -> PreparedHead:
+        return prepare_head(features=features, labels=labels, seed=seed, context=context,
+                            options=self.options)  # fmt: skip
 
     def release(
-        self, prepared: Any, *, features: Tensor, labels: Tensor, epsilon: float, delta: float,
-        seed: int, draw: int, context: MethodContext,
+        self, prepared: PreparedHead, *, features: Tensor, labels: Tensor, epsilon: float,
+        delta: float, seed: int, draw: int, context: MethodContext,
     ) -> Release:  # fmt: skip
-        assert isinstance(prepared, PreparedHead)
         mech = create_mechanism(self.mechanism)
         engine = PostTrainingPrivacyEngine(mechanism=mech)
         protected = engine.make_private(
             prepared.head, epsilon=epsilon, delta=0.0 if mech.pure else delta,
             sensitivity=prepared.sensitivity[mech.norm],
-            seed=derive_seed(self.name, seed, draw, float(epsilon)),
+            generator=context.noise.generator(self.name, seed, draw, float(epsilon)),
         )  # fmt: skip
+        scale = protected.statement.noise_scale
+        assert scale is not None
         return Release(
             method=self.name,
             statement=protected.statement,
             predict_proba=_predict(protected, context.device),
             module=protected,
+            attacker=lambda: self._attacker(prepared=prepared, scale=scale, context=context),
+            attacker_note="adaptive: shadow heads trained with the victim's recipe, then given "
+            "noise of the released scale (published in the statement), drawn per head",
+            noise_std=mech.std(scale),
             info={"solver": prepared.solver, **prepared.details},
         )
 
-    def shadow_trainer(
-        self, *, release: Release, epsilon: float, delta: float, context: MethodContext
+    def _attacker(
+        self, *, prepared: PreparedHead, scale: float, context: MethodContext
     ) -> ShadowTrainer:
         """The adaptive attacker: shadow heads trained with the victim's recipe, then given
         noise of the released scale (the statement publishes it), drawn per head."""
         mech = create_mechanism(self.mechanism)
-        scale = release.statement.noise_scale
-        assert scale is not None
-        solver = str(release.info.get("solver", "adam"))
-        config = convex_config(context) if solver == "newton" else context.head
+        solver, config = prepared.solver, prepared.config
 
         def trainer(features: Tensor, labels: Tensor, masks: Tensor, seed: int) -> Predict:
             params = clean_shadow_heads(features, labels, masks=masks, seed=seed, config=config,
                                         solver=solver, num_classes=context.num_classes,
-                                        cache_dir=context.cache_dir)  # fmt: skip
+                                        cache_dir=context.cache_dir,
+                                        memo=context.memo)  # fmt: skip
             generator = make_generator(seed=derive_seed("shadow-noise", self.name, seed, scale))
             noisy = {k: v + mech.sample(tuple(v.shape), scale=scale, generator=generator).to(v)
                      for k, v in sorted(params.items())}  # fmt: skip
@@ -216,35 +252,34 @@ class PostTrainingMethod(Method):
         return trainer
 
 
-_CLEAN_SHADOWS: dict[tuple[Any, ...], dict[str, Tensor]] = {}
-
-
 def clean_shadow_heads(
     features: Tensor, labels: Tensor, *, masks: Tensor, seed: int, config: HeadConfig,
-    solver: str, num_classes: int, cache_dir: Path | None = None,
+    solver: str, num_classes: int, cache_dir: Path | None = None, memo: RunMemo | None = None,
 ) -> dict[str, Tensor]:  # fmt: skip
     """The attacker's shadow heads before noise. Post-training noise does not change how
-    they are trained, so every epsilon and mechanism reuses them (cached in-process and, with
-    ``cache_dir``, on disk by a hash of everything that determines them)."""
+    they are trained, so every epsilon and mechanism reuses them (memoised on the run and,
+    with ``cache_dir``, cached on disk by a hash of everything that determines them)."""
     key = (
         tensor_digest(features, labels, masks),
         seed, config, solver, num_classes,
     )  # fmt: skip
-    if key not in _CLEAN_SHADOWS:
 
-        def train() -> dict[str, Tensor]:
-            if solver == "newton":
-                return train_convex_heads(features, labels, masks=masks, num_classes=num_classes,
-                                          config=config).params  # fmt: skip
-            return train_heads(features, labels, masks=masks, num_classes=num_classes,
-                               config=config, seed=seed)  # fmt: skip
+    def train() -> dict[str, Tensor]:
+        if solver == "newton":
+            return train_convex_heads(features, labels, masks=masks, num_classes=num_classes,
+                                      config=config).params  # fmt: skip
+        return train_heads(features, labels, masks=masks, num_classes=num_classes,
+                           config=config, seed=seed)  # fmt: skip
 
+    def load() -> dict[str, Tensor]:
         path = None if cache_dir is None else (
             Path(cache_dir) / f"shadow-heads-{config_hash(repr(key))}.pt"
         )  # fmt: skip
-        _CLEAN_SHADOWS[key] = cached(path, kind="alm_opacus.shadow-heads", key=repr(key),
-                                     compute=train)  # fmt: skip
-    return _CLEAN_SHADOWS[key]
+        out: dict[str, Tensor] = cached(path, kind="alm_opacus.shadow-heads", key=repr(key),
+                                        compute=train)  # fmt: skip
+        return out
+
+    return load() if memo is None else memo.get(("shadow-heads", key), load)
 
 
 def _predict(module: ProtectedModule, device: str) -> Predict:

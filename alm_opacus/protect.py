@@ -9,18 +9,26 @@ from __future__ import annotations
 
 import copy
 import enum
+import hashlib
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from alm_opacus._hashing import tensor_digest
 from alm_opacus._validation import check_sensitivity
 from alm_opacus.io import atomic_torch_save
-from alm_opacus.mechanisms import AdditiveNoiseMechanism, create_mechanism, make_generator
+from alm_opacus.mechanisms import (
+    AdditiveNoiseMechanism,
+    NoiseGenerator,
+    create_mechanism,
+    is_secure,
+    make_generator,
+)
 from alm_opacus.mechanisms.gaussian import ClassicGaussianMechanism
 
 
@@ -35,8 +43,20 @@ class Guarantee(str, enum.Enum):
 
 
 class SensitivitySource(str, enum.Enum):
-    ANALYTIC = "analytic"
-    SAMPLED = "sampled"
+    """Where a sensitivity came from, which decides what a release may claim."""
+
+    ANALYTIC = "analytic"  # a proven bound: pure or approximate DP
+    SAMPLED = "sampled"  # Algorithm 2 on non-private data from the population: random-DP
+    SAMPLED_MEMBERS = "sampled-members"  # Algorithm 2 on the private members: no guarantee
+    CALLER = "caller"  # a number the caller vouches for; the guarantee is conditional on it
+
+
+#: Neighbouring relations of a guarantee: replace one record, or add/remove one record.
+NEIGHBOURING = ("replace-one", "add-remove")
+#: A sensitivity's adjacency and the relation of the guarantee it supports.
+_RELATION = {"replace-one": "replace-one", "remove-one": "add-remove"}
+#: How a release's noise was drawn.
+NOISE_SOURCES = ("secure", "seeded")
 
 
 @dataclass(frozen=True)
@@ -52,7 +72,9 @@ class SensitivityInfo:
             neighbour pair (sampled only); the release is (epsilon, gamma)-random-DP.
         confidence: the probability, over the sampler's randomness, that gamma holds
             (sampled only).
-        adjacency: ``"replace-one"`` or ``"remove-one"``.
+        adjacency: ``"replace-one"`` or ``"remove-one"`` (a remove-one bound supports
+            add/remove-one DP).
+        population: for a sampled sensitivity, the data its neighbouring sets were drawn from.
     """
 
     value: float
@@ -62,6 +84,12 @@ class SensitivityInfo:
     gamma: float | None = None
     confidence: float | None = None
     adjacency: str = "replace-one"
+    population: str | None = None
+
+    @property
+    def neighbouring(self) -> str:
+        """The neighbouring relation of the guarantee this bound supports."""
+        return _RELATION[self.adjacency]
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.value) and self.value > 0):
@@ -69,7 +97,11 @@ class SensitivityInfo:
         if self.norm not in ("l1", "l2"):
             raise ValueError(f"norm={self.norm!r} is invalid: expected 'l1' or 'l2'")
         object.__setattr__(self, "source", SensitivitySource(self.source))
-        if self.source is SensitivitySource.SAMPLED:
+        if self.adjacency not in _RELATION:
+            raise ValueError(
+                f"adjacency={self.adjacency!r} is invalid: expected one of {sorted(_RELATION)}"
+            )
+        if self.source in (SensitivitySource.SAMPLED, SensitivitySource.SAMPLED_MEMBERS):
             for name in ("m", "gamma", "confidence"):
                 if getattr(self, name) is None:
                     raise ValueError(f"a sampled sensitivity needs {name}; got None")
@@ -92,6 +124,17 @@ class PrivacyStatement:
         noise_scale: the scale parameter of the noise (``b``, ``s`` or ``sigma``).
         sensitivity: provenance of the sensitivity, if one was used.
         notes: caveats a reader must see (e.g. the actual delta of the classic Gaussian).
+        neighbouring: ``"replace-one"`` or ``"add-remove"``: the relation under which
+            ``epsilon`` and ``delta`` hold (empty for ``none``).
+        noise: ``"secure"`` (OS CSPRNG: nobody can replay it) or ``"seeded"`` (private only
+            while the seed stays secret); empty when no noise was drawn.
+        nominal_epsilon: the epsilon the noise was calibrated to when no guarantee holds
+            (``none``), so a reader sees what was attempted; ``None`` otherwise.
+        epsilon_spent: total epsilon spent so far on the same clean model, this release
+            included (basic composition over the engine's ledger); ``None`` if not tracked.
+        delta_spent: total delta spent likewise.
+        unprotected_parameters: parameters released without noise, declared public by the
+            caller (the guarantee does not cover them).
     """
 
     epsilon: float
@@ -101,10 +144,23 @@ class PrivacyStatement:
     noise_scale: float | None = None
     sensitivity: SensitivityInfo | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    neighbouring: str = "replace-one"
+    noise: str = ""
+    nominal_epsilon: float | None = None
+    epsilon_spent: float | None = None
+    delta_spent: float | None = None
+    unprotected_parameters: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "guarantee", Guarantee(self.guarantee))
         object.__setattr__(self, "notes", tuple(self.notes))
+        object.__setattr__(self, "unprotected_parameters", tuple(self.unprotected_parameters))
+        if self.noise not in ("", *NOISE_SOURCES):
+            raise ValueError(f"noise={self.noise!r} is invalid: expected one of {NOISE_SOURCES}")
+        if self.neighbouring not in ("", *NEIGHBOURING):
+            raise ValueError(
+                f"neighbouring={self.neighbouring!r} is invalid: expected one of {NEIGHBOURING}"
+            )
         g = self.guarantee
         if math.isnan(self.epsilon) or self.epsilon <= 0:
             raise ValueError(f"epsilon={self.epsilon!r} is invalid: expected a number > 0")
@@ -116,6 +172,21 @@ class PrivacyStatement:
             return
         if math.isinf(self.epsilon) and g is not Guarantee.NONE:
             raise ValueError(f"guarantee {g.value!r} needs a finite epsilon")
+        if not self.neighbouring:
+            raise ValueError(f"guarantee {g.value!r} needs its neighbouring relation")
+        if self.sensitivity is not None and self.sensitivity.neighbouring != self.neighbouring:
+            raise ValueError(
+                f"neighbouring={self.neighbouring!r} but the sensitivity is a "
+                f"{self.sensitivity.adjacency} bound (supports {self.sensitivity.neighbouring!r})"
+            )
+        if (
+            self.sensitivity is not None
+            and self.sensitivity.source is SensitivitySource.SAMPLED_MEMBERS
+        ):
+            raise ValueError(
+                "a sensitivity sampled on the private members supports no guarantee: the "
+                "estimate depends on the members (state guarantee 'none')"
+            )
         sampled = (
             self.sensitivity is not None and self.sensitivity.source is SensitivitySource.SAMPLED
         )
@@ -134,22 +205,42 @@ class PrivacyStatement:
     @classmethod
     def unprotected(cls, *, mechanism: str = "none") -> PrivacyStatement:
         """The statement of a release with no protection."""
-        return cls(epsilon=math.inf, delta=0.0, guarantee=Guarantee.NONE, mechanism=mechanism)
+        return cls(epsilon=math.inf, delta=0.0, guarantee=Guarantee.NONE, mechanism=mechanism,
+                   neighbouring="")  # fmt: skip
+
+    @property
+    def seeded(self) -> bool:
+        """Whether the noise came from a seeded generator (replayable by whoever has the seed)."""
+        return self.noise == "seeded"
 
     def to_dict(self) -> dict[str, Any]:
+        """The statement as plain data (JSON-able; loadable with ``weights_only=True``)."""
         out = asdict(self)
         out["guarantee"] = self.guarantee.value
         out["notes"] = list(self.notes)
+        out["unprotected_parameters"] = list(self.unprotected_parameters)
         if self.sensitivity is not None:
             out["sensitivity"]["source"] = self.sensitivity.source.value
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PrivacyStatement:
+        """Inverse of :meth:`to_dict`; statements saved before a field existed still load.
+
+        Raises:
+            ValueError: for an unknown field or a statement that claims too much.
+        """
         data = dict(data)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"statement has unknown fields {unknown}; expected some of {known}")
         sens = data.get("sensitivity")
         data["sensitivity"] = None if sens is None else SensitivityInfo(**sens)
         data["notes"] = tuple(data.get("notes", ()))
+        data["unprotected_parameters"] = tuple(data.get("unprotected_parameters", ()))
+        if Guarantee(data["guarantee"]) is Guarantee.NONE:
+            data.setdefault("neighbouring", "")
         return cls(**data)
 
     def __str__(self) -> str:
@@ -170,7 +261,23 @@ class PrivacyStatement:
                 + (f" with delta={self.delta:g}" if self.delta else "")
                 + f", holding with confidence {s.confidence:g} over the sensitivity sampler"
             )
+        if g is not Guarantee.NONE:
+            head += f" under {self.neighbouring} neighbours"
+        elif self.nominal_epsilon is not None:
+            head += f" (noise calibrated to a nominal epsilon={self.nominal_epsilon:g})"
         parts = [f"{head}; mechanism={self.mechanism}"]
+        if self.noise:
+            parts.append(f"noise={self.noise}")
+        if self.epsilon_spent is not None:
+            parts.append(
+                f"spent on this model so far: epsilon={self.epsilon_spent:g}, "
+                f"delta={self.delta_spent or 0:g}"
+            )
+        if self.unprotected_parameters:
+            parts.append(
+                "released without noise (declared public): "
+                + ", ".join(self.unprotected_parameters)
+            )
         if self.noise_scale is not None:
             parts.append(f"noise scale={self.noise_scale:.6g}")
         if self.sensitivity is not None:
@@ -194,7 +301,7 @@ class ProtectedModule(nn.Module):
 
     Queries spend no budget: the noise is fixed at release time (ALM paper, Algorithm 1),
     so any number of forward passes is post-processing. Its ``state_dict()`` holds only the
-    noisy weights; the clean weights stay with the owner's :class:`PostTrainingPrivacyEngine`.
+    noisy weights; the clean weights stay with the owner.
     """
 
     def __init__(self, module: nn.Module, *, statement: PrivacyStatement,
@@ -207,8 +314,24 @@ class ProtectedModule(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
 
-    def save(self, path: str | Path) -> None:
-        """Write the noisy weights and the statement, atomically."""
+    def save(self, path: str | Path, *, allow_seeded: bool = False) -> None:
+        """Write the noisy weights and the statement, atomically.
+
+        Args:
+            path: the file to write.
+            allow_seeded: write a release whose noise is seeded. Such a release is private
+                only while its seed stays secret; refuse by default, since release files are
+                exactly the files people exchange.
+
+        Raises:
+            ValueError: for a seeded release without ``allow_seeded``.
+        """
+        if self.statement.seeded and not allow_seeded:
+            raise ValueError(
+                f"{path}: refusing to save a release with seeded noise: anyone who learns the "
+                "seed can subtract the noise; release with secure noise (seed=None), or pass "
+                "allow_seeded=True for reproducible research"
+            )
         atomic_torch_save(
             {
                 "kind": RELEASE_KIND,
@@ -224,13 +347,21 @@ class ProtectedModule(nn.Module):
     def load(cls, path: str | Path, *, module: nn.Module) -> ProtectedModule:
         """Load a saved release into ``module`` (an instance of the same architecture).
 
+        Only tensors and plain data are read (``torch.load(weights_only=True)``): a file
+        that would run code when unpickled is refused.
+
         Raises:
-            ValueError: if the file is not a release, or its weights do not fit ``module``.
+            ValueError: if the file is not a release, holds anything but plain data, or its
+                weights do not fit ``module``.
         """
         try:
-            state = torch.load(path, map_location="cpu", weights_only=False)
+            state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:
-            raise ValueError(f"{path}: not a readable release file ({exc})") from exc
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(
+                f"{path}: not a readable release file (only tensors and plain data are "
+                f"loaded): {first}"
+            ) from exc
         if not isinstance(state, dict) or state.get("kind") != RELEASE_KIND:
             raise ValueError(f"{path}: expected a file of kind {RELEASE_KIND!r}")
         expected = {k: list(v.shape) for k, v in module.state_dict().items()}
@@ -263,14 +394,28 @@ def _as_sensitivity(sensitivity: float | SensitivityInfo, *, norm: str) -> Sensi
             )
         return sensitivity
     value = check_sensitivity(sensitivity)
-    return SensitivityInfo(value=value, norm=norm, source=SensitivitySource.ANALYTIC)
+    return SensitivityInfo(value=value, norm=norm, source=SensitivitySource.CALLER)
+
+
+@dataclass
+class LedgerEntry:
+    """What the engine has released from one clean model."""
+
+    epsilon: float = 0.0
+    delta: float = 0.0
+    releases: int = 0
 
 
 class PostTrainingPrivacyEngine:
     """Protect a trained module once, with noise calibrated to its sensitivity.
 
     The owner keeps the clean module and may call :meth:`make_private` again at a new
-    epsilon without retraining; each call returns an independent release.
+    epsilon without retraining; each call returns an independent release, and the engine's
+    ledger adds up what every release of the same clean weights has spent (basic
+    composition): each statement states that total.
+
+    Noise comes from the operating system's CSPRNG unless a ``seed`` is given (reproducible
+    research only; the statement then says so and :meth:`ProtectedModule.save` refuses it).
 
     Example:
         >>> engine = PostTrainingPrivacyEngine(mechanism="alm")
@@ -278,10 +423,13 @@ class PostTrainingPrivacyEngine:
         >>> release.statement.guarantee  # doctest: +SKIP
     """
 
-    def __init__(self, *, mechanism: str | AdditiveNoiseMechanism = "alm",
-                 secure_mode: bool = False) -> None:  # fmt: skip
+    def __init__(self, *, mechanism: str | AdditiveNoiseMechanism = "alm") -> None:
         self.mechanism = create_mechanism(mechanism) if isinstance(mechanism, str) else mechanism
-        self.secure_mode = secure_mode
+        self.ledger: dict[str, LedgerEntry] = {}
+
+    def spent(self, module: nn.Module) -> LedgerEntry:
+        """What this engine's releases of ``module``'s current weights have spent so far."""
+        return self.ledger.get(_weights_digest(module), LedgerEntry())
 
     def make_private(
         self,
@@ -291,62 +439,119 @@ class PostTrainingPrivacyEngine:
         delta: float = 0.0,
         sensitivity: float | SensitivityInfo,
         parameters: Sequence[str] | None = None,
+        public: Sequence[str] = (),
         seed: int | None = None,
+        generator: NoiseGenerator | None = None,
     ) -> ProtectedModule:
         """Release a noisy copy of ``module`` with its :class:`PrivacyStatement`.
 
         Args:
             module: the trained module; it is not modified.
-            epsilon: the privacy budget.
+            epsilon: the privacy budget of this release.
             delta: 0 for ALM and Laplace; > 0 for the Gaussian mechanisms.
             sensitivity: the sensitivity of the vector of ``parameters`` (all of them
                 concatenated) in the mechanism's norm. A :class:`SensitivityInfo` says where
-                it came from; a bare number is taken as an analytic bound the caller vouches for.
-            parameters: names of the parameters to protect (default: all). The guarantee
-                covers only these; every other parameter must not depend on private data.
-            seed: seeds the noise; ``None`` requires ``secure_mode`` (OS entropy).
+                it came from; a bare number is recorded as caller-supplied (the guarantee then
+                holds only if the caller's bound does).
+            parameters: names of the parameters to protect (default: all).
+            public: every parameter and buffer *not* in ``parameters``, declared public by
+                the caller (not computed from private data); the statement names them.
+            seed: seed the noise (reproducible research only: anyone who learns the seed can
+                subtract the noise). Default: the operating system's CSPRNG.
+            generator: draw from this generator instead (a seeded ``torch.Generator`` or a
+                :class:`~alm_opacus.mechanisms.SecureGenerator`); exclusive with ``seed``.
 
         Returns:
             The release, noise drawn once.
 
         Raises:
-            ValueError: on invalid budgets, a sensitivity in the wrong norm, unknown
-                parameter names, or no seed without ``secure_mode``.
+            ValueError: on invalid budgets, a sensitivity in the wrong norm, unknown parameter
+                names, parameters or buffers left clean without being declared public, or both
+                ``seed`` and ``generator``.
         """
         mech = self.mechanism
         info = _as_sensitivity(sensitivity, norm=mech.norm)
         scale = mech.calibrate(epsilon=epsilon, delta=delta, sensitivity=info.value)
-        statement = statement_for(mechanism=mech, epsilon=epsilon, delta=delta, scale=scale,
-                                  sensitivity=info)  # fmt: skip
         release = copy.deepcopy(module)
+        names, clean = _split_parameters(release, parameters=parameters, public=public)
+        if seed is not None and generator is not None:
+            raise ValueError("pass seed or generator, not both")
+        if generator is None:
+            generator = make_generator(seed=seed, secure_mode=seed is None)
+        statement = statement_for(mechanism=mech, epsilon=epsilon, delta=delta, scale=scale,
+                                  sensitivity=info, noise="secure" if is_secure(generator)
+                                  else "seeded")  # fmt: skip
         named = dict(release.named_parameters())
-        names = tuple(named) if parameters is None else tuple(parameters)
-        unknown = [n for n in names if n not in named]
-        if unknown:
-            raise ValueError(f"parameters {unknown} are not in the module; it has {list(named)}")
-        generator = make_generator(seed=None if self.secure_mode else seed,
-                                   secure_mode=self.secure_mode)  # fmt: skip
         with torch.no_grad():
             for name in names:
                 p = named[name]
                 noise = mech.sample(tuple(p.shape), scale=scale, generator=generator)
                 p.add_(noise.to(device=p.device, dtype=p.dtype))
+        entry = self.ledger.setdefault(_weights_digest(module), LedgerEntry())
+        entry.epsilon += statement.epsilon if math.isfinite(statement.epsilon) else math.inf
+        entry.delta = min(1.0, entry.delta + statement.delta)
+        entry.releases += 1
+        statement = replace(
+            statement, epsilon_spent=entry.epsilon, delta_spent=entry.delta,
+            unprotected_parameters=clean,
+        )  # fmt: skip
         return ProtectedModule(release, statement=statement, protected=names)
+
+
+def _weights_digest(module: nn.Module) -> str:
+    """A key for the ledger: the clean weights themselves (names, shapes, values)."""
+    h = hashlib.sha256()
+    for name, value in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor_digest(value).encode())
+    return h.hexdigest()
+
+
+def _split_parameters(
+    module: nn.Module, *, parameters: Sequence[str] | None, public: Sequence[str]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(names to noise, names left clean); every clean name must be declared public."""
+    named = dict(module.named_parameters())
+    everything = [*named, *(n for n, _ in module.named_buffers())]
+    names = tuple(named) if parameters is None else tuple(parameters)
+    unknown = [n for n in [*names, *public] if n not in everything]
+    if unknown:
+        raise ValueError(f"parameters {unknown} are not in the module; it has {everything}")
+    not_parameters = [n for n in names if n not in named]
+    if not_parameters:
+        raise ValueError(f"{not_parameters} are buffers, not parameters: noise goes on parameters")
+    clean = tuple(n for n in everything if n not in names)
+    undeclared = [n for n in clean if n not in public]
+    if undeclared:
+        raise ValueError(
+            f"{undeclared} would be released without noise: protect them too, or declare "
+            "them public=[...] if they were not computed from private data"
+        )
+    return names, clean
 
 
 def statement_for(
     *, mechanism: AdditiveNoiseMechanism, epsilon: float, delta: float, scale: float,
-    sensitivity: SensitivityInfo,
+    sensitivity: SensitivityInfo, noise: str = "secure",
 ) -> PrivacyStatement:  # fmt: skip
     """What a one-shot release of ``mechanism`` at ``scale`` may claim.
 
-    * sampled sensitivity: random-DP with the sampler's gamma and confidence;
+    * sensitivity sampled from the population (Rubinstein & Aldà): random-DP with the
+      sampler's gamma and confidence;
+    * sensitivity sampled on the private members (the ALM paper's Algorithm 2 as written): no
+      guarantee; the nominal epsilon is kept for reference;
     * analytic sensitivity: pure-DP (ALM, Laplace) or approximate DP (Gaussian);
+    * caller-supplied sensitivity: the same, conditional on the caller's bound (noted);
     * the classic Gaussian outside its theorem (epsilon >= 1) states the delta its sigma
       actually achieves, from the exact Gaussian profile, and says so.
     """
     notes: list[str] = []
     claimed_delta = float(delta)
+    if noise == "seeded":
+        notes.append(
+            "seeded noise: private only while the seed stays secret (whoever knows it can "
+            "regenerate and subtract the noise); for reproducible research only"
+        )
     if isinstance(mechanism, ClassicGaussianMechanism) and not mechanism.theorem_applies(
         epsilon=epsilon
     ):
@@ -357,17 +562,36 @@ def statement_for(
             f"textbook Gaussian sigma is proven only for epsilon < 1; at epsilon={epsilon:g} "
             f"it achieves delta={actual:.3g} (exact Gaussian profile), which is the delta stated"
         )
-    if sensitivity.source is SensitivitySource.SAMPLED:
+    common: dict[str, Any] = {"mechanism": mechanism.name, "noise_scale": float(scale),
+                              "sensitivity": sensitivity, "noise": noise}  # fmt: skip
+    source = sensitivity.source
+    if source is SensitivitySource.SAMPLED_MEMBERS:
+        notes.append(
+            "no guarantee: the sensitivity was sampled on the private members (the ALM paper's "
+            "Algorithm 2 as written), so the estimate itself depends on them and neighbouring "
+            "data sets can be told apart from it; Rubinstein & Aldà's random-DP needs "
+            "neighbouring sets drawn from the population, not from the members"
+        )
+        return PrivacyStatement(epsilon=math.inf, delta=0.0, guarantee=Guarantee.NONE,
+                                neighbouring="", nominal_epsilon=float(epsilon),
+                                notes=tuple(notes), **common)  # fmt: skip
+    if source is SensitivitySource.SAMPLED:
         guarantee = Guarantee.RANDOM_DP
         notes.append(
-            "sensitivity sampled (ALM Algorithm 2): the bound may be exceeded by a fraction "
-            f"gamma={sensitivity.gamma:g} of neighbouring datasets, and that holds with "
-            f"confidence {sensitivity.confidence:g} (Rubinstein & Aldà 2017); this is not DP"
+            "sensitivity sampled (ALM Algorithm 2) on neighbouring data sets drawn from "
+            f"{sensitivity.population or 'non-private data'}: the bound may be exceeded by a "
+            f"fraction gamma={sensitivity.gamma:g} of neighbouring data sets from that "
+            f"population, and that holds with confidence {sensitivity.confidence:g} "
+            "(Rubinstein & Aldà 2017); this is not DP"
         )
     else:
         guarantee = Guarantee.PURE_DP if mechanism.pure else Guarantee.APPROX_DP
+        if source is SensitivitySource.CALLER:
+            notes.append(
+                "sensitivity supplied by the caller: the guarantee holds only if that bound "
+                "does for every pair of neighbouring data sets"
+            )
     return PrivacyStatement(
         epsilon=float(epsilon), delta=claimed_delta, guarantee=guarantee,
-        mechanism=mechanism.name, noise_scale=float(scale), sensitivity=sensitivity,
-        notes=tuple(notes),
+        neighbouring=sensitivity.neighbouring, notes=tuple(notes), **common,
     )  # fmt: skip
