@@ -12,11 +12,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from alm_opacus.config import RunConfig
 from alm_opacus.data import DataError, available_datasets
-from alm_opacus.harness import DEFAULT_EPSILONS, RunConfig, check_out, load_plugins, run
+from alm_opacus.harness import load_plugins, run
 from alm_opacus.heads import HeadConfig
 from alm_opacus.methods import available_methods, default_methods
 from alm_opacus.report.table import format_tradeoff_table
+from alm_opacus.rundir import check_can_create
 
 
 def _comma_list(
@@ -71,6 +73,15 @@ def _positive_int(flag: str) -> Callable[[str], int]:
     return parse
 
 
+def _option(text: str) -> tuple[str, str]:
+    key, sep, value = str(text).partition("=")
+    if not sep or not key.strip() or key.strip() != key:
+        raise argparse.ArgumentTypeError(
+            f"--opt={text!r}: expected KEY=VALUE, e.g. dpsgd.lr=1 or m=100"
+        )
+    return key, value
+
+
 class _Parser(argparse.ArgumentParser):
     """Bad input: one line naming the flag and the expected form, then exit code 2."""
 
@@ -107,8 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_comma_list(
             "--epsilons", _positive_float, "a comma list of positive numbers, e.g. 0.1,1,10"
         ),
-        default=",".join(f"{e:g}" for e in DEFAULT_EPSILONS),
-        help="the privacy budgets of the grid",
+        default=None,
+        help="the privacy budgets of the grid (default: the dataset's grid)",
     )
     privacy.add_argument(
         "--delta", type=_delta, default=None, help="default: min(1e-5, 1/(10 n)) for n members"
@@ -121,15 +132,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     privacy.add_argument(
         "--sensitivity",
-        choices=("sampled", "analytic"),
-        default="sampled",
-        help="sensitivity source of the post-training mechanisms",
+        choices=("sampled", "sampled-members", "analytic"),
+        default=None,
+        help="sensitivity of the post-training mechanisms: sampled (default; neighbouring data "
+        "sets drawn from the public split: random-DP), analytic (the convex head's proven "
+        "bound: pure/approx DP), or sampled-members (the ALM paper's Algorithm 2 on the "
+        "members: no guarantee, for reproducing the paper)",
     )
     privacy.add_argument(
         "--m",
         type=_positive_int("--m"),
-        default=200,
-        help="neighbour pairs drawn by the sensitivity sampler",
+        default=None,
+        help="neighbour pairs drawn by the sensitivity sampler (default 200)",
     )
     privacy.add_argument(
         "--head", choices=("linear", "mlp"), default="linear", help="the fine-tuning head"
@@ -140,12 +154,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--sensitivity analytic, the convex head's lambda (0 there means 0.1)",
     )  # fmt: skip
     privacy.add_argument(
-        "--accountant", choices=("alm_pld", "prv", "rdp"), default="alm_pld",
-        help="DP-SGD's accountant (alm_pld: this project's PLD accountant, registered in Opacus)",
+        "--accountant", choices=("alm_pld", "prv", "rdp"), default=None,
+        help="DP-SGD's accountant (default alm_pld: this project's PLD accountant, registered "
+        "in Opacus)",
     )  # fmt: skip
     privacy.add_argument(
-        "--queries", type=_positive_int("--queries"), default=1,
-        help="queries answered by per-query methods (lu); their total epsilon covers this many",
+        "--queries", type=_positive_int("--queries"), default=None,
+        help="queries answered by per-query methods (lu; default 1); their total epsilon "
+        "covers this many",
+    )  # fmt: skip
+    privacy.add_argument(
+        "--opt", action="append", default=[], metavar="KEY=VALUE", type=_option,
+        help="a method option: METHOD.FIELD=VALUE for one method (e.g. dpsgd.lr=1, lu.noise="
+        "gaussian), or FIELD=VALUE for every method that has that field; repeatable",
+    )  # fmt: skip
+    privacy.add_argument(
+        "--reproducible-noise", action="store_true",
+        help="seed release noise from public labels, for reproducible research only: such "
+        "releases are private only while the seeds stay secret (default: the OS CSPRNG)",
     )  # fmt: skip
 
     attack = parser.add_argument_group("attacks")
@@ -161,7 +187,15 @@ def build_parser() -> argparse.ArgumentParser:
     runopts.add_argument("--device", default="cpu", help="cpu or cuda")
     runopts.add_argument("--out", default="runs/latest", help="run folder")
     runopts.add_argument("--cache-dir", default=None, help="default: <out>/cache")
-    runopts.add_argument("--resume", action="store_true", help="skip cells already in results.csv")
+    runopts.add_argument(
+        "--resume", action="store_true",
+        help="continue the run in --out: skip its finished cells (its config must match)",
+    )  # fmt: skip
+    runopts.add_argument(
+        "--overwrite", action="store_true",
+        help="replace the run in --out (its results, curves, TensorBoard events and plots; "
+        "caches are kept)",
+    )  # fmt: skip
     runopts.add_argument(
         "--config", default=None, help="YAML file; every flag is a key, and the command line wins"
     )
@@ -170,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _apply_config_file(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """Use a YAML file's keys as defaults, each value through the same parser as its flag."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
     known, _ = pre.parse_known_args(argv)
@@ -190,20 +225,33 @@ def _apply_config_file(parser: argparse.ArgumentParser, argv: Sequence[str]) -> 
         dest = str(key).replace("-", "_")
         if dest not in dests or dest in ("help", "config"):
             parser.error(f"--config: unknown key {key!r}; expected one of the flag names")
-        if isinstance(value, list):
-            value = ",".join(str(v) for v in value)
-        action = dests[dest]
-        if (
-            action.type is not None
-            and isinstance(value, str | int | float)
-            and not isinstance(value, bool)
-        ):
-            try:
-                value = action.type(str(value))  # type: ignore[operator]
-            except (argparse.ArgumentTypeError, ValueError) as exc:
-                parser.error(f"--config key {key!r}: {exc}")
-        defaults[dest] = value
+        try:
+            defaults[dest] = _yaml_value(dests[dest], value)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            parser.error(f"--config key {key!r}: {exc}")
     parser.set_defaults(**defaults)
+
+
+def _yaml_value(action: argparse.Action, value: Any) -> Any:
+    """A YAML value parsed exactly as the command line would parse its flag."""
+    flag = action.option_strings[0] if action.option_strings else action.dest
+    if isinstance(action, argparse._StoreTrueAction):
+        if not isinstance(value, bool):
+            raise ValueError(f"{flag}: expected true or false, got {value!r}")
+        return value
+    if isinstance(action, argparse._AppendAction):
+        items = value.items() if isinstance(value, dict) else value
+        if isinstance(value, dict):
+            return [(str(k), str(v)) for k, v in items]
+        if not isinstance(value, list):
+            raise ValueError(f"{flag}: expected a list of KEY=VALUE or a mapping")
+        return [_option(str(v)) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, dict):
+        raise ValueError(f"{flag}: expected {action.metavar or 'a value'}, got {value!r}")
+    text = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
+    if action.choices is not None and text not in action.choices:
+        raise ValueError(f"{flag}={text!r}: expected one of {', '.join(map(str, action.choices))}")
+    return action.type(text) if action.type is not None else text  # type: ignore[operator]
 
 
 def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
@@ -213,23 +261,7 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
     argv = list(sys.argv[1:] if argv is None else argv)
     _apply_config_file(parser, argv)
     args = parser.parse_args(argv)
-    if isinstance(args.epsilons, str):
-        args.epsilons = _comma_list("--epsilons", _positive_float, "")(args.epsilons)
-    if isinstance(args.seeds, str):
-        args.seeds = _comma_list("--seeds", int, "")(args.seeds)
-    methods = [m.strip() for m in str(args.methods).split(",") if m.strip()]
-    if not methods:
-        parser.error("--methods is empty: expected a comma list of method names, or 'all'")
-    if "all" in methods:  # "all" expands in place; the opt-in methods join when named
-        at = methods.index("all")
-        rest = [m for m in methods if m != "all"]
-        methods = list(dict.fromkeys([*rest[:at], *default_methods(), *rest[at:]]))
-    unknown = [m for m in methods if m not in available_methods()]
-    if unknown:
-        parser.error(
-            f"--methods: unknown method {unknown[0]!r}; registered: "
-            f"{', '.join(available_methods())}"
-        )
+    methods = _methods(parser, str(args.methods))
     if args.dataset not in available_datasets():
         parser.error(
             f"--dataset: unknown dataset {args.dataset!r}; registered: "
@@ -239,29 +271,49 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
         parser.error(f"--data-root={args.data_root!r}: expected an existing folder")
     if args.device not in ("cpu", "cuda") and not str(args.device).startswith("cuda:"):
         parser.error(f"--device={args.device!r}: expected cpu or cuda")
-    try:
-        check_out(Path(args.out))
-    except ValueError:
-        parser.error(f"--out={args.out!r}: expected a folder that can be created and written")
+    for flag, value in (("--out", args.out), ("--cache-dir", args.cache_dir)):
+        if value is not None:
+            try:
+                check_can_create(Path(value), flag=flag)
+            except ValueError as exc:
+                parser.error(str(exc))
     attacks = tuple(a.strip() for a in str(args.attacks).split(",") if a.strip())
     if not attacks:
         parser.error("--attacks is empty: expected a comma list of attack names, or 'all'")
+    shared = {"sensitivity": args.sensitivity, "m": args.m, "accountant": args.accountant,
+              "queries": args.queries, "analytic_l2": args.l2 if args.l2 > 0 else None}  # fmt: skip
+    options: dict[str, Any] = {k: v for k, v in shared.items() if v is not None}
+    options.update(dict(args.opt))
     try:
         return RunConfig(
             dataset=args.dataset, data_root=args.data_root, methods=tuple(methods),
-            epsilons=tuple(args.epsilons), delta=args.delta, seeds=tuple(args.seeds),
-            split_seed=args.split_seed, device=args.device, out=args.out,
-            cache_dir=args.cache_dir, noise_draws=args.noise_draws,
-            options={"sensitivity": args.sensitivity, "m": args.m,
-                     "accountant": args.accountant, "queries": args.queries,
-                     **({"l2": args.l2} if args.l2 > 0 else {})},
-            attacks=attacks,
-            resume=args.resume, head=HeadConfig(kind=args.head, l2=args.l2),
-            progress=not args.no_progress,
+            epsilons=None if args.epsilons is None else tuple(args.epsilons), delta=args.delta,
+            seeds=tuple(args.seeds), split_seed=args.split_seed, device=args.device,
+            out=args.out, cache_dir=args.cache_dir, noise_draws=args.noise_draws,
+            options=options, attacks=attacks, resume=args.resume, overwrite=args.overwrite,
+            reproducible_noise=args.reproducible_noise,
+            head=HeadConfig(kind=args.head, l2=args.l2), progress=not args.no_progress,
         )  # fmt: skip
     except ValueError as exc:
-        parser.error(str(exc))
+        parser.error(str(exc).splitlines()[0])
     raise AssertionError("unreachable")
+
+
+def _methods(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    if not methods:
+        parser.error("--methods is empty: expected a comma list of method names, or 'all'")
+    if "all" in methods:  # "all" expands in place; the opt-in methods join when named
+        at = methods.index("all")
+        rest = [m for m in methods if m != "all"]
+        methods = [*rest[:at], *default_methods(), *rest[at:]]
+    unknown = [m for m in methods if m not in available_methods()]
+    if unknown:
+        parser.error(
+            f"--methods: unknown method {unknown[0]!r}; registered: "
+            f"{', '.join(available_methods())}"
+        )
+    return list(dict.fromkeys(methods))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -270,7 +322,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = run(config)
     except (ValueError, DataError) as exc:
-        print(f"alm-opacus: error: {exc}", file=sys.stderr)
+        print(f"alm-opacus: error: {_one_line(str(exc))}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a full disk, a vanished folder, a permission change
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"alm-opacus: error: cannot write {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(
@@ -288,6 +344,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if plots.exists():
         print(f"plots: {plots}")
     return 0
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

@@ -3,19 +3,19 @@
 The private split never touches the encoder: pre-training sees only the public split (or
 the dataset's unlabeled set), each method sees the members, each attack sees what its
 threat model allows.
+
+A run is small units: :func:`plan_cells` lists the (method, epsilon, seed) cells,
+:func:`run_cell` turns one cell into rows, and :class:`~alm_opacus.writer.RunWriter` writes
+results, ROC curves, ``config.json``, TensorBoard and plots after every cell.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib.metadata
-import json
 import math
-import os
-import platform
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,46 +23,60 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 
-import alm_opacus
-from alm_opacus._validation import check_delta, check_epsilon
-from alm_opacus.attacks import (
-    DEFAULT_ATTACKS,
-    AttackerKnowledge,
-    AttackResult,
-    AttackTarget,
-    PreparedAttacks,
-    aggregate_results,
-    available_attacks,
-    prepare_attacks,
+from alm_opacus._validation import default_delta
+from alm_opacus.attacks import AttackConfig, AttackResult, PreparedAttacks
+from alm_opacus.config import DEFAULT_EPSILONS, RunConfig
+from alm_opacus.data import load_dataset, to_float
+from alm_opacus.data.split import Split, make_split
+from alm_opacus.errors import InfeasibleRelease
+from alm_opacus.evaluation import (
+    CLEAN_SUFFIX,
+    Evaluation,
+    cell_rows,
+    infeasible_row,
+    torch_threads,
 )
-from alm_opacus.data import available_datasets, load_dataset, to_float
-from alm_opacus.data.split import DEFAULT_SIZES, Split, SplitSizes, make_split
-from alm_opacus.heads import HeadConfig, accuracy, utility_loss
-from alm_opacus.io import atomic_write_json, atomic_write_text
+from alm_opacus.heads import accuracy
 from alm_opacus.methods import (
     INPUT_KINDS,
     InputKind,
     Method,
     MethodContext,
+    NoisePolicy,
     Release,
-    available_methods,
     create_method,
+    method_class,
+    method_options,
+    plain_shadow_trainer,
 )
-from alm_opacus.report.plots import write_plots
-from alm_opacus.report.results import ResultRow, cell_key, read_results, write_results
-from alm_opacus.report.tensorboard import TensorBoardReporter
-from alm_opacus.ssl.pretrain import (
-    DEFAULT_SSL,
-    SSLConfig,
-    array_digest,
-    config_hash,
-    extract_features,
-    pretrain,
-)
+from alm_opacus.report.results import ResultRow, cell_key
+from alm_opacus.rundir import RunFolder, check_writable_dir
+from alm_opacus.ssl.pretrain import array_digest, config_hash, extract_features, pretrain
+from alm_opacus.writer import RocMap, RunWriter, run_settings
+
+__all__ = [
+    "DEFAULT_EPSILONS",
+    "PLUGIN_GROUP",
+    "Cell",
+    "CellOutcome",
+    "Prepared",
+    "RunConfig",
+    "RunResult",
+    "Session",
+    "load_plugins",
+    "plan_cells",
+    "preflight",
+    "prepare",
+    "run",
+    "run_cell",
+]
 
 PLUGIN_GROUP = "alm_opacus.methods"
-DEFAULT_EPSILONS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
+#: Pre-training a small CNN is a per-run cost; cells are many small tensor ops that run
+#: faster on one thread (see :func:`~alm_opacus.evaluation.torch_threads`).
+CELL_THREADS = 1
 
 
 def load_plugins() -> list[str]:
@@ -73,112 +87,6 @@ def load_plugins() -> list[str]:
         entry.load()
         loaded.append(entry.name)
     return loaded
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """Everything that determines a run; saved as ``config.json``.
-
-    Attributes:
-        dataset: registry name.
-        data_root: folder holding the dataset's files (not needed for ``digits``).
-        methods: method names; ``none`` (the baseline) always runs too.
-        epsilons: the privacy budgets of the grid.
-        delta: ``None`` means min(1e-5, 1 / (10 n)) for ``n`` members.
-        seeds: one cell per seed: head training, noise and attacks are seeded by it.
-        split_seed: seeds the split and pre-training (shared by all seeds).
-        device: ``"cpu"`` or ``"cuda"``.
-        out: the run folder.
-        cache_dir: encoder/feature cache (default ``<out>/../.cache``... see ``cache_path``).
-        noise_draws: independent noise draws per (method, epsilon, seed).
-        options: method options (``sensitivity``, ``m``, ...).
-        attacks: attack names (``all`` for every registered attack; empty for none).
-        resume: skip cells already in ``results.csv``.
-        head: the fine-tuning recipe.
-        ssl: the SimCLR recipe (``None``: the dataset's default).
-        split: split sizes (``None``: the dataset's default).
-        progress: show progress bars.
-    """
-
-    dataset: str = "digits"
-    data_root: str | None = None
-    methods: tuple[str, ...] = ("none",)
-    epsilons: tuple[float, ...] = DEFAULT_EPSILONS
-    delta: float | None = None
-    seeds: tuple[int, ...] = (0,)
-    split_seed: int = 0
-    device: str = "cpu"
-    out: str = "runs/latest"
-    cache_dir: str | None = None
-    noise_draws: int = 5
-    options: dict[str, Any] = field(default_factory=dict)
-    attacks: tuple[str, ...] = ("all",)
-    resume: bool = False
-    head: HeadConfig = field(default_factory=HeadConfig)
-    ssl: SSLConfig | None = None
-    split: SplitSizes | None = None
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        if self.dataset not in available_datasets():
-            names = ", ".join(available_datasets())
-            raise ValueError(f"unknown dataset {self.dataset!r}: expected one of {names}")
-        if not self.methods:
-            raise ValueError("methods is empty: expected at least one method name")
-        for name in self.methods:
-            if name not in available_methods():
-                raise ValueError(
-                    f"unknown method {name!r}: expected one of {', '.join(available_methods())}"
-                )
-        for epsilon in self.epsilons:
-            check_epsilon(epsilon)
-        if self.delta is not None:
-            check_delta(self.delta)
-        if self.noise_draws < 1:
-            raise ValueError(f"noise_draws={self.noise_draws!r} is invalid: expected >= 1")
-        if not self.seeds:
-            raise ValueError("seeds is empty: expected at least one seed")
-        for name in self.attack_names:
-            if name not in available_attacks():
-                raise ValueError(
-                    f"unknown attack {name!r}: expected one of {', '.join(available_attacks())}"
-                    ", 'all' or 'none'"
-                )
-        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ValueError(f"device={self.device!r} is invalid: expected 'cpu' or 'cuda[:N]'")
-
-    @property
-    def attack_names(self) -> tuple[str, ...]:
-        """The attacks to run: ``all`` expands to every registered one, ``none`` to none."""
-        if tuple(self.attacks) == ("all",):
-            return DEFAULT_ATTACKS
-        if tuple(self.attacks) in (("none",), ()):
-            return ()
-        return tuple(self.attacks)
-
-    @property
-    def ssl_config(self) -> SSLConfig:
-        return self.ssl if self.ssl is not None else DEFAULT_SSL.get(self.dataset, SSLConfig())
-
-    @property
-    def split_sizes(self) -> SplitSizes:
-        if self.split is not None:
-            return self.split
-        if self.dataset not in DEFAULT_SIZES:
-            raise ValueError(f"no default split sizes for {self.dataset!r}; pass split sizes")
-        return DEFAULT_SIZES[self.dataset]
-
-    @property
-    def cache_path(self) -> Path:
-        if self.cache_dir is not None:
-            return Path(self.cache_dir)
-        return Path(os.environ.get("ALM_OPACUS_CACHE", Path(self.out) / "cache"))
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["ssl"] = self.ssl_config.to_dict()
-        out["split"] = dataclasses.asdict(self.split_sizes)
-        return out
 
 
 @dataclass
@@ -216,13 +124,6 @@ class Prepared:
         return images[np.argsort(np.argsort(idx))]  # back in the split's order
 
 
-@dataclass
-class RunResult:
-    rows: list[ResultRow]
-    out: Path
-    seconds: float
-
-
 def prepare(config: RunConfig) -> Prepared:
     """Load the data, split it, pre-train on the public part, and extract features."""
     dataset = load_dataset(config.dataset, root=config.data_root)
@@ -246,7 +147,7 @@ def prepare(config: RunConfig) -> Prepared:
         progress=config.progress,
     )  # fmt: skip
     n = len(split.members)
-    delta = config.delta if config.delta is not None else min(1e-5, 1.0 / (10 * n))
+    delta = config.delta if config.delta is not None else default_delta(n)
     return Prepared(
         config=config, split=split, features=features,
         labels=torch.from_numpy(np.asarray(dataset.labels, dtype=np.int64)),
@@ -254,291 +155,240 @@ def prepare(config: RunConfig) -> Prepared:
     )  # fmt: skip
 
 
-def check_out(out: Path) -> None:
-    """Create ``out`` if needed and check that it can be written.
+def preflight(config: RunConfig) -> None:
+    """Every check that can fail before the run writes anything.
 
     Raises:
-        ValueError: naming the folder, when it cannot.
+        ValueError: for an unusable device or cache folder; DataError for missing data.
     """
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise ValueError(f"out={str(out)!r} is not a writable folder: {exc}") from exc
-
-
-def run(config: RunConfig) -> RunResult:
-    """Run the whole comparison and write ``config.json``, ``split.json``,
-    ``results.csv`` and TensorBoard events under ``config.out``.
-
-    Raises:
-        ValueError: for an invalid configuration or an unwritable ``out``.
-        DataError: for a missing or corrupt dataset.
-    """
-    start = time.perf_counter()
-    out = Path(config.out)
-    check_out(out)
-    results_path = out / "results.csv"
-    rows: list[ResultRow] = []
-    if config.resume and results_path.exists():
-        rows = read_results(results_path)
-    done = {row.cell() for row in rows}
-    finished_before = len(rows)
-    methods = ["none", *[m for m in config.methods if m != "none"]]
-    settings = {
-        **config.to_dict(),
-        "environment": _environment(),
-        "tuning_grids": {m: [dict(c) for c in create_method(m).tuning_grid] for m in methods},
-    }
-    chosen: list[dict[str, Any]] = []
-    if config.resume and (out / "config.json").exists():  # keep the finished cells' choices
-        chosen = json.loads((out / "config.json").read_text()).get("chosen_configs", [])
-    atomic_write_json(out / "config.json", {**settings, "chosen_configs": chosen})
-    data = prepare(config)
-    data.split.save(out / "split.json")
-    kinds = {name: _input_kind(create_method(name)) for name in methods}
-    with_images = "images" in kinds.values()
-    context = MethodContext(
-        num_classes=data.num_classes, head=config.head, device=config.device,
-        public_features=data.part("public")[0], public_labels=data.part("public")[1],
-        public_images=data.inputs("images", "public") if with_images else None,
-        encoder=data.encoder if with_images else None,
-        cache_dir=config.cache_path, options={"dataset": config.dataset, **config.options},
-        progress=config.progress,
-    )  # fmt: skip
-    reporter = TensorBoardReporter(out / "tb")
-    # Heads, DP-SGD steps and attacks are many small tensor ops: one thread beats two, and
-    # far more so on a loaded machine. Pre-training above used every thread.
-    single_thread = contextlib.ExitStack()
-    single_thread.enter_context(torch_threads(1))
-    rocs = _load_rocs(out / "rocs.json") if config.resume else {}
-    y_in, y_out = data.part("members")[1], data.part("nonmembers")[1]
-    queries: dict[tuple[InputKind, str], Tensor] = {}
-
-    def inputs(kind: InputKind, part: str) -> Tensor:  # built once, and only when asked
-        if (kind, part) not in queries:
-            queries[kind, part] = (
-                torch.cat([inputs(kind, "members"), inputs(kind, "nonmembers")])
-                if part == "evaluation"
-                else data.inputs(kind, part)
-            )
-        return queries[kind, part]
-
-    evaluation = Evaluation(
-        features=inputs("features", "evaluation"), labels=torch.cat([y_in, y_out]),
-        is_member=np.r_[np.ones(len(y_in), bool), np.zeros(len(y_out), bool)],
-        pool=data.part("attacker"), names=config.attack_names, num_classes=data.num_classes,
-    )  # fmt: skip
-    try:
-        for seed in config.seeds:
-            reference: float | None = None
-            plain_attacks: PreparedAttacks | None = None
-            for name in methods:
-                method = create_method(name)
-                kind = kinds[name]
-                prepared = None
-                grid = (math.inf,) if name == "none" else config.epsilons
-                for epsilon in grid:
-                    cell = cell_key(name, epsilon, seed)
-                    if cell in done:
-                        if name == "none":
-                            reference = next(r.test_accuracy for r in rows if r.cell() == cell)
-                        continue
-                    cell_start = time.perf_counter()
-                    if prepared is None:
-                        prepared = method.prepare(
-                            features=inputs(kind, "members"), labels=y_in, seed=seed,
-                            context=context,
-                        )  # fmt: skip
-                    draws = 1 if name == "none" else config.noise_draws
-                    accuracies: list[float] = []
-                    releases: list[Release] = []
-                    results: list[AttackResult] = []
-                    attacks: PreparedAttacks | None = None
-                    for draw in range(draws):
-                        release = method.release(
-                            prepared, features=inputs(kind, "members"), labels=y_in,
-                            epsilon=epsilon, delta=data.delta, seed=seed, draw=draw,
-                            context=context,
-                        )  # fmt: skip
-                        releases.append(release)
-                        accuracies.append(
-                            accuracy(release.predict_proba(inputs(kind, "nonmembers")), y_out)
-                        )
-                        if not evaluation.names:
-                            continue
-                        if attacks is None:
-                            adaptive = type(method).shadow_trainer is not Method.shadow_trainer
-                            if adaptive or plain_attacks is None:
-                                trainer = method.shadow_trainer(
-                                    release=release, epsilon=epsilon, delta=data.delta,
-                                    context=context,
-                                )  # fmt: skip
-                                attacks = evaluation.prepare(trainer, seed=seed)
-                                if not adaptive:
-                                    plain_attacks = attacks
-                            else:
-                                attacks = plain_attacks
-                        queried = None if kind == "features" else inputs(kind, "evaluation")
-                        results.extend(evaluation.attack(attacks, release, inputs=queried))
-                    if name == "none":
-                        reference = accuracies[0]
-                    assert reference is not None
-                    cell_rows = _cell_rows(
-                        config=config, name=name, epsilon=epsilon, seed=seed,
-                        releases=releases, accuracies=accuracies, reference=reference,
-                        results=results, seconds=time.perf_counter() - cell_start,
-                    )  # fmt: skip
-                    rows.extend(cell_rows)
-                    if "config" in releases[0].info:
-                        chosen.append({"method": name, "epsilon": epsilon, "seed": seed,
-                                       "config": releases[0].info["config"]})  # fmt: skip
-                    for result in results[: len(evaluation.names)]:  # the first draw's ROCs
-                        rocs[(name, epsilon, result.attack)] = (
-                            result.roc.fpr.tolist(),
-                            result.roc.tpr.tolist(),
-                        )
-                    _save_rocs(out / "rocs.json", rocs)
-                    write_results(results_path, rows)
-                    reporter.add_cell(cell_rows, hparams=_hparams(config))
-        # Figures are rendered after the last cell, so missing plots mean an earlier run
-        # stopped before them; a resume that computed nothing and finds them skips the work.
-        plots_missing = not (out / "plots" / "fig1_utility_loss.png").exists()
-        if len(rows) > finished_before or plots_missing:
-            reporter.add_layout(methods)
-            reporter.add_rocs(rocs)
-            write_plots(rows, rocs, out / "plots")
-        atomic_write_json(out / "config.json", {**settings, "chosen_configs": chosen})
-    finally:
-        single_thread.close()
-        reporter.close()
-    return RunResult(rows=rows, out=out, seconds=time.perf_counter() - start)
-
-
-def _cell_rows(
-    *, config: RunConfig, name: str, epsilon: float, seed: int, releases: Sequence[Release],
-    accuracies: Sequence[float], reference: float, results: Sequence[AttackResult],
-    seconds: float,
-) -> list[ResultRow]:  # fmt: skip
-    statement = releases[0].statement
-    sens = statement.sensitivity
-    mean_acc = float(np.mean(accuracies))
-    base = ResultRow(
-        dataset=config.dataset, method=name, epsilon=epsilon, delta=statement.delta,
-        guarantee=statement.guarantee.value,
-        sensitivity=sens.value if sens is not None else math.nan,
-        noise_scale=statement.noise_scale if statement.noise_scale is not None else math.nan,
-        seed=seed, test_accuracy=mean_acc,
-        utility_loss=utility_loss(protected=mean_acc, unprotected=reference),
-        seconds=seconds, noise_draws=len(releases),
-        test_accuracy_std=float(np.std(accuracies)) if len(accuracies) > 1 else math.nan,
-        utility_loss_std=float(np.std(accuracies)) / reference if len(accuracies) > 1 else math.nan,
-        statement=str(statement),
-    )  # fmt: skip
-    if not results:
-        return [base]
-    out = []
-    for agg in aggregate_results(results):
-        mean, std = agg.mean, agg.std
-        out.append(base.replace(
-            attack=agg.attack, mia_accuracy=mean["mia_accuracy"],
-            mia_advantage=mean["mia_advantage"], mia_auc=mean["mia_auc"],
-            tpr_at_fpr_0_001=mean["tpr_at_fpr_0.001"], tpr_at_fpr_0_01=mean["tpr_at_fpr_0.01"],
-            eps_lower_bound=mean["eps_lower_bound"], mia_auc_std=std["mia_auc"],
-            mia_accuracy_std=std["mia_accuracy"],
-        ))  # fmt: skip
-    return out
-
-
-def _input_kind(method: Method) -> InputKind:
-    if method.inputs not in INPUT_KINDS:
+    if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(
-            f"method {method.name!r} declares inputs={method.inputs!r}: expected one of "
-            f"{INPUT_KINDS}"
+            f"--device={config.device!r}: CUDA is not available here (torch "
+            f"{torch.__version__}); use --device cpu"
         )
-    return method.inputs
+    check_writable_dir(config.cache_path, flag="--cache-dir")
+    load_dataset(config.dataset, root=config.data_root)  # missing or corrupt files fail here
+    config.split_sizes  # noqa: B018  (raises for a dataset without defaults)
+    config.ssl_config  # noqa: B018
 
 
-@contextlib.contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run a block with ``n`` intra-op threads: the attacks' many tiny matrix products are
-    slower with more threads than they have work for."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+@dataclass(frozen=True)
+class Cell:
+    """One (method, epsilon, seed) of the grid; the baseline's epsilon is ``inf``."""
+
+    method: str
+    epsilon: float
+    seed: int
+    draws: int
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return cell_key(self.method, self.epsilon, self.seed)
+
+
+def plan_cells(config: RunConfig) -> list[Cell]:
+    """The grid, baseline first in each seed (every utility loss is measured against it)."""
+    baselines = [m for m in config.methods if method_class(m).baseline] or ["none"]
+    others = [m for m in config.methods if m not in baselines]
+    cells = []
+    for seed in config.seeds:
+        cells += [Cell(m, math.inf, seed, 1) for m in baselines]
+        cells += [Cell(m, e, seed, config.noise_draws) for m in others for e in config.grid]
+    return cells
 
 
 @dataclass
-class Evaluation:
-    """The balanced evaluation set (members and as many non-members) and the attacker's pool."""
+class Session:
+    """What the cells of one run share: the data, the methods, prepared work and attacks."""
 
-    features: Tensor
-    labels: Tensor
-    is_member: np.ndarray
-    pool: tuple[Tensor, Tensor]
-    names: tuple[str, ...]
-    num_classes: int
+    config: RunConfig
+    data: Prepared
+    context: MethodContext
+    evaluation: Evaluation
+    methods: dict[str, Method[Any, Any]] = field(default_factory=dict)
+    prepared: dict[tuple[str, int], Any] = field(default_factory=dict)
+    plain_attacks: dict[int, PreparedAttacks] = field(default_factory=dict)
+    reference: dict[int, float] = field(default_factory=dict)
+    _queries: dict[tuple[InputKind, str], Tensor] = field(default_factory=dict)
 
-    def prepare(self, trainer: Any, *, seed: int) -> PreparedAttacks:
-        """Fit every attack on the attacker's side, before any release is seen."""
-        knowledge = AttackerKnowledge(features=self.pool[0], labels=self.pool[1], trainer=trainer,
-                                      num_classes=self.num_classes)  # fmt: skip
-        with torch_threads(1):
-            return prepare_attacks(
-                names=self.names, knowledge=knowledge, seed=seed,
-                candidate_features=self.features, candidate_labels=self.labels,
-            )  # fmt: skip
-
-    def attack(
-        self, prepared: PreparedAttacks, release: Release, *, inputs: Tensor | None = None
-    ) -> list[AttackResult]:
-        """Attack ``release``, querying it with ``inputs`` (the evaluation rows in the
-        release's input kind; ``None``: the features)."""
-        target = AttackTarget(
-            predict=release.predict_proba, features=self.features, labels=self.labels,
-            is_member=self.is_member, num_classes=self.num_classes,
-            delta=release.statement.delta, inputs=inputs,
+    @classmethod
+    def open(cls, config: RunConfig, data: Prepared) -> Session:
+        kinds = {method_class(m).inputs for m in ("none", *config.methods)}
+        images = "images" in kinds
+        public_x, public_y = data.part("public")
+        context = MethodContext(
+            num_classes=data.num_classes, head=config.head, device=config.device,
+            public_features=public_x, public_labels=public_y,
+            public_images=data.inputs("images", "public") if images else None,
+            encoder=data.encoder if images else None, cache_dir=config.cache_path,
+            progress=config.progress, dataset=config.dataset,
+            schedule=_schedule(config.dataset),
+            noise=NoisePolicy(reproducible=config.reproducible_noise),
         )  # fmt: skip
-        with torch_threads(1):
-            return prepared.attack(target)
+        y_in, y_out = data.part("members")[1], data.part("nonmembers")[1]
+        evaluation = Evaluation(
+            features=torch.cat([data.part("members")[0], data.part("nonmembers")[0]]),
+            labels=torch.cat([y_in, y_out]),
+            is_member=np.r_[np.ones(len(y_in), bool), np.zeros(len(y_out), bool)],
+            pool=data.part("attacker"), names=config.attack_names,
+            num_classes=data.num_classes, config=AttackConfig(**config.attack_options),
+        )  # fmt: skip
+        return cls(config=config, data=data, context=context, evaluation=evaluation)
+
+    def method(self, name: str) -> Method[Any, Any]:
+        if name not in self.methods:
+            options = method_options(name, self.config.options)
+            self.methods[name] = create_method(name, options)
+        return self.methods[name]
+
+    def inputs(self, kind: InputKind, part: str) -> Tensor:
+        """A split part (or ``evaluation``: members then non-members) as ``kind``, built once."""
+        if (kind, part) not in self._queries:
+            self._queries[kind, part] = (
+                torch.cat([self.inputs(kind, "members"), self.inputs(kind, "nonmembers")])
+                if part == "evaluation"
+                else self.data.inputs(kind, part)
+            )
+        return self._queries[kind, part]
+
+    def prepared_for(self, name: str, seed: int) -> Any:
+        if (name, seed) not in self.prepared:
+            method = self.method(name)
+            self.prepared[name, seed] = method.prepare(
+                features=self.inputs(method.inputs, "members"),
+                labels=self.data.part("members")[1], seed=seed, context=self.context,
+            )  # fmt: skip
+        return self.prepared[name, seed]
+
+    def plain(self, seed: int) -> PreparedAttacks:
+        """Attacks with plain shadow heads (the victim's recipe, no protection), per seed."""
+        if seed not in self.plain_attacks:
+            trainer = plain_shadow_trainer(self.context)
+            self.plain_attacks[seed] = self.evaluation.prepare(trainer, seed=seed)
+        return self.plain_attacks[seed]
 
 
-RocKey = tuple[str, float, str]
+def _schedule(dataset: str) -> tuple[int, int] | None:
+    schedules = {"digits": (30, 75), "cifar10": (20, 256), "cifar100": (20, 256),
+                 "stl10": (20, 256)}  # fmt: skip
+    return schedules.get(dataset)
 
 
-def _save_rocs(path: Path, rocs: dict[RocKey, tuple[list[float], list[float]]]) -> None:
-    payload = [
-        {"method": m, "epsilon": "inf" if math.isinf(e) else e, "attack": a, "fpr": f, "tpr": t}
-        for (m, e, a), (f, t) in rocs.items()
-    ]
-    atomic_write_text(path, json.dumps(payload))
+@dataclass
+class CellOutcome:
+    """What one cell produced: its rows, the first draw's ROC curves, its chosen config."""
+
+    rows: list[ResultRow]
+    rocs: RocMap
+    chosen: dict[str, Any] | None = None
 
 
-def _load_rocs(path: Path) -> dict[RocKey, tuple[list[float], list[float]]]:
-    if not path.exists():
-        return {}
-    out = {}
-    for item in json.loads(path.read_text()):
-        out[(item["method"], float(item["epsilon"]), item["attack"])] = (item["fpr"], item["tpr"])
-    return out
+def run_cell(cell: Cell, session: Session) -> CellOutcome:
+    """Release, evaluate and attack one cell; an infeasible budget becomes one row."""
+    start = time.perf_counter()
+    config, method = session.config, session.method(cell.method)
+    try:
+        prepared = session.prepared_for(cell.method, cell.seed)
+        releases, accuracies, results = _draws(cell, session, method, prepared)
+    except InfeasibleRelease as exc:
+        row = infeasible_row(dataset=config.dataset, method=cell.method, epsilon=cell.epsilon,
+                             seed=cell.seed, delta=session.data.delta, reason=str(exc),
+                             seconds=time.perf_counter() - start)  # fmt: skip
+        return CellOutcome(rows=[row], rocs={})
+    if releases[0].baseline:
+        session.reference[cell.seed] = accuracies[0]
+    reference = session.reference[cell.seed]
+    rows = cell_rows(
+        dataset=config.dataset, method=cell.method, epsilon=cell.epsilon, seed=cell.seed,
+        releases=releases, accuracies=accuracies, reference=reference, results=results,
+        seconds=time.perf_counter() - start,
+    )  # fmt: skip
+    rocs: RocMap = {}
+    for result in results:  # the first draw's curve of each attack
+        key = (cell.method, cell.epsilon, result.attack)
+        if key not in rocs:
+            rocs[key] = (result.roc.fpr.tolist(), result.roc.tpr.tolist())
+    chosen = releases[0].chosen_config
+    entry = None if chosen is None else {"method": cell.method, "epsilon": cell.epsilon,
+                                         "seed": cell.seed, "config": chosen}  # fmt: skip
+    return CellOutcome(rows=rows, rocs=rocs, chosen=entry)
 
 
-def _hparams(config: RunConfig) -> dict[str, object]:
-    head = config.head
-    return {"dataset": config.dataset, "head": head.kind, "head_steps": head.steps,
-            "head_l2": head.l2, "noise_draws": config.noise_draws,
-            "sensitivity": str(config.options.get("sensitivity", "")),
-            "m": int(config.options.get("m", 0))}  # fmt: skip
+def _draws(
+    cell: Cell, session: Session, method: Method[Any, Any], prepared: Any
+) -> tuple[list[Release], list[float], list[AttackResult]]:
+    """Every noise draw of a cell: its release, test accuracy and attack results."""
+    evaluation, data, context = session.evaluation, session.data, session.context
+    kind = method.inputs
+    releases: list[Release] = []
+    accuracies: list[float] = []
+    results: list[AttackResult] = []
+    adaptive: PreparedAttacks | None = None
+    y_in, y_out = data.part("members")[1], data.part("nonmembers")[1]
+    for draw in range(cell.draws):
+        release = method.release(
+            prepared, features=session.inputs(kind, "members"), labels=y_in,
+            epsilon=cell.epsilon, delta=data.delta, seed=cell.seed, draw=draw, context=context,
+        )  # fmt: skip
+        releases.append(release)
+        accuracies.append(accuracy(release.predict_proba(session.inputs(kind, "nonmembers")),
+                                   y_out))  # fmt: skip
+        if not evaluation.names:
+            continue
+        queried = None if kind == "features" else session.inputs(kind, "evaluation")
+        if release.attacker is None:
+            results += evaluation.attack(session.plain(cell.seed), release, inputs=queried)
+            continue
+        if adaptive is None:  # one adaptive attacker per cell: its protection is the cell's
+            adaptive = evaluation.prepare(release.attacker(), seed=cell.seed)
+        results += evaluation.attack(adaptive, release, inputs=queried)
+        results += evaluation.attack(session.plain(cell.seed), release, inputs=queried,
+                                     suffix=CLEAN_SUFFIX)  # fmt: skip
+    return releases, accuracies, results
 
 
-def _environment() -> dict[str, str]:
-    return {
-        "alm_opacus": alm_opacus.__version__,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
+@dataclass
+class RunResult:
+    rows: list[ResultRow]
+    out: Path
+    seconds: float
+
+
+def run(config: RunConfig, *, on_cell: Callable[[Cell], None] | None = None) -> RunResult:
+    """Run the whole comparison into ``config.out``: ``config.json``, ``split.json``,
+    ``results.csv``, ``rocs.json``, TensorBoard events and plots, each written atomically
+    after every cell.
+
+    Args:
+        config: the run.
+        on_cell: called before each cell is computed (tests use it to interrupt a run).
+
+    Raises:
+        ValueError: for an invalid configuration, an unusable ``out`` or cache, a run folder
+            that holds another run (without resume/overwrite), or a resume whose config
+            differs. DataError: for a missing or corrupt dataset.
+    """
+    start = time.perf_counter()
+    out = Path(config.out)
+    preflight(config)
+    folder = RunFolder(out, resume=config.resume, overwrite=config.overwrite)
+    settings = run_settings(config)
+    folder.check(settings)
+    with folder, contextlib.ExitStack() as stack:
+        writer = RunWriter(out, settings=settings, resume=config.resume)
+        data = prepare(config)
+        data.split.save(out / "split.json")
+        session = Session.open(config, data)
+        for row in writer.rows:
+            if row.method in config.methods and method_class(row.method).baseline:
+                session.reference[row.seed] = row.test_accuracy
+        stack.enter_context(torch_threads(CELL_THREADS))
+        cells = [c for c in plan_cells(config) if c.key not in writer.done]
+        bar = tqdm(cells, desc="cells", unit="cell", disable=not config.progress or not cells)
+        for cell in bar:
+            bar.set_postfix_str(f"{cell.method} eps={cell.epsilon:g} seed={cell.seed}")
+            if on_cell is not None:
+                on_cell(cell)
+            writer.add(run_cell(cell, session))
+        writer.finish(force=bool(cells))
+    return RunResult(rows=writer.rows, out=out, seconds=time.perf_counter() - start)

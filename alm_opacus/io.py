@@ -21,6 +21,7 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[An
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide results from other users
     try:
         with os.fdopen(fd, mode) as handle:
             yield handle
@@ -31,6 +32,12 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[An
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from alm_opacus._hashing import derive_seed
 from alm_opacus.attacks.base import Predictor, ShadowTrainer
+from alm_opacus.errors import InfeasibleRelease
 from alm_opacus.heads import HeadConfig, train_head
 from alm_opacus.mechanisms.sampling import NoiseGenerator, make_generator
 from alm_opacus.options import (
@@ -71,13 +72,6 @@ AttackerFactory = Callable[[], ShadowTrainer]
 OptionsT = TypeVar("OptionsT", bound=MethodOptions)
 PreparedT = TypeVar("PreparedT")
 T = TypeVar("T")
-
-
-class InfeasibleRelease(ValueError):
-    """The method cannot make a release at this epsilon (e.g. no noise level reaches it).
-
-    The harness records the cell as infeasible, with this message as the reason, and goes on.
-    """
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,11 @@ re-protecting at a new epsilon needs no retraining (ALM paper, Algorithm 1).
 
 Sensitivity (option ``sensitivity``, see :class:`PostTrainingOptions`):
 
-* ``"sampled"`` (default, as in the ALM paper): Algorithm 2 on the victim's own recipe; the
-  statement is random-DP with the sampler's gamma and confidence.
+* ``"sampled"`` (default): the victim's recipe retrained on neighbouring data sets of the
+  members' size drawn from the public split (Rubinstein & Aldà's sampler; never the members);
+  the statement is random-DP with the sampler's gamma and confidence, over that population.
+* ``"sampled-members"``: Algorithm 2 on the members, as the ALM paper writes it; the estimate
+  depends on the members and is published without noise, so no guarantee is stated.
 * ``"analytic"``: the convex head (L2-regularised multinomial logistic regression on
   clipped features, trained to a certified gradient tolerance) and its proven bound; the
   statement is pure-DP (ALM, Laplace) or approximate DP (Gaussian).
@@ -39,14 +42,20 @@ from alm_opacus.methods import (
     register_method,
 )
 from alm_opacus.protect import PostTrainingPrivacyEngine, ProtectedModule, SensitivityInfo
-from alm_opacus.sensitivity import analytic_sensitivity, sample_sensitivity, train_convex_heads
+from alm_opacus.sensitivity import (
+    SensitivitySample,
+    analytic_sensitivity,
+    sample_population_sensitivity,
+    sample_sensitivity,
+    train_convex_heads,
+)
 from alm_opacus.ssl.pretrain import config_hash
 
 #: The convex head's defaults for ``--sensitivity analytic`` (features are unit-norm already).
 ANALYTIC_L2 = 0.1
 ANALYTIC_CLIP = 1.0
 
-SensitivitySourceName = Literal["sampled", "analytic"]
+SensitivitySourceName = Literal["sampled", "sampled-members", "analytic"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +63,11 @@ class PostTrainingOptions(MethodOptions):
     """Options of ``alm``, ``laplace``, ``gaussian`` and ``gaussian-classic``.
 
     Attributes:
-        sensitivity: ``"sampled"`` (Algorithm 2) or ``"analytic"`` (the convex head's bound).
+        sensitivity: ``"sampled"``: neighbouring data sets of the members' size drawn from the
+            public split (Rubinstein & Aldà's sampler; random-DP over that population);
+            ``"sampled-members"``: Algorithm 2 on the members, as the ALM paper writes it (the
+            estimate depends on the members: no guarantee, kept to reproduce the paper);
+            ``"analytic"``: the convex head and its proven bound.
         m: neighbour pairs drawn by the sampler.
         gamma: the random-DP gamma of the sampled sensitivity.
         analytic_l2: lambda of the convex head the analytic bound covers.
@@ -141,7 +154,7 @@ def _prepare_payload(
     x, y = features.to(context.device), labels.to(context.device)
     ones = torch.ones(1, len(y), dtype=torch.bool, device=x.device)
     sample: dict[str, Tensor] = {}
-    m, gamma = options.m, options.gamma
+    m = options.m
     if options.sensitivity == "analytic":
         config = convex_config(context.head, l2=options.analytic_l2,
                                clip_radius=options.clip_radius)  # fmt: skip
@@ -160,14 +173,12 @@ def _prepare_payload(
         config = context.head
         params = train_heads(x, y, masks=ones, num_classes=context.num_classes, config=config,
                              seed=seed)  # fmt: skip
-        result = sample_sensitivity(
-            x, y, num_classes=context.num_classes, config=config, seed=seed, m=m, gamma=gamma,
-            progress=context.progress,
-        )  # fmt: skip
+        result = _sample(x, y, seed=seed, context=context, options=options)
         info = {norm: result.to_info(norm) for norm in ("l1", "l2")}
         details = {"m": m, "order": result.order, "gamma": result.gamma,
                    "confidence": result.confidence, "l1_max": float(result.l1.max()),
-                   "l2_max": float(result.l2.max())}  # fmt: skip
+                   "l2_max": float(result.l2.max()),
+                   "population": result.population or "the members (Algorithm 2)"}  # fmt: skip
         sample = {"l1": torch.from_numpy(result.l1), "l2": torch.from_numpy(result.l2),
                   "pairs": torch.from_numpy(result.pairs)}  # fmt: skip
         solver = "adam"
@@ -180,6 +191,29 @@ def _prepare_payload(
         "details": details,
         "sample": sample,  # the whole sample of Algorithm 2, for plots
     }
+
+
+def _sample(
+    x: Tensor, y: Tensor, *, seed: int, context: MethodContext, options: PostTrainingOptions
+) -> SensitivitySample:
+    """Algorithm 2 on the members (``sampled-members``), or Rubinstein & Aldà's sampler on
+    the public split (``sampled``): pairs of the members' size, never touching the members."""
+    common: dict[str, Any] = {"num_classes": context.num_classes, "config": context.head,
+                              "seed": seed, "m": options.m, "gamma": options.gamma,
+                              "progress": context.progress}  # fmt: skip
+    if options.sensitivity == "sampled-members":
+        return sample_sensitivity(x, y, **common)
+    px, py = context.public_features, context.public_labels
+    if px is None or py is None or len(px) < len(y) + 1:
+        have = 0 if px is None else len(px)
+        raise ValueError(
+            f"sensitivity='sampled' draws neighbouring data sets of the members' size "
+            f"n={len(y)} from the public split, which has {have} rows (n + 1 needed); use "
+            "'analytic', a larger public split, or 'sampled-members' (no guarantee)"
+        )
+    population = f"the public split ({len(px)} rows of {context.dataset or 'the dataset'})"
+    return sample_population_sensitivity(px.to(x.device), py.to(x.device), n=len(y),
+                                         population=population, **common)  # fmt: skip
 
 
 def _info_dict(info: SensitivityInfo) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import torch
 from scipy import stats
 
 from alm_opacus.heads import HeadConfig, train_head, utility_loss
-from alm_opacus.methods import MethodContext, create_method
+from alm_opacus.methods import MethodContext, NoisePolicy, create_method, plain_shadow_trainer
 from alm_opacus.protect import (
     Guarantee,
     PostTrainingPrivacyEngine,
@@ -60,7 +60,7 @@ def test_statement_kinds_follow_the_sensitivity_source(head) -> None:  # type: i
     engine = PostTrainingPrivacyEngine(mechanism="alm")
     analytic = SensitivityInfo(value=1.0, norm="l1", source="analytic")
     sampled = SensitivityInfo(value=1.0, norm="l1", source="sampled", m=200, gamma=0.05,
-                              confidence=0.99996)  # fmt: skip
+                              confidence=0.99996, population="public rows")  # fmt: skip
     pure = engine.make_private(head, epsilon=1.0, sensitivity=analytic, seed=0).statement
     rand = engine.make_private(head, epsilon=1.0, sensitivity=sampled, seed=0).statement
     assert pure.guarantee is Guarantee.PURE_DP and pure.delta == 0
@@ -77,7 +77,8 @@ def test_classic_gaussian_states_its_actual_delta_beyond_its_theorem(head) -> No
     engine = PostTrainingPrivacyEngine(mechanism="gaussian-classic")
     info = SensitivityInfo(value=1.0, norm="l2", source="analytic")
     small_eps = engine.make_private(head, epsilon=0.5, delta=1e-5, sensitivity=info, seed=0)
-    assert small_eps.statement.delta == 1e-5 and not small_eps.statement.notes
+    assert small_eps.statement.delta == 1e-5
+    assert not any("epsilon < 1" in note for note in small_eps.statement.notes)
     big = engine.make_private(head, epsilon=10.0, delta=1e-5, sensitivity=info, seed=0).statement
     sigma = math.sqrt(2 * math.log(1.25 / 1e-5)) / 10.0
     # Balle & Wang (2018) Thm 8: the exact delta of sigma at epsilon, computed here from scipy.
@@ -123,7 +124,7 @@ def test_reprotect_needs_no_retraining_and_never_leaks_clean_weights(head, tmp_p
     assert float((_flat(b) - _flat(head)).abs().mean()) < float(
         (_flat(a) - _flat(head)).abs().mean()
     )
-    a.save(tmp_path / "release.pt")
+    a.save(tmp_path / "release.pt", allow_seeded=True)
     loaded = ProtectedModule.load(tmp_path / "release.pt", module=head)
     assert loaded.statement == a.statement
     assert torch.equal(_flat(loaded), _flat(a))
@@ -140,20 +141,34 @@ def test_utility_loss_is_definition_6_1() -> None:
         utility_loss(protected=0.5, unprotected=0.0)
 
 
-@pytest.mark.parametrize("source,expected", [("analytic", "pure-dp"), ("sampled", "random-dp")])
-def test_alm_method_at_epsilon_1(small, source: str, expected: str) -> None:  # type: ignore[no-untyped-def]
+def _context(pixel_features, **kwargs) -> MethodContext:  # type: ignore[no-untyped-def]
+    x, y = pixel_features
+    return MethodContext(num_classes=10, head=FAST, public_features=x[200:500],
+                         public_labels=y[200:500], dataset="digits", **kwargs)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "source,expected",
+    [("analytic", "pure-dp"), ("sampled", "random-dp"), ("sampled-members", "none")],
+)
+def test_alm_method_at_epsilon_1(small, pixel_features, source: str, expected: str) -> None:  # type: ignore[no-untyped-def]
     x, y = small
-    context = MethodContext(num_classes=10, head=FAST, options={"sensitivity": source, "m": 12})
-    method = create_method("alm")
+    context = _context(pixel_features, noise=NoisePolicy(reproducible=True))
+    method = create_method("alm", options={"sensitivity": source, "m": 12})
     prepared = method.prepare(features=x, labels=y, seed=0, context=context)
     release = method.release(prepared, features=x, labels=y, epsilon=1.0, delta=1e-5, seed=0,
                              draw=0, context=context)  # fmt: skip
     st = release.statement
-    assert st.guarantee.value == expected and st.delta == 0.0 and st.epsilon == 1.0
+    assert st.guarantee.value == expected and st.delta == 0.0
+    assert st.epsilon == (math.inf if expected == "none" else 1.0)
     assert st.sensitivity is not None and st.sensitivity.norm == "l1"
     assert st.noise_scale == pytest.approx(st.sensitivity.value / 1.0)
-    if source == "sampled":
+    if source.startswith("sampled"):
         assert st.sensitivity.gamma is not None and 0 < st.sensitivity.confidence < 1
+    if source == "sampled":  # neighbours drawn from the public rows, never the members
+        assert "public split (300 rows of digits)" in str(st) and st.neighbouring == "replace-one"
+    if expected == "none":
+        assert st.nominal_epsilon == 1.0 and "private members" in str(st)
     proba = release.predict_proba(x)
     assert proba.shape == (len(x), 10)
     assert torch.allclose(proba.sum(1), torch.ones(len(x)), atol=1e-5)
@@ -166,40 +181,43 @@ def test_alm_method_at_epsilon_1(small, source: str, expected: str) -> None:  # 
     assert not torch.equal(_flat(release.module), _flat(other.module))
 
 
-def test_adaptive_shadow_trainer_adds_the_released_noise_scale(small) -> None:  # type: ignore[no-untyped-def]
+def test_adaptive_shadow_trainer_adds_the_released_noise_scale(small, pixel_features) -> None:  # type: ignore[no-untyped-def]
     x, y = small
-    context = MethodContext(num_classes=10, head=FAST, options={"sensitivity": "sampled", "m": 8})
-    method = create_method("laplace")
+    context = _context(pixel_features)
+    method = create_method("laplace", options={"sensitivity": "sampled", "m": 8})
     prepared = method.prepare(features=x, labels=y, seed=0, context=context)
     release = method.release(prepared, features=x, labels=y, epsilon=0.01, delta=0.0, seed=0,
                              draw=0, context=context)  # fmt: skip
-    trainer = method.shadow_trainer(release=release, epsilon=0.01, delta=0.0, context=context)
+    assert release.attacker is not None and not release.baseline
+    trainer = release.attacker()
     masks = torch.ones(3, len(y), dtype=torch.bool)
     proba = trainer(x, y, masks, 0)(x)
     assert proba.shape == (3, len(x), 10)
-    plain = create_method("none").shadow_trainer(release=release, epsilon=0.01, delta=0.0,
-                                                 context=context)(x, y, masks, 0)(x)  # fmt: skip
+    plain = plain_shadow_trainer(context)(x, y, masks, 0)(x)
     # At epsilon=0.01 the noise swamps the weights: shadow predictions move far from plain ones.
     assert float((proba - plain).abs().mean()) > 0.05
     assert np.isfinite(proba.numpy()).all()
 
 
-def test_prepared_head_and_sensitivity_are_cached_on_disk(small, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_prepared_head_and_sensitivity_are_cached_on_disk(
+    small, pixel_features, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     import alm_opacus.posthoc as posthoc
 
     x, y = small
-    context = MethodContext(num_classes=10, head=FAST, options={"m": 6}, cache_dir=tmp_path)
-    first = posthoc.prepare_head(features=x, labels=y, seed=3, context=context)
+    options = posthoc.PostTrainingOptions(m=6)
+    context = _context(pixel_features, cache_dir=tmp_path)
+    first = posthoc.prepare_head(features=x, labels=y, seed=3, context=context, options=options)
     (path,) = tmp_path.glob("posthoc-head-*.pt")
-    posthoc._PREPARED.clear()  # a new process: only the disk cache is left
+    context = _context(pixel_features, cache_dir=tmp_path)  # a new run: only the disk is left
     stamp = path.stat().st_mtime_ns
-    again = posthoc.prepare_head(features=x, labels=y, seed=3, context=context)
+    again = posthoc.prepare_head(features=x, labels=y, seed=3, context=context, options=options)
     assert path.stat().st_mtime_ns == stamp  # read, not recomputed
     assert again.sensitivity == first.sensitivity and again.details == first.details
     for a, b in zip(first.head.state_dict().values(), again.head.state_dict().values(),
                     strict=True):  # fmt: skip
         assert torch.equal(a, b)
-    posthoc._PREPARED.clear()
+    context = _context(pixel_features, cache_dir=tmp_path)
     path.write_bytes(b"garbage")
     with pytest.raises(ValueError, match="cache"):
-        posthoc.prepare_head(features=x, labels=y, seed=3, context=context)
+        posthoc.prepare_head(features=x, labels=y, seed=3, context=context, options=options)

@@ -176,8 +176,9 @@ assert [f.name for f in fields(ResultRow)] == [c.replace(".", "_") for c in RESU
 
 
 def cell_key(method: str, epsilon: float, seed: int) -> tuple[str, str, int]:
-    """The resume key of a cell; epsilon as written in the CSV, so read rows match."""
-    return (method, _fmt(epsilon), seed)
+    """The resume key of a cell; epsilon as written in the CSV (exactly), so read rows match
+    and two distinct epsilons never share a label."""
+    return (method, _fmt_exact(epsilon), seed)
 
 
 def _fmt(value: object) -> str:
@@ -190,12 +191,28 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
+def _fmt_exact(value: float) -> str:
+    """The shortest text that reads back as the same float (``1.0`` written ``1``)."""
+    if math.isnan(value) or math.isinf(value):
+        return _fmt(value)
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
+
+
+#: Budget columns are written exactly: they identify cells and feed conversions.
+_EXACT = frozenset({Column.EPSILON.value, Column.DELTA.value, Column.EPSILON_REPLACE_ONE.value,
+                    Column.DELTA_REPLACE_ONE.value})  # fmt: skip
+
+
 def format_csv(rows: Iterable[ResultRow]) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=RESULT_COLUMNS, lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: _fmt(v) for k, v in row.to_record().items()})
+        writer.writerow({
+            k: _fmt_exact(v) if k in _EXACT and isinstance(v, float) else _fmt(v)
+            for k, v in row.to_record().items()
+        })  # fmt: skip
     return buffer.getvalue()
 
 
@@ -215,4 +232,20 @@ def read_results(path: str | Path) -> list[ResultRow]:
         header = tuple(reader.fieldnames or ())
         if header != RESULT_COLUMNS[: len(header)] or not header:
             raise ValueError(f"{path}: unexpected columns {header}; expected {RESULT_COLUMNS}")
-        return [ResultRow.from_record(record) for record in reader]
+        rows = []
+        for record in reader:
+            line = reader.line_num
+            if None in record or None in record.values():
+                raise ValueError(f"{path}: line {line} has {_count(record)} fields, expected "
+                                 f"{len(header)} (a truncated or corrupt table)")  # fmt: skip
+            try:
+                rows.append(ResultRow.from_record(record))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{path}: line {line} is not a results row ({exc})") from exc
+        return rows
+
+
+def _count(record: dict[str | None, object]) -> int:
+    extra = record.get(None)
+    present = sum(1 for k, v in record.items() if k is not None and v is not None)
+    return present + (len(extra) if isinstance(extra, list) else 0)

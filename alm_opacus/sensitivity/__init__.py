@@ -12,6 +12,10 @@ from alm_opacus.sensitivity.analytic import (
     softmax_ce_lipschitz,
 )
 from alm_opacus.sensitivity.convex import DEFAULT_TOL, ConvexFit, train_convex_heads
+from alm_opacus.sensitivity.population import (
+    draw_population_pairs,
+    sample_population_sensitivity,
+)
 from alm_opacus.sensitivity.random_dp import (
     gamma_for_confidence,
     marginal_gamma,
@@ -38,9 +42,11 @@ __all__ = [
     "analytic_sensitivity",
     "default_chunk_size",
     "draw_pairs",
+    "draw_population_pairs",
     "gamma_for_confidence",
     "marginal_gamma",
     "order_for_confidence",
+    "sample_population_sensitivity",
     "sample_sensitivity",
     "sample_sensitivity_sequential",
     "sampler_confidence",

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from alm_opacus.heads import HeadConfig, Params, flat_params, train_heads
-from alm_opacus.protect import SensitivityInfo
+from alm_opacus.protect import SensitivityInfo, SensitivitySource
 from alm_opacus.sensitivity import random_dp
 from alm_opacus.sensitivity.convex import DEFAULT_TOL, train_convex_heads
 
@@ -65,6 +65,11 @@ class SensitivitySample:
         value_l2: the ``order``-th smallest of ``l2``.
         solver: ``"adam"`` or ``"newton"`` (see :data:`SOLVERS`).
         adjacency: ``"replace-one"`` (``d \\ d_i`` against ``d \\ d_j``).
+        population: where the neighbouring data sets were drawn from. ``None``: all pairs
+            are subsets of one fixed data set ``d`` (Algorithm 2 as the ALM paper writes it);
+            if ``d`` is private, the estimate depends on it and supports no guarantee.
+            Otherwise a description of the non-private population the pairs were drawn from
+            i.i.d. (Rubinstein & Aldà's sampler), which supports random-DP.
     """
 
     l1: np.ndarray
@@ -80,6 +85,7 @@ class SensitivitySample:
     value_l2: float
     solver: str
     adjacency: str = "replace-one"
+    population: str | None = None
 
     @property
     def marginal_gamma(self) -> float:
@@ -114,11 +120,16 @@ class SensitivitySample:
         return SensitivityInfo(
             value=value,
             norm=norm,
-            source="sampled",  # type: ignore[arg-type]  # coerced to the enum in __post_init__
+            source=(
+                SensitivitySource.SAMPLED_MEMBERS
+                if self.population is None
+                else SensitivitySource.SAMPLED
+            ),
             m=self.m,
             gamma=self.gamma,
             confidence=confidence,
             adjacency=self.adjacency,
+            population=self.population,
         )
 
 
@@ -209,6 +220,7 @@ def _finish(
     order: int,
     gamma: float,
     solver: str,
+    population: str | None = None,
 ) -> SensitivitySample:
     bad = ~(np.isfinite(l1) & np.isfinite(l2))
     if bad.any():
@@ -224,6 +236,7 @@ def _finish(
         n=n,
         m=len(pairs),
         solver=solver,
+        population=population,
         **_summary(l1, l2, order=order, gamma=gamma),
     )
 

@@ -1,0 +1,198 @@
+"""``RunConfig``: everything that determines a run, validated before anything is written."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from alm_opacus._validation import check_delta, check_epsilon
+from alm_opacus.attacks import DEFAULT_ATTACKS, available_attacks
+from alm_opacus.data import available_datasets
+from alm_opacus.data.split import DEFAULT_SIZES, SplitSizes
+from alm_opacus.heads import HeadConfig
+from alm_opacus.methods import method_class, validate_options
+from alm_opacus.ssl.pretrain import DEFAULT_SSL, SSLConfig
+
+__all__ = ["DEFAULT_EPSILONS", "RESUME_KEYS", "RunConfig", "config_mismatch", "dedupe"]
+
+DEFAULT_EPSILONS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+#: The keys of ``config.json`` that decide what a cell's rows hold: a resumed run must agree
+#: on all of them (the grid of methods, epsilons and seeds may grow).
+RESUME_KEYS = ("dataset", "delta", "split_seed", "split", "ssl", "head", "noise_draws",
+               "method_options", "attacks", "attack_options", "reproducible_noise",
+               "device")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that determines a run; saved as ``config.json``.
+
+    Attributes:
+        dataset: registry name.
+        data_root: folder holding the dataset's files (not needed for embedded datasets).
+        methods: method names; the baseline (``none``) always runs too.
+        epsilons: the privacy budgets of the grid (``None``: the dataset's default grid).
+        delta: ``None`` means min(1e-5, 1 / (10 n)) for ``n`` members.
+        seeds: one cell per seed: head training, noise and attacks are seeded by it.
+        split_seed: seeds the split and pre-training (shared by all seeds).
+        device: ``"cpu"`` or ``"cuda[:N]"``.
+        out: the run folder.
+        cache_dir: encoder/feature/head cache (default ``<out>/cache``, or ``$ALM_OPACUS_CACHE``).
+        noise_draws: independent noise draws per (method, epsilon, seed).
+        options: method options: shared keys (``"m"``) and scoped ones (``"dpsgd.lr"``).
+        attacks: attack names (``all`` for every registered attack; ``none`` for none).
+        attack_options: fields of :class:`~alm_opacus.attacks.AttackConfig` to override.
+        resume: skip cells already in ``results.csv`` (the config must match).
+        overwrite: replace a previous run in ``out`` (its caches are kept).
+        reproducible_noise: seed release noise from public labels (research only: such
+            releases are private only while the seeds stay secret).
+        head: the fine-tuning recipe.
+        ssl: the SimCLR recipe (``None``: the dataset's default).
+        split: split sizes (``None``: the dataset's default).
+        progress: show progress bars.
+    """
+
+    dataset: str = "digits"
+    data_root: str | None = None
+    methods: tuple[str, ...] = ("none",)
+    epsilons: tuple[float, ...] | None = None
+    delta: float | None = None
+    seeds: tuple[int, ...] = (0,)
+    split_seed: int = 0
+    device: str = "cpu"
+    out: str = "runs/latest"
+    cache_dir: str | None = None
+    noise_draws: int = 5
+    options: dict[str, Any] = field(default_factory=dict)
+    attacks: tuple[str, ...] = ("all",)
+    attack_options: dict[str, Any] = field(default_factory=dict)
+    resume: bool = False
+    overwrite: bool = False
+    reproducible_noise: bool = False
+    head: HeadConfig = field(default_factory=HeadConfig)
+    ssl: SSLConfig | None = None
+    split: SplitSizes | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.dataset not in available_datasets():
+            names = ", ".join(available_datasets())
+            raise ValueError(f"unknown dataset {self.dataset!r}: expected one of {names}")
+        if not self.methods:
+            raise ValueError("methods is empty: expected at least one method name")
+        for name in self.methods:
+            method_class(name)  # names the registered ones
+        object.__setattr__(self, "methods", dedupe(self.methods))
+        if self.epsilons is not None:
+            if not self.epsilons:
+                raise ValueError("epsilons is empty: expected at least one epsilon")
+            eps = tuple(check_epsilon(e) for e in self.epsilons)
+            object.__setattr__(self, "epsilons", dedupe(eps))
+        if self.delta is not None:
+            check_delta(self.delta)
+        for name, value in (("noise_draws", self.noise_draws), ("split_seed", self.split_seed)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name}={value!r} is invalid: expected an integer")
+        if self.noise_draws < 1:
+            raise ValueError(f"noise_draws={self.noise_draws!r} is invalid: expected >= 1")
+        if not self.seeds:
+            raise ValueError("seeds is empty: expected at least one seed")
+        if any(isinstance(s, bool) or not isinstance(s, int) for s in self.seeds):
+            raise ValueError(f"seeds={self.seeds!r} is invalid: expected integers")
+        object.__setattr__(self, "seeds", dedupe(self.seeds))
+        for flag in ("resume", "overwrite", "reproducible_noise", "progress"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag}={getattr(self, flag)!r} is invalid: expected true/false")
+        if self.resume and self.overwrite:
+            raise ValueError("resume and overwrite exclude each other: continue or replace")
+        for name in self.attack_names:
+            if name not in available_attacks():
+                raise ValueError(
+                    f"unknown attack {name!r}: expected one of {', '.join(available_attacks())}"
+                    ", 'all' or 'none'"
+                )
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device={self.device!r} is invalid: expected 'cpu' or 'cuda[:N]'")
+        validate_options(self.options)
+
+    @property
+    def attack_names(self) -> tuple[str, ...]:
+        """The attacks to run: ``all`` expands to every registered one, ``none`` to none."""
+        if tuple(self.attacks) == ("all",):
+            return DEFAULT_ATTACKS
+        if tuple(self.attacks) in (("none",), ()):
+            return ()
+        return dedupe(self.attacks)
+
+    @property
+    def grid(self) -> tuple[float, ...]:
+        """The epsilons of the grid (the dataset's default when none were given)."""
+        return DEFAULT_EPSILONS if self.epsilons is None else self.epsilons
+
+    @property
+    def ssl_config(self) -> SSLConfig:
+        if self.ssl is not None:
+            return self.ssl
+        if self.dataset not in DEFAULT_SSL:
+            raise ValueError(f"dataset {self.dataset!r} has no SimCLR recipe; pass one")
+        return DEFAULT_SSL[self.dataset]
+
+    @property
+    def split_sizes(self) -> SplitSizes:
+        if self.split is not None:
+            return self.split
+        if self.dataset not in DEFAULT_SIZES:
+            raise ValueError(f"no default split sizes for {self.dataset!r}; pass split sizes")
+        return DEFAULT_SIZES[self.dataset]
+
+    @property
+    def cache_path(self) -> Path:
+        if self.cache_dir is not None:
+            return Path(self.cache_dir)
+        return Path(os.environ.get("ALM_OPACUS_CACHE", Path(self.out) / "cache"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for ``config.json`` (defaults resolved)."""
+        out = dataclasses.asdict(self)
+        out["epsilons"] = list(self.grid)
+        out["ssl"] = self.ssl_config.to_dict()
+        out["split"] = dataclasses.asdict(self.split_sizes)
+        return out
+
+
+def dedupe(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``values`` without repeats, first occurrences kept in order (floats compared exactly)."""
+    return tuple(dict.fromkeys(values))
+
+
+def config_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The :data:`RESUME_KEYS` (dotted to the first differing leaf) where two ``config.json``
+    payloads differ, as ``"key (saved vs now)"``."""
+    out: list[str] = []
+    for key in RESUME_KEYS:
+        a, b = saved.get(key), current.get(key)
+        if key == "method_options" and isinstance(a, dict) and isinstance(b, dict):
+            # a resumed run may add methods; those in both must agree
+            a, b = ({m: v[m] for m in set(a) & set(b)} for v in (a, b))
+        _diff(key, a, b, out)
+    return out
+
+
+def _diff(key: str, a: Any, b: Any, out: list[str]) -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            _diff(f"{key}.{k}", a.get(k), b.get(k), out)
+        return
+    if (
+        isinstance(a, float)
+        and isinstance(b, float)
+        and (a == b or (math.isnan(a) and math.isnan(b)))
+    ):
+        return
+    if a != b:
+        out.append(f"{key} ({a!r} vs {b!r})")

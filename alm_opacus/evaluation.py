@@ -1,0 +1,171 @@
+"""The attacker's side of a cell, and the rows a cell contributes to ``results.csv``."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from alm_opacus.attacks import (
+    AttackConfig,
+    AttackerKnowledge,
+    AttackResult,
+    AttackTarget,
+    PreparedAttacks,
+    aggregate_results,
+    prepare_attacks,
+)
+from alm_opacus.heads import utility_loss
+from alm_opacus.methods import Release, ShadowTrainer
+from alm_opacus.report.results import ResultRow
+
+__all__ = ["CLEAN_SUFFIX", "Evaluation", "cell_rows", "infeasible_row", "torch_threads"]
+
+#: Attack rows of the clean-reference attacker (plain shadow heads) against a release whose
+#: own adaptive attacker imitates its noise: an attacker chooses its best strategy.
+CLEAN_SUFFIX = "-clean"
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run a block with ``n`` intra-op threads: the attacks' many tiny matrix products are
+    slower with more threads than they have work for."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@dataclass
+class Evaluation:
+    """The balanced evaluation set (members and as many non-members) and the attacker's pool."""
+
+    features: Tensor
+    labels: Tensor
+    is_member: np.ndarray
+    pool: tuple[Tensor, Tensor]
+    names: tuple[str, ...]
+    num_classes: int
+    config: AttackConfig
+
+    def prepare(self, trainer: ShadowTrainer, *, seed: int) -> PreparedAttacks:
+        """Fit every attack on the attacker's side, before any release is seen."""
+        knowledge = AttackerKnowledge(features=self.pool[0], labels=self.pool[1], trainer=trainer,
+                                      num_classes=self.num_classes)  # fmt: skip
+        with torch_threads(1):
+            return prepare_attacks(
+                names=self.names, knowledge=knowledge, seed=seed, config=self.config,
+                candidate_features=self.features, candidate_labels=self.labels,
+            )  # fmt: skip
+
+    def attack(
+        self, prepared: PreparedAttacks, release: Release, *, inputs: Tensor | None = None,
+        suffix: str = "",
+    ) -> list[AttackResult]:  # fmt: skip
+        """Attack ``release``, querying it with ``inputs`` (the evaluation rows in the
+        release's input kind; ``None``: the features); ``suffix`` tags the attack names."""
+        target = AttackTarget(
+            predict=release.predict_proba, features=self.features, labels=self.labels,
+            is_member=self.is_member, num_classes=self.num_classes,
+            delta=release.statement.delta, inputs=inputs,
+        )  # fmt: skip
+        with torch_threads(1):
+            results = prepared.attack(target)
+        return [replace(r, attack=r.attack + suffix) for r in results] if suffix else results
+
+
+def _num(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+def _replace_one(epsilon: float, delta: float, neighbouring: str) -> tuple[float, float]:
+    # Group privacy: add/remove (eps, delta) gives replace-one (2 eps, (1 + e^eps) delta).
+    if neighbouring != "add-remove" or not math.isfinite(epsilon):
+        return epsilon, delta
+    return 2 * epsilon, min(1.0, (1 + math.exp(min(epsilon, 700.0))) * delta)
+
+
+def base_row(
+    *, dataset: str, method: str, epsilon: float, seed: int, release: Release
+) -> ResultRow:
+    """The columns of a cell that do not depend on utility or attacks."""
+    st = release.statement
+    sens, training = st.sensitivity, release.training
+    eps_ro, delta_ro = _replace_one(st.epsilon, st.delta, st.neighbouring)
+    return ResultRow(
+        dataset=dataset, method=method, epsilon=epsilon, delta=st.delta,
+        guarantee=st.guarantee.value, sensitivity=sens.value if sens is not None else math.nan,
+        noise_scale=_num(st.noise_scale), seed=seed, test_accuracy=math.nan,
+        utility_loss=math.nan, statement=str(st),
+        noise_multiplier=_num(training.noise_multiplier if training else None),
+        clip_norm=_num(training.clip_norm if training else None),
+        noise_std=_num(release.noise_std),
+        sensitivity_norm=sens.norm if sens is not None else "",
+        sensitivity_source=sens.source.value if sens is not None else "",
+        neighbouring=st.neighbouring, epsilon_replace_one=eps_ro, delta_replace_one=delta_ro,
+        noise_source=st.noise, epsilon_spent=_num(st.epsilon_spent),
+        accountant=training.accountant if training else "",
+    )  # fmt: skip
+
+
+def cell_rows(
+    *, dataset: str, method: str, epsilon: float, seed: int, releases: Sequence[Release],
+    accuracies: Sequence[float], reference: float, results: Sequence[AttackResult],
+    seconds: float,
+) -> list[ResultRow]:  # fmt: skip
+    """The rows of one finished cell: one per attack (or one row without attacks)."""
+    mean_acc = float(np.mean(accuracies))
+    spread = len(accuracies) > 1
+    base = replace(
+        base_row(dataset=dataset, method=method, epsilon=epsilon, seed=seed,
+                 release=releases[0]),
+        test_accuracy=mean_acc,
+        utility_loss=utility_loss(protected=mean_acc, unprotected=reference),
+        seconds=seconds, noise_draws=len(releases),
+        test_accuracy_std=float(np.std(accuracies)) if spread else math.nan,
+        utility_loss_std=float(np.std(accuracies)) / reference if spread else math.nan,
+    )  # fmt: skip
+    if not results:
+        return [base]
+    out = []
+    for agg in aggregate_results(results):
+        mean, std = agg.mean, agg.std
+        extra: dict[str, Any] = {
+            k.replace(".", "_"): v
+            for k, v in agg.to_row().items()
+            if k.replace(".", "_") in _OPTIONAL_ATTACK_COLUMNS
+        }
+        out.append(replace(
+            base, attack=agg.attack, mia_accuracy=mean["mia_accuracy"],
+            mia_advantage=mean["mia_advantage"], mia_auc=mean["mia_auc"],
+            tpr_at_fpr_0_001=mean["tpr_at_fpr_0.001"], tpr_at_fpr_0_01=mean["tpr_at_fpr_0.01"],
+            eps_lower_bound=mean["eps_lower_bound"], mia_auc_std=std["mia_auc"],
+            mia_accuracy_std=std["mia_accuracy"], **extra,
+        ))  # fmt: skip
+    return out
+
+
+#: Columns an attack aggregate may provide beyond the design page's (intervals, ceiling).
+_OPTIONAL_ATTACK_COLUMNS = frozenset({
+    "mia_auc_ci_low", "mia_auc_ci_high", "tpr_at_fpr_0_001_ci_low", "tpr_at_fpr_0_001_ci_high",
+    "tpr_at_fpr_0_01_ci_low", "tpr_at_fpr_0_01_ci_high", "eps_lower_bound_ceiling",
+})  # fmt: skip
+
+
+def infeasible_row(*, dataset: str, method: str, epsilon: float, seed: int, delta: float,
+                   reason: str, seconds: float) -> ResultRow:  # fmt: skip
+    """The one row of a cell that no release can meet."""
+    return ResultRow(
+        dataset=dataset, method=method, epsilon=epsilon, delta=delta, guarantee="none",
+        sensitivity=math.nan, noise_scale=math.nan, seed=seed, test_accuracy=math.nan,
+        utility_loss=math.nan, seconds=seconds, noise_draws=0, status="infeasible",
+        reason=reason.splitlines()[0] if reason else "infeasible",
+    )  # fmt: skip

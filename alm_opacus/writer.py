@@ -1,0 +1,163 @@
+"""Everything a run writes after each cell: results, ROC curves, config, TensorBoard, plots."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+import alm_opacus
+from alm_opacus.io import atomic_write_json, atomic_write_text
+from alm_opacus.methods import method_class, method_options
+from alm_opacus.report.plots import write_plots
+from alm_opacus.report.results import ResultRow, read_results, write_results
+from alm_opacus.report.tensorboard import TensorBoardReporter
+
+if TYPE_CHECKING:
+    from alm_opacus.config import RunConfig
+    from alm_opacus.harness import CellOutcome
+
+__all__ = ["RocKey", "RocMap", "RunWriter", "run_settings"]
+
+RocKey = tuple[str, float, str]
+RocMap = dict[RocKey, tuple[list[float], list[float]]]
+
+
+def run_settings(config: RunConfig) -> dict[str, Any]:
+    """What ``config.json`` records besides the chosen configurations."""
+    methods = ["none", *[m for m in config.methods if m != "none"]]
+    return {
+        **config.to_dict(),
+        "methods": methods,
+        "environment": _environment(),
+        "tuning_grids": {m: [dict(c) for c in method_class(m).tuning_grid] for m in methods},
+        "method_options": {m: method_options(m, config.options).to_dict() for m in methods},
+    }
+
+
+def _environment() -> dict[str, str]:
+    versions = {"alm_opacus": alm_opacus.__version__, "torch": torch.__version__,
+                "python": platform.python_version()}  # fmt: skip
+    for name in ("opacus", "dp-accounting"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[name] = importlib.metadata.version(name)
+    return versions
+
+
+class RunWriter:
+    """Holds the run's rows and rewrites its files atomically after every cell.
+
+    On resume it starts from the previous run's rows, ROC curves and chosen configurations,
+    and ``config.json``'s grid becomes the union of the previous grid and this one.
+    """
+
+    def __init__(self, out: Path, *, settings: dict[str, Any], resume: bool) -> None:
+        self.out = out
+        self.rows: list[ResultRow] = []
+        self.rocs: RocMap = {}
+        self.chosen: list[dict[str, Any]] = []
+        self.settings = dict(settings)
+        if resume:
+            self._load_previous()
+        self.done = {row.cell() for row in self.rows}
+        self._write_config()
+
+    def _load_previous(self) -> None:
+        path = self.out / "results.csv"
+        if path.exists():
+            try:
+                self.rows = read_results(path)
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"--resume: {exc}; use --overwrite to start again") from exc
+        self.rocs = _load_rocs(self.out / "rocs.json")
+        config = self.out / "config.json"
+        previous = json.loads(config.read_text()) if config.exists() else {}
+        self.chosen = list(previous.get("chosen_configs", []))
+        for key in ("methods", "epsilons", "seeds"):
+            merged = list(dict.fromkeys([*previous.get(key, []), *self.settings[key]]))
+            self.settings[key] = merged
+
+    def add(self, outcome: CellOutcome) -> None:
+        """Record one finished cell and rewrite results, ROC curves, config and TensorBoard."""
+        self.rows.extend(outcome.rows)
+        self.rocs.update(outcome.rocs)
+        if outcome.chosen is not None:
+            self.chosen.append(outcome.chosen)
+        write_results(self.out / "results.csv", self.rows)
+        _save_rocs(self.out / "rocs.json", self.rocs)
+        self._write_config()
+        self._write_tensorboard(images=False)
+
+    def finish(self, *, force: bool) -> None:
+        """Render figures (ROC images, plots) once; a resume that computed nothing and finds
+        them skips the work."""
+        if force or not (self.out / "plots" / "fig1_utility_loss.png").exists():
+            self._write_tensorboard(images=True)
+            write_plots(self.rows, self.rocs, self.out / "plots")
+
+    def _write_config(self) -> None:
+        atomic_write_json(self.out / "config.json", {**self.settings,
+                                                      "chosen_configs": self.chosen})  # fmt: skip
+
+    def _write_tensorboard(self, *, images: bool) -> None:
+        """Rewrite ``tb/`` from all rows into a fresh folder, then swap it in: the folder
+        always holds exactly this run's rows (resumed ones included)."""
+        tmp = self.out / f".tb-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        reporter = TensorBoardReporter(tmp)
+        try:
+            for cell in _cells(self.rows):
+                reporter.add_cell(cell, hparams=_hparams(self.settings))
+            reporter.add_layout(list(self.settings["methods"]))
+            if images:
+                reporter.add_rocs(self.rocs)
+        finally:
+            reporter.close()
+        old = self.out / f".tb-old-{os.getpid()}"
+        if (self.out / "tb").exists():
+            os.replace(self.out / "tb", old)
+        os.replace(tmp, self.out / "tb")
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _cells(rows: Sequence[ResultRow]) -> list[list[ResultRow]]:
+    groups: dict[tuple[str, str, int], list[ResultRow]] = {}
+    for row in rows:
+        groups.setdefault(row.cell(), []).append(row)
+    return [g for g in groups.values() if g[0].status == "ok"]
+
+
+def _hparams(settings: dict[str, Any]) -> dict[str, object]:
+    head, options = settings["head"], settings["options"]
+    return {"dataset": settings["dataset"], "head": head["kind"], "head_steps": head["steps"],
+            "head_l2": head["l2"], "noise_draws": settings["noise_draws"],
+            "sensitivity": str(options.get("sensitivity", "")),
+            "m": int(options.get("m", 0))}  # fmt: skip
+
+
+def _save_rocs(path: Path, rocs: RocMap) -> None:
+    payload = [
+        {"method": m, "epsilon": "inf" if math.isinf(e) else e, "attack": a, "fpr": f, "tpr": t}
+        for (m, e, a), (f, t) in rocs.items()
+    ]
+    atomic_write_text(path, json.dumps(payload))
+
+
+def _load_rocs(path: Path) -> RocMap:
+    if not path.exists():
+        return {}
+    try:
+        items = json.loads(path.read_text())
+        return {(i["method"], float(i["epsilon"]), i["attack"]): (i["fpr"], i["tpr"])
+                for i in items}  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a readable rocs.json ({exc}); use --overwrite") from exc

@@ -1,0 +1,86 @@
+"""The run's units on their own: the grid, one cell, the writer (issue 12, item 3)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from alm_opacus.config import RunConfig
+from alm_opacus.evaluation import CLEAN_SUFFIX
+from alm_opacus.harness import Cell, CellOutcome, Session, plan_cells, run_cell
+from alm_opacus.report.results import read_results
+from alm_opacus.writer import RunWriter, run_settings
+
+
+def test_the_grid_puts_the_baseline_first_in_every_seed() -> None:
+    config = RunConfig(methods=("alm", "none", "laplace"), epsilons=(1.0, 2.0), seeds=(3, 4),
+                       noise_draws=2)  # fmt: skip
+    cells = plan_cells(config)
+    assert [c.method for c in cells[:5]] == ["none", "alm", "alm", "laplace", "laplace"]
+    assert cells[0] == Cell("none", math.inf, 3, 1) and cells[5] == Cell("none", math.inf, 4, 1)
+    assert {c.draws for c in cells if c.method != "none"} == {2} and len(cells) == 10
+    default = plan_cells(RunConfig(methods=("alm",)))
+    assert [c.epsilon for c in default[1:]] == list(RunConfig().grid)
+
+
+@pytest.fixture(scope="module")
+def session(default_pipeline):  # type: ignore[no-untyped-def]
+    config = RunConfig(methods=("alm", "gaussian-classic"), epsilons=(1.0,), noise_draws=2,
+                       attacks=("loss", "lira-online"), options={"m": 6},
+                       reproducible_noise=True, progress=False,
+                       cache_dir=str(default_pipeline.config.cache_path))  # fmt: skip
+    return Session.open(config, default_pipeline)
+
+
+@pytest.mark.slow
+def test_one_cell_runs_alone_and_reports_both_attackers(session) -> None:  # type: ignore[no-untyped-def]
+    baseline = run_cell(Cell("none", math.inf, 0, 1), session)
+    assert [r.attack for r in baseline.rows] == ["loss", "lira-online"]
+    assert session.reference[0] == baseline.rows[0].test_accuracy
+    outcome = run_cell(Cell("alm", 1.0, 0, 2), session)
+    attacks = [r.attack for r in outcome.rows]
+    # the noise-aware attacker and the clean-reference attacker, each its own row
+    assert attacks == ["loss", "lira-online", f"loss{CLEAN_SUFFIX}", f"lira-online{CLEAN_SUFFIX}"]
+    row = outcome.rows[0]
+    assert row.noise_draws == 2 and row.status == "ok" and row.neighbouring == "replace-one"
+    assert row.noise_std == pytest.approx(row.noise_scale * math.pi / math.sqrt(3))
+    assert row.sensitivity_source == "sampled" and row.noise_source == "seeded"
+    assert row.utility_loss == pytest.approx(1 - row.test_accuracy / session.reference[0])
+    assert set(outcome.rocs) == {("alm", 1.0, a) for a in attacks}
+
+
+@pytest.mark.slow
+def test_an_infeasible_cell_is_one_row_with_its_reason(session) -> None:  # type: ignore[no-untyped-def]
+    run_cell(Cell("none", math.inf, 0, 1), session)
+    outcome = run_cell(Cell("gaussian-classic", 500.0, 0, 2), session)
+    (row,) = outcome.rows
+    assert row.status == "infeasible" and "proven only for epsilon < 1" in row.reason
+    assert math.isnan(row.test_accuracy) and row.guarantee == "none"
+    feasible = run_cell(Cell("gaussian-classic", 0.5, 0, 1), session)
+    assert feasible.rows[0].status == "ok" and feasible.rows[0].guarantee == "random-dp"
+
+
+def test_the_writer_rewrites_every_file_after_a_cell_and_resumes(tmp_path: Path) -> None:
+    from alm_opacus.report.results import ResultRow
+
+    config = RunConfig(methods=("alm",), epsilons=(1.0,), out=str(tmp_path))
+    out = tmp_path
+    settings = run_settings(config)
+    w = RunWriter(out, settings=settings, resume=False)
+    row = ResultRow(dataset="digits", method="alm", epsilon=1.0, delta=0.0, guarantee="pure-dp",
+                    sensitivity=1.0, noise_scale=1.0, seed=0, test_accuracy=0.5,
+                    utility_loss=0.4, attack="loss", mia_auc=0.55)  # fmt: skip
+    w.add(CellOutcome(rows=[row], rocs={("alm", 1.0, "loss"): ([0.0, 1.0], [0.0, 1.0])},
+                      chosen={"method": "alm", "epsilon": 1.0, "seed": 0, "config": {"a": 1}}))
+    assert read_results(out / "results.csv") == [row]
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["chosen_configs"][0]["config"] == {"a": 1}  # written after the cell, not at end
+    assert saved["method_options"]["alm"]["m"] == 200
+    assert (out / "tb").is_dir() and not list(out.glob(".tb-*"))
+    again = RunWriter(out, settings=run_settings(RunConfig(methods=("alm",), epsilons=(2.0,),
+                                                           out=str(tmp_path))), resume=True)
+    assert again.rows == [row] and again.done == {row.cell()}
+    assert again.settings["epsilons"] == [1.0, 2.0]  # the grid grows on resume
