@@ -6,7 +6,10 @@ Bad input exits with code 2 and a one-line message naming the flag and what was 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -185,8 +188,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="one cell per seed: head training, noise draws and attacks are seeded by it",
     )
     runopts.add_argument("--device", default="cpu", help="cpu or cuda")
-    runopts.add_argument("--out", default="runs/latest", help="run folder")
-    runopts.add_argument("--cache-dir", default=None, help="default: <out>/cache")
+    runopts.add_argument(
+        "--out", default=None,
+        help=f"run folder (default: a new {RUNS}/<UTC time> folder, linked as {RUNS}/latest; "
+        f"with --resume: {RUNS}/latest)",
+    )  # fmt: skip
+    runopts.add_argument(
+        "--cache-dir", default=None,
+        help=f"encoder, feature and head cache (default: {RUNS}/cache without --out, else "
+        "<out>/cache)",
+    )  # fmt: skip
     runopts.add_argument(
         "--resume", action="store_true",
         help="continue the run in --out: skip its finished cells (its config must match)",
@@ -271,6 +282,12 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
         parser.error(f"--data-root={args.data_root!r}: expected an existing folder")
     if args.device not in ("cpu", "cuda") and not str(args.device).startswith("cuda:"):
         parser.error(f"--device={args.device!r}: expected cpu or cuda")
+    if args.out is None:
+        latest = Path(RUNS) / "latest"
+        if args.resume and not latest.exists():
+            parser.error(f"--resume without --out continues {latest}, which does not exist")
+        args.out = str(latest.resolve()) if args.resume else _new_run_folder()
+        args.cache_dir = args.cache_dir or str(Path(RUNS) / "cache")
     for flag, value in (("--out", args.out), ("--cache-dir", args.cache_dir)):
         if value is not None:
             try:
@@ -320,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison; return the process exit code."""
     config = parse_config(argv)
     try:
-        result = run(config)
+        result = run(config, on_start=_link_latest)
     except (ValueError, DataError) as exc:
         print(f"alm-opacus: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
@@ -344,6 +361,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     if plots.exists():
         print(f"plots: {plots}")
     return 0
+
+
+#: Where runs go when ``--out`` is not given.
+RUNS = "runs"
+
+
+def _new_run_folder() -> str:
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    path = Path(RUNS) / stamp
+    suffix = 1
+    while path.exists():
+        path = Path(RUNS) / f"{stamp}-{suffix}"
+        suffix += 1
+    return str(path)
+
+
+def _link_latest(out: Path) -> None:
+    """Point ``runs/latest`` at ``out`` (atomically; only for folders under ``runs/``)."""
+    runs = Path(RUNS)
+    if out.resolve().parent != runs.resolve():
+        return
+    tmp = runs / f".latest-{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    tmp.symlink_to(out.name)
+    latest = runs / "latest"
+    if latest.exists() and not latest.is_symlink():
+        tmp.unlink()
+        return  # a real folder named latest (an older layout): leave it alone
+    os.replace(tmp, latest)
 
 
 def _one_line(text: str) -> str:

@@ -354,7 +354,12 @@ class RunResult:
     seconds: float
 
 
-def run(config: RunConfig, *, on_cell: Callable[[Cell], None] | None = None) -> RunResult:
+def run(
+    config: RunConfig,
+    *,
+    on_cell: Callable[[Cell], None] | None = None,
+    on_start: Callable[[Path], None] | None = None,
+) -> RunResult:
     """Run the whole comparison into ``config.out``: ``config.json``, ``split.json``,
     ``results.csv``, ``rocs.json``, TensorBoard events and plots, each written atomically
     after every cell.
@@ -362,6 +367,7 @@ def run(config: RunConfig, *, on_cell: Callable[[Cell], None] | None = None) -> 
     Args:
         config: the run.
         on_cell: called before each cell is computed (tests use it to interrupt a run).
+        on_start: called with the run folder once it is validated and locked.
 
     Raises:
         ValueError: for an invalid configuration, an unusable ``out`` or cache, a run folder
@@ -375,6 +381,8 @@ def run(config: RunConfig, *, on_cell: Callable[[Cell], None] | None = None) -> 
     settings = run_settings(config)
     folder.check(settings)
     with folder, contextlib.ExitStack() as stack:
+        if on_start is not None:
+            on_start(out)
         writer = RunWriter(out, settings=settings, resume=config.resume)
         data = prepare(config)
         data.split.save(out / "split.json")

@@ -47,11 +47,11 @@ def check_writable_dir(path: Path, *, flag: str) -> None:
 
 
 def check_can_create(path: Path, *, flag: str) -> None:
-    """Check, without creating anything, that ``path`` is a folder or could be created as one.
+    """Check that ``path`` is a writable folder or can be created as one, leaving the file
+    system as it was (folders created by the check are removed again).
 
     Raises:
-        ValueError: naming ``flag`` when ``path`` is a file or its nearest existing ancestor
-            is not a writable folder.
+        ValueError: naming ``flag`` when ``path`` is a file or cannot be created.
     """
     path = Path(path)
     if path.exists():
@@ -60,13 +60,18 @@ def check_can_create(path: Path, *, flag: str) -> None:
         if not os.access(path, os.W_OK | os.X_OK):
             raise ValueError(f"{flag}={str(path)!r} is not writable: expected a writable folder")
         return
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(
-            f"{flag}={str(path)!r} cannot be created: {parent} is not a writable folder"
-        )
+    missing = [path, *(p for p in path.parents if not p.exists())]
+    created: list[Path] = []
+    try:
+        for folder in reversed(missing):
+            folder.mkdir()
+            created.append(folder)
+    except OSError as exc:
+        raise ValueError(f"{flag}={str(path)!r} cannot be created: {exc.strerror}") from exc
+    finally:
+        for folder in reversed(created):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 class RunFolder:

@@ -139,12 +139,16 @@ def test_config_file_sets_defaults_and_the_command_line_wins(tmp_path: Path) -> 
 
 
 def test_l2_and_accountant_reach_the_recipe_and_the_methods(tmp_path: Path) -> None:
+    from alm_opacus.methods import method_options
+
     config = parse_config(["--l2", "0.01", "--accountant", "prv", "--out", str(tmp_path)])
     assert config.head.l2 == 0.01
-    assert config.options["l2"] == 0.01 and config.options["accountant"] == "prv"
+    assert config.options["analytic_l2"] == 0.01 and config.options["accountant"] == "prv"
+    assert method_options("alm", config.options).analytic_l2 == 0.01  # type: ignore[attr-defined]
+    assert method_options("dpsgd", config.options).accountant == "prv"  # type: ignore[attr-defined]
     default = parse_config(["--out", str(tmp_path)])
-    assert default.head.l2 == 0.0 and "l2" not in default.options
-    assert default.options["accountant"] == "alm_pld"
+    assert default.head.l2 == 0.0 and "analytic_l2" not in default.options
+    assert method_options("dpsgd", default.options).accountant == "alm_pld"  # type: ignore[attr-defined]
 
 
 def test_config_file_with_unknown_key_exits_2(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -247,6 +251,7 @@ def test_an_image_method_is_trained_tested_and_attacked_on_images(
         methods=("pixel-probe",), epsilons=(1.0,), noise_draws=1, attacks=("loss",),
         out=str(tmp_path / "run"), cache_dir=str(shared_cache), progress=False,
     )  # fmt: skip
+    assert registry.method_class("pixel-probe").inputs == "images"
     result = harness.run(config)
     assert seen[:2] == [("prepare", (150, 1, 8, 8)), ("release", (150, 1, 8, 8))]
     assert ("query", (150, 1, 8, 8)) in seen  # test accuracy on the non-members' images
@@ -269,7 +274,7 @@ def test_an_image_method_is_trained_tested_and_attacked_on_images(
 
 @pytest.mark.slow
 def test_dpsgd_full_runs_in_the_harness_on_images(tmp_path: Path, shared_cache: Path) -> None:
-    options = {"dpsgd_full_epochs": 2, "dpsgd_full_lr": 0.1, "dpsgd_full_clip": 1.0}
+    options = {"dpsgd-full.epochs": 2, "dpsgd-full.lr": 0.1, "dpsgd-full.clip": 1.0}
     config = harness.RunConfig(
         methods=("dpsgd-full",), epsilons=(2.0,), noise_draws=1, attacks=("loss",),
         out=str(tmp_path / "run"), cache_dir=str(shared_cache), progress=False,

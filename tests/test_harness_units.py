@@ -73,14 +73,22 @@ def test_the_writer_rewrites_every_file_after_a_cell_and_resumes(tmp_path: Path)
     row = ResultRow(dataset="digits", method="alm", epsilon=1.0, delta=0.0, guarantee="pure-dp",
                     sensitivity=1.0, noise_scale=1.0, seed=0, test_accuracy=0.5,
                     utility_loss=0.4, attack="loss", mia_auc=0.55)  # fmt: skip
-    w.add(CellOutcome(rows=[row], rocs={("alm", 1.0, "loss"): ([0.0, 1.0], [0.0, 1.0])},
-                      chosen={"method": "alm", "epsilon": 1.0, "seed": 0, "config": {"a": 1}}))
+    w.add(
+        CellOutcome(
+            rows=[row],
+            rocs={("alm", 1.0, "loss"): ([0.0, 1.0], [0.0, 1.0])},
+            chosen={"method": "alm", "epsilon": 1.0, "seed": 0, "config": {"a": 1}},
+        )
+    )
     assert read_results(out / "results.csv") == [row]
     saved = json.loads((out / "config.json").read_text())
     assert saved["chosen_configs"][0]["config"] == {"a": 1}  # written after the cell, not at end
     assert saved["method_options"]["alm"]["m"] == 200
     assert (out / "tb").is_dir() and not list(out.glob(".tb-*"))
-    again = RunWriter(out, settings=run_settings(RunConfig(methods=("alm",), epsilons=(2.0,),
-                                                           out=str(tmp_path))), resume=True)
+    again = RunWriter(
+        out,
+        settings=run_settings(RunConfig(methods=("alm",), epsilons=(2.0,), out=str(tmp_path))),
+        resume=True,
+    )
     assert again.rows == [row] and again.done == {row.cell()}
     assert again.settings["epsilons"] == [1.0, 2.0]  # the grid grows on resume

@@ -80,15 +80,18 @@ def test_linear_closed_form_matches_torch_adam(
 
 
 def test_closed_form_matches_autograd_path(data: tuple[torch.Tensor, torch.Tensor]) -> None:
-    # Full 300 steps with l2 > 0: near a stationary point Adam divides by sqrt(v) ~ |grad|,
-    # amplifying float64 rounding; two exact implementations agree to ~1e-6, not 1e-15.
+    # Near a stationary point Adam divides by sqrt(v) ~ |grad| and amplifies float64 rounding
+    # without bound (at the default 1000 steps two exact implementations differ by ~1e-5 on
+    # one processor and more on another). Far from it (50 steps) the amplification is at most
+    # ~1e4 per step, so 50 steps keep the paths within 50 * 1e4 * 1e-16 = 5e-11 (measured
+    # ~1e-15); the test asserts 1e-9.
     x, y = data
-    config = HeadConfig(l2=1e-3, clip_radius=3.0)
+    config = HeadConfig(l2=1e-3, clip_radius=3.0, steps=50)
     masks = _masks(2)
     a = train_heads(x, y, masks=masks, num_classes=10, config=config, seed=1)
     b = train_heads_autograd(x, y, masks=masks, num_classes=10, config=config, seed=1)
     for k in a:
-        assert _rel(a[k], b[k]) < 1e-5, k
+        assert _rel(a[k], b[k]) < 1e-9, k
 
 
 @pytest.mark.parametrize("kind", ["linear", "mlp"])

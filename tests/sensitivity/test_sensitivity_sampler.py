@@ -38,24 +38,38 @@ def _assert_close(a: SensitivitySample, b: SensitivitySample, rel: float) -> Non
     assert a.value_l1 == pytest.approx(b.value_l1, rel=rel)
 
 
+# Tolerances. The batched and sequential paths sum their matrix products in different orders
+# (and BLAS kernels differ between AVX-512 and AVX2 processors), so each step carries a
+# relative rounding difference of order 1e-16. Adam divides by sqrt(v) ~ |grad|: far from a
+# stationary point (50 steps here; gradients stay of order 1e-2 and above) that amplifies
+# it by at most ~1e4 per step, so 50 steps stay below 50 * 1e4 * 1e-16 = 5e-11 (measured:
+# ~1e-15). Near a stationary point (the default 1000 steps) the amplification is unbounded
+# and two exact implementations disagree by several percent (measured 2% on an AMD EPYC), so
+# the comparison is made where it is provably tight. The convex head is solved to gradient
+# norm tol = 1e-10 by both paths; lambda-strong convexity puts each within tol / lambda = 2e-9
+# of the same minimiser, so distances (of order 1e-2 here) agree to 4e-9 / 1e-2 = 4e-7.
+ADAM_REL = 1e-9
+NEWTON_REL = 1e-6
+
+
 @pytest.mark.parametrize(
-    ("config", "solver", "m"),
+    ("config", "solver", "m", "rel"),
     [
-        (HeadConfig(), "adam", 6),  # the default recipe: linear, 300 Adam steps, l2 = 0
-        (HeadConfig(l2=0.01, clip_radius=1.0), "adam", 4),
-        (HeadConfig(kind="mlp", hidden=16, steps=60), "adam", 3),
-        (HeadConfig(l2=0.05, clip_radius=1.0), "newton", 4),
+        (HeadConfig(steps=50), "adam", 6, ADAM_REL),  # the default recipe, 50 steps
+        (HeadConfig(l2=0.01, clip_radius=1.0, steps=50), "adam", 4, ADAM_REL),
+        (HeadConfig(kind="mlp", hidden=16, steps=50), "adam", 3, ADAM_REL),
+        (HeadConfig(l2=0.05, clip_radius=1.0), "newton", 4, NEWTON_REL),
     ],
     ids=["linear-default", "linear-l2-clip", "mlp", "convex-newton"],
 )
 def test_batched_equals_sequential(
-    data: tuple[torch.Tensor, torch.Tensor], config: HeadConfig, solver: str, m: int
+    data: tuple[torch.Tensor, torch.Tensor], config: HeadConfig, solver: str, m: int, rel: float
 ) -> None:
     x, y = data
     kw = {"num_classes": 10, "config": config, "seed": 4, "m": m, "solver": solver}
     batched = sample_sensitivity(x, y, chunk_size=3, **kw)  # type: ignore[arg-type]
     sequential = sample_sensitivity_sequential(x, y, **kw)  # type: ignore[arg-type]
-    _assert_close(batched, sequential, rel=1e-5)
+    _assert_close(batched, sequential, rel=rel)
     assert batched.confidence == sequential.confidence
 
 
@@ -105,13 +119,18 @@ def test_order_statistic_and_info(data: tuple[torch.Tensor, torch.Tensor]) -> No
     assert t.confidence == sampler_confidence(m=10, order=8, gamma=0.3)
     assert np.array_equal(t.l2, s.l2)
     info = s.to_info("l2")
-    assert (info.value, info.norm, info.source.value) == (s.value_l2, "l2", "sampled")
+    # Algorithm 2 on one fixed data set: if that set is private, no guarantee can rest on it
+    assert (info.value, info.norm, info.source.value) == (s.value_l2, "l2", "sampled-members")
     assert (info.m, info.gamma, info.confidence, info.adjacency) == (10, 0.2, s.confidence,
                                                                      "replace-one")  # fmt: skip
     assert s.to_info("l1").value == s.value_l1
+    with pytest.raises(ValueError, match="private members"):
+        PrivacyStatement(epsilon=1.0, delta=0.0, guarantee=Guarantee.RANDOM_DP,
+                         mechanism="alm", sensitivity=info)  # fmt: skip
+    drawn = dataclasses.replace(s, population="a public sample").to_info("l2")
     statement = PrivacyStatement(epsilon=1.0, delta=0.0, guarantee=Guarantee.RANDOM_DP,
-                                 mechanism="alm", sensitivity=info)  # fmt: skip
-    assert "random-DP" in str(statement)
+                                 mechanism="alm", sensitivity=drawn)  # fmt: skip
+    assert "random-DP" in str(statement) and drawn.source.value == "sampled"
     with pytest.raises(ValueError, match="norm='linf'"):
         s.to_info("linf")
     # a confidence that rounds to 1.0 is reported just below 1 (conservative)
