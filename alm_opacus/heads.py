@@ -41,6 +41,10 @@ class HeadConfig:
         clip_radius: ``R``; features are clipped to L2 norm at most ``R`` (None: no clipping).
         dtype: ``"float64"`` (default: neighbouring heads differ by tiny amounts, and float32
             rounding would pollute sampled sensitivities) or ``"float32"``.
+        solver: ``"adam"`` (``steps`` full-batch Adam steps from a seeded initialisation) or
+            ``"newton"`` (linear heads with ``l2 > 0`` only: the objective is strongly convex
+            and Newton-CG reaches its unique minimiser to a certified gradient norm, so a
+            sampled sensitivity measures the influence of one row, not where Adam stopped).
     """
 
     kind: str = "linear"
@@ -50,6 +54,7 @@ class HeadConfig:
     l2: float = 0.0
     clip_radius: float | None = None
     dtype: str = "float64"
+    solver: str = "adam"
 
     def __post_init__(self) -> None:
         if self.kind not in _INITS:
@@ -63,6 +68,14 @@ class HeadConfig:
             check_positive(self.clip_radius, name="clip_radius")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype={self.dtype!r} is invalid: expected 'float32' or 'float64'")
+        if self.solver not in ("adam", "newton"):
+            raise ValueError(f"solver={self.solver!r} is invalid: expected 'adam' or 'newton'")
+        if self.solver == "newton" and (self.kind != "linear" or not self.l2 > 0
+                                        or self.dtype != "float64"):  # fmt: skip
+            raise ValueError(
+                "solver='newton' needs a strongly convex objective: kind='linear', l2 > 0 and "
+                f"dtype='float64'; got kind={self.kind!r}, l2={self.l2!r}, dtype={self.dtype!r}"
+            )
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -201,6 +214,11 @@ def train_heads(
         ValueError: on shape mismatches or an empty mask row.
     """
     check_head_inputs(features, labels, masks)
+    if config.solver == "newton":
+        from alm_opacus.sensitivity.convex import train_convex_heads
+
+        return train_convex_heads(features, labels, masks=masks, num_classes=num_classes,
+                                  config=config).params  # fmt: skip
     device = features.device
     x = features.to(config.torch_dtype)
     y = labels.to(device=device, dtype=torch.long)

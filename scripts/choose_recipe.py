@@ -1,0 +1,160 @@
+"""Choose a dataset's default head recipe by measurement (issue 13, item 4).
+
+For each candidate recipe it measures, on the dataset's default split:
+
+* the unprotected head's test accuracy and its best membership-inference AUC (loss and
+  online LiRA, as the harness runs them);
+* the gradient norm of the training objective at the returned weights (a stationary point
+  is what lets Algorithm 2 measure the influence of one row rather than where Adam stopped);
+* the sampled L1 and L2 sensitivities (neighbouring data sets of the members' size drawn from
+  the public split: what the default post-training release calibrates to);
+* the smallest epsilon of a log grid at which ALM and the analytic Gaussian keep utility loss
+  <= 0.1 (mean over noise draws).
+
+The criterion (docs/recipes.md): the unprotected head stays measurably vulnerable (best AUC
+>= 0.60), its accuracy is within 3 points of the best candidate's, and among those the one
+needing the least noise (smallest ALM epsilon for utility loss <= 0.1) wins.
+
+    python scripts/choose_recipe.py --dataset digits [--out docs/recipes-digits.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from alm_opacus.config import RunConfig
+from alm_opacus.harness import Cell, Session, load_plugins, prepare, run_cell
+from alm_opacus.heads import HeadConfig, accuracy, head_objective
+from alm_opacus.mechanisms import create_mechanism, make_generator
+
+GRID = tuple(float(10**k) for k in np.arange(-1, 5.01, 0.25))
+
+CANDIDATES: dict[str, HeadConfig] = {
+    "adam-l2=0 (1000 steps)": HeadConfig(),
+    "adam-l2=1e-3 (1000 steps)": HeadConfig(l2=1e-3),
+    "newton-l2=1e-4": HeadConfig(l2=1e-4, solver="newton"),
+    "newton-l2=3e-4": HeadConfig(l2=3e-4, solver="newton"),
+    "newton-l2=1e-3": HeadConfig(l2=1e-3, solver="newton"),
+    "newton-l2=3e-3": HeadConfig(l2=3e-3, solver="newton"),
+    "newton-l2=1e-2": HeadConfig(l2=1e-2, solver="newton"),
+}
+
+
+def _grad_norm(
+    head: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, config: HeadConfig
+) -> float:
+    params = {k: v.detach().clone().unsqueeze(0).requires_grad_(True)
+              for k, v in head.state_dict().items()}  # fmt: skip
+    masks = torch.ones(1, len(y), dtype=torch.bool)
+    loss = head_objective(params, x.to(config.torch_dtype), y, masks, config=config).sum()
+    grads = torch.autograd.grad(loss, list(params.values()))
+    return float(torch.sqrt(sum(g.pow(2).sum() for g in grads)))
+
+
+def _smallest_epsilon(session: Session, prepared: Any, mechanism: str, reference: float,
+                      draws: int) -> tuple[float, float]:  # fmt: skip
+    """The smallest grid epsilon with mean utility loss <= 0.1, and that loss."""
+    mech = create_mechanism(mechanism)
+    x_out, y_out = session.data.part("nonmembers")
+    info = prepared.sensitivity[mech.norm]
+    head = prepared.head
+    flat = [p.detach().clone() for p in head.parameters()]
+    for epsilon in GRID:
+        delta = 0.0 if mech.pure else session.data.delta
+        scale = mech.calibrate(epsilon=epsilon, delta=delta, sensitivity=info.value)
+        accs = []
+        for _ in range(draws):
+            gen = make_generator(secure_mode=True)
+            with torch.no_grad():
+                for p, clean in zip(head.parameters(), flat, strict=True):
+                    p.copy_(clean + mech.sample(tuple(clean.shape), scale=scale, generator=gen))
+                accs.append(accuracy(head.predict_proba(x_out), y_out))
+            with torch.no_grad():
+                for p, clean in zip(head.parameters(), flat, strict=True):
+                    p.copy_(clean)
+        loss = 1 - float(np.mean(accs)) / reference
+        if loss <= 0.1:
+            return epsilon, loss
+    return math.inf, math.nan
+
+
+def measure(dataset: str, name: str, head: HeadConfig, *, cache: str, draws: int) -> dict[str, Any]:
+    config = RunConfig(dataset=dataset, methods=("alm", "gaussian"), head=head,
+                       attacks=("loss", "lira-online"), cache_dir=cache, progress=False,
+                       options={"m": 200})  # fmt: skip
+    start = time.perf_counter()
+    data = prepare(config)
+    session = Session.open(config, data)
+    rows = run_cell(Cell("none", math.inf, 0, 1), session).rows
+    reference = rows[0].test_accuracy
+    none_head = session.prepared_for("none", 0)
+    x_in, y_in = data.part("members")
+    prepared = session.prepared_for("alm", 0)
+    eps_alm, loss_alm = _smallest_epsilon(session, prepared, "alm", reference, draws)
+    eps_gauss, loss_gauss = _smallest_epsilon(session, session.prepared_for("gaussian", 0),
+                                              "gaussian", reference, draws)  # fmt: skip
+    return {
+        "recipe": name, "config": dataclasses.asdict(head), "test_accuracy": reference,
+        "auc": {r.attack: r.mia_auc for r in rows},
+        "best_auc": max(r.mia_auc for r in rows),
+        "grad_norm": _grad_norm(none_head, x_in, y_in, head),
+        "sensitivity_l1": prepared.sensitivity["l1"].value,
+        "sensitivity_l2": prepared.sensitivity["l2"].value,
+        "alm_epsilon_for_loss_0.1": eps_alm, "alm_loss_there": loss_alm,
+        "gaussian_epsilon_for_loss_0.1": eps_gauss, "gaussian_loss_there": loss_gauss,
+        "seconds": time.perf_counter() - start,
+    }  # fmt: skip
+
+
+def choose(results: list[dict[str, Any]]) -> str:
+    """The criterion of docs/recipes.md."""
+    best_acc = max(r["test_accuracy"] for r in results)
+    eligible = [r for r in results
+                if r["best_auc"] >= 0.60 and r["test_accuracy"] >= best_acc - 0.03]  # fmt: skip
+    pool = eligible or results
+    return min(pool, key=lambda r: (r["alm_epsilon_for_loss_0.1"], -r["best_auc"]))["recipe"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="digits")
+    parser.add_argument("--cache-dir", default="runs/cache")
+    parser.add_argument("--draws", type=int, default=5)
+    parser.add_argument("--only", default=None, help="comma list of candidate names")
+    parser.add_argument("--out", default=None, help="write the measurements as JSON here")
+    args = parser.parse_args(argv)
+    load_plugins()
+    torch.set_num_threads(1)
+    names = list(CANDIDATES) if args.only is None else args.only.split(",")
+    results = []
+    for name in names:
+        results.append(measure(args.dataset, name, CANDIDATES[name], cache=args.cache_dir,
+                               draws=args.draws))  # fmt: skip
+        r = results[-1]
+        print(f"{name:28s} acc={r['test_accuracy']:.3f} best_auc={r['best_auc']:.3f} "
+              f"grad={r['grad_norm']:.2e} L1={r['sensitivity_l1']:.4g} "
+              f"L2={r['sensitivity_l2']:.4g} alm_eps={r['alm_epsilon_for_loss_0.1']:g} "
+              f"gauss_eps={r['gaussian_epsilon_for_loss_0.1']:g} ({r['seconds']:.0f} s)",
+              flush=True)  # fmt: skip
+    chosen = choose(results)
+    print(f"chosen: {chosen}")
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps({"dataset": args.dataset, "chosen": chosen, "candidates": results}, indent=2)
+            + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
