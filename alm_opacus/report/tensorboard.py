@@ -29,6 +29,7 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from urllib.parse import quote, urlencode
 
 import numpy as np
 from tensorboard.compat.proto import summary_pb2
@@ -136,15 +137,8 @@ def _runs(rows: Sequence[ResultRow], grid: Sequence[float]) -> dict[str, Steps]:
             values = _point_values(point, cell_rows)
             if who == "mean":
                 values["seeds"] = float(len(point.seeds))
-            texts = (
-                [
-                    events.text(
-                        f"statement/eps={format_epsilon(point.epsilon)}", cell_rows[0].statement
-                    )
-                ]
-                if who != "mean"
-                else []
-            )
+            tag = f"statement/eps={format_epsilon(point.epsilon)}"
+            texts = [] if who == "mean" else [events.text(tag, cell_rows[0].statement)]
             if point.method == BASELINE:  # flat across the grid: a reference line
                 for step in range(len(grid)):
                     runs[run][step] += events.scalars(values)
@@ -265,8 +259,44 @@ def _layout(grid: Sequence[float]) -> layout_pb2.Layout:
     )
 
 
+#: The trade-off tags, as a regex for TensorBoard's tag filter.
+_KEY_TAGS = (
+    r"^(utility_loss|test_accuracy|noise_std|best/(mia_auc|mia_accuracy|tpr_at_fpr_0\.01|"
+    r"tpr_at_fpr_0\.001)|grid/(epsilon|epsilon_replace_one|weak_guarantee))$"
+)
+#: Every run but the hparams sessions (which would push the run count past the 40 that the
+#: Scalars and Custom Scalars dashboards select by default).
+_RUNS = "^(?!hparams/)"
+#: The root run (the read-me, the layout, the plots), as a run-filter regex.
+ROOT_RUN = r"^\.$"
+
+
+def dashboard_urls(base: str = "http://localhost:6006") -> dict[str, str]:
+    """Links that open TensorBoard (2.21) on this folder with smoothing off and the hparams
+    sessions hidden: Time Series colours the runs by method and shows only the trade-off
+    tags; Custom Scalars shows the "trade-off" layout; Text and Images select the root run
+    (the read-me and the plots). Checked in headless Chromium.
+
+    Args:
+        base: where ``tensorboard --logdir <out>/tb`` serves.
+
+    Returns:
+        URLs by view: ``time series``, ``custom scalars``, ``read me``, ``images``.
+    """
+    series = {"smoothing": "0", "runFilter": _RUNS, "runColorGroup": r"regex:^([^ ]+)",
+              "tagFilter": _KEY_TAGS}  # fmt: skip
+    custom = {"_smoothingWeight": "0", "regexInput": _RUNS}
+    return {
+        "time series": f"{base}/?{urlencode(series, quote_via=quote)}#timeseries",
+        "custom scalars": f"{base}/#custom_scalars&{urlencode(custom, quote_via=quote)}",
+        "read me": f"{base}/#text&{urlencode({'regexInput': ROOT_RUN}, quote_via=quote)}",
+        "images": f"{base}/#images&{urlencode({'regexInput': ROOT_RUN}, quote_via=quote)}",
+    }
+
+
 def read_me(rows: Sequence[ResultRow], grid: Sequence[float]) -> str:
     """The Markdown shown in TensorBoard's Text tab: how to read this folder."""
+    urls = dashboard_urls()
     lines = [
         "# How to read this run",
         "",
@@ -285,7 +315,11 @@ def read_me(rows: Sequence[ResultRow], grid: Sequence[float]) -> str:
         "methods on their means only.",
         "* **Set smoothing to 0** (TensorBoard smooths by 0.6 by default, which bends a "
         "sweep of a few points): the Smoothing slider in the settings of Time Series and in "
-        "the side bar of Custom Scalars.",
+        "the side bar of Custom Scalars. These links (for `--port 6006`) open the charts "
+        "with smoothing off, the hparams sessions hidden and, in Time Series, one colour "
+        f"per method: [Time Series]({urls['time series']}), "
+        f"[Custom Scalars]({urls['custom scalars']}). The Scalars and Custom Scalars "
+        "dashboards select no run at all when more than 40 match the run filter.",
         "* `best/<metric>` is the strongest attack for that metric, over every attack row; "
         "`best/<metric>/low` and `/high` are its error bar (95% interval over the evaluation "
         "set, or ±1 std where none was recorded).",

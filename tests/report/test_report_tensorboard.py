@@ -21,6 +21,7 @@ from alm_opacus.report.results import ResultRow
 from alm_opacus.report.tensorboard import (
     CHANCE_RUN,
     README_TAG,
+    dashboard_urls,
     run_label,
     write_tensorboard,
 )
@@ -271,3 +272,33 @@ def test_plots_are_shown_as_images(tmp_path: Path, synthetic_rows: RowsFactory) 
     (event,) = mux.Tensors(".", "plots/roc_loglog")
     blob = tensor_util.make_ndarray(event.tensor_proto)[2]  # [width, height, png]
     assert blob == (plots / "roc_loglog.png").read_bytes()
+
+
+def test_dashboard_links_select_the_trade_off_runs_and_tags(
+    written: tuple[list[ResultRow], Path],
+) -> None:
+    """The links' filters are JavaScript regexes; these patterns mean the same in Python's
+    ``re`` (anchors, groups, alternation, a negative look-ahead)."""
+    import re
+    from urllib.parse import parse_qs, urlsplit
+
+    _, logdir = written
+    mux = load(logdir)
+    runs = list(mux.Runs())
+    links = dashboard_urls("http://host:6006")
+    query = parse_qs(urlsplit(links["time series"]).query)
+    assert query["smoothing"] == ["0"]
+    shown = [r for r in runs if re.search(query["runFilter"][0], r)]
+    assert shown and not any(r.startswith("hparams/") for r in shown)
+    assert len(shown) == len(runs) - 2 * (1 + len(METHODS) * len(EPSILONS))
+    tags = {t for r in shown for t in mux.Runs()[r]["tensors"]}
+    key = {t for t in tags if re.search(query["tagFilter"][0], t)}
+    assert {"utility_loss", "best/mia_auc", "best/tpr_at_fpr_0.001", "grid/epsilon"} <= key
+    assert not any(t.startswith("attack/") for t in key)
+    group = re.compile(query["runColorGroup"][0].removeprefix("regex:"))
+    assert {group.match(r).group(1) for r in shown if r != "."} == {  # type: ignore[union-attr]
+        "alm", "laplace", "dpsgd", "none", CHANCE_RUN}  # fmt: skip
+    fragment = parse_qs(urlsplit(links["custom scalars"]).fragment.split("&", 1)[1])
+    assert fragment == {"_smoothingWeight": ["0"], "regexInput": [query["runFilter"][0]]}
+    root = parse_qs(urlsplit(links["read me"]).fragment.split("&", 1)[1])["regexInput"][0]
+    assert [r for r in runs if re.search(root, r)] == ["."]
