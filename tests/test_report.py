@@ -7,14 +7,15 @@ import math
 from pathlib import Path
 
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
 from tensorboard.plugins.custom_scalar import layout_pb2
+from tensorboard.util import tensor_util
 
 import alm_opacus.harness as harness
 from alm_opacus.harness import RunConfig, run
 from alm_opacus.report.results import read_results
 from alm_opacus.report.table import format_tradeoff_table
-from alm_opacus.report.tensorboard import EPSILON_STEP, LAYOUT_NAME
+from alm_opacus.report.tensorboard import LAYOUT_NAME, run_label
 
 
 def _small(out: Path, cache: Path, **changes: object) -> RunConfig:
@@ -34,46 +35,46 @@ def small_run(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path):  # 
 
 @pytest.mark.slow
 def test_tensorboard_events_hold_the_results(small_run) -> None:  # type: ignore[no-untyped-def]
+    """End to end: the harness's TensorBoard folder, read back with TensorBoard's loader,
+    holds every (method, epsilon) point of results.csv at step = index of epsilon."""
     rows = small_run.rows
-    acc = EventAccumulator(str(small_run.out / "tb"), size_guidance={"scalars": 0, "tensors": 0})
-    acc.Reload()
-    scalars = set(acc.Tags()["scalars"])
+    mux = EventMultiplexer(tensor_size_guidance={"scalars": 0, "images": 0})
+    mux.AddRunsFromDirectory(str(small_run.out / "tb"))
+    mux.Reload()
+    grid = sorted({r.epsilon for r in rows if math.isfinite(r.epsilon)})
     for method in ("alm", "gaussian"):
-        for tag in ("utility_loss", "best_mia_auc", "mia_accuracy_vs_utility_loss"):
-            assert f"{tag}/{method}" in scalars, tag
-        assert f"mia_auc/{method}/loss" in scalars
-        logged = {e.step: e.value for e in acc.Scalars(f"utility_loss/{method}")}
+        first = next(r for r in rows if r.method == method)
+        run = f"{run_label(method, first.guarantee, first.neighbouring)}/seed=0"
+        logged = {
+            e.step: float(tensor_util.make_ndarray(e.tensor_proto))
+            for e in mux.Tensors(run, "utility_loss")
+        }
+        auc = {
+            e.step: float(tensor_util.make_ndarray(e.tensor_proto))
+            for e in mux.Tensors(run, "attack/loss/mia_auc")
+        }
         for row in rows:
             if row.method == method and row.attack == "loss":
-                step = round(row.epsilon * EPSILON_STEP)
+                step = grid.index(row.epsilon)
                 assert logged[step] == pytest.approx(row.utility_loss, abs=1e-6)
-        auc = {e.step: e.value for e in acc.Scalars(f"mia_auc/{method}/loss")}
-        for row in rows:
-            if row.method == method and row.attack == "loss":
-                assert auc[round(row.epsilon * EPSILON_STEP)] == pytest.approx(
-                    row.mia_auc, abs=1e-6
-                )
-    tensors = set(acc.Tags()["tensors"])
-    assert any(t.startswith("statement/alm/eps=1/seed=0") for t in tensors)
+                assert auc[step] == pytest.approx(row.mia_auc, abs=1e-6)
     layout = layout_pb2.Layout()
-    layout.ParseFromString(acc.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0])
-    (category,) = [c for c in layout.category if c.title == LAYOUT_NAME]
-    charts = {c.title: list(c.multiline.tag) for c in category.chart}
-    assert len(charts) == 4
-    assert ["utility_loss/alm", "utility_loss/gaussian"] in charts.values()
-    assert any(t.startswith("roc/epsilon=") for t in acc.Tags()["images"])
-    # The hparams plugin writes one session per (method, epsilon, seed) cell.
-    sessions = list((small_run.out / "tb" / "hparams").rglob("events.out.tfevents.*"))
-    assert len(sessions) == 1 + 2 * 2
+    (config,) = mux.Tensors(".", "custom_scalars__config__")
+    layout.ParseFromString(tensor_util.make_ndarray(config.tensor_proto).item())
+    assert any(c.title.startswith(LAYOUT_NAME) for c in layout.category)
+    assert any(t.startswith("plots/roc") for t in mux.Runs()["."]["tensors"])
+    # The hparams plugin gets one session per (method, epsilon, seed) cell.
+    assert len([r for r in mux.Runs() if r.startswith("hparams/")]) == 1 + 2 * 2
 
 
 @pytest.mark.slow
 def test_plots_and_table(small_run) -> None:  # type: ignore[no-untyped-def]
-    for name in ("fig1_utility_loss.png", "fig2_mia.png", "roc_loglog.png"):
-        path = small_run.out / "plots" / name
+    for name in ("fig1_utility_loss", "fig2_mia", "equal_noise", "roc_loglog"):
+        path = small_run.out / "plots" / f"{name}.png"
         assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (small_run.out / "plots" / f"{name}.pdf").read_bytes()[:4] == b"%PDF"
     table = format_tradeoff_table(small_run.rows)
-    lines = table.splitlines()
+    lines = table.split("\n\n")[0].splitlines()
     assert "alm" in lines[0] and "gaussian" in lines[0] and "none" in lines[0]
     assert [ln.split("|")[0].strip() for ln in lines[3:]] == ["1", "10", "inf"]
     assert "random-dp" in table  # sampled sensitivity: never pure-dp

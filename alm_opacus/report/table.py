@@ -1,4 +1,4 @@
-"""The side-by-side trade-off table printed at the end of a run."""
+"""The side-by-side trade-off table printed at the end of a run: one line per epsilon."""
 
 from __future__ import annotations
 
@@ -6,61 +6,114 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 
-import numpy as np
-
 from alm_opacus.report.results import ResultRow
+from alm_opacus.report.series import (
+    COMMON_RELATION,
+    WEAK_EPSILON,
+    Point,
+    Stat,
+    format_epsilon,
+    infeasible_rows,
+    methods,
+    points,
+)
+
+#: The sub-header of one method's column block.
+_FIELDS = "acc  uloss  AUC [95% CI]  guarantee"
 
 
-def best_attack_rows(rows: Sequence[ResultRow]) -> dict[tuple[str, float], list[ResultRow]]:
-    """Per (method, epsilon), one row per seed: the attack with the highest AUC (or the
-    attack-free row when no attack ran)."""
-    per_cell: dict[tuple[str, float, int], ResultRow] = {}
-    for row in rows:
-        key = (row.method, row.epsilon, row.seed)
-        held = per_cell.get(key)
-        auc = -1.0 if math.isnan(row.mia_auc) else row.mia_auc
-        if held is None or auc > (-1.0 if math.isnan(held.mia_auc) else held.mia_auc):
-            per_cell[key] = row
-    out: dict[tuple[str, float], list[ResultRow]] = defaultdict(list)
-    for (method, epsilon, _), row in per_cell.items():
-        out[(method, epsilon)].append(row)
-    return out
+def _num(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.3f}"
 
 
-def _mean(values: Sequence[float]) -> float:
-    finite = [v for v in values if not math.isnan(v)]
-    return float(np.mean(finite)) if finite else math.nan
+def _with_bar(stat: Stat) -> str:
+    if stat.kind == "ci95":
+        return f"{_num(stat.mean)} [{stat.low:.2f},{stat.high:.2f}]"
+    if stat.kind == "std":
+        return f"{_num(stat.mean)} ±{stat.high - stat.mean:.3f}"
+    return _num(stat.mean)
 
 
-def _num(value: float, width: int = 6) -> str:
-    return f"{'-':>{width}}" if math.isnan(value) else f"{value:>{width}.3f}"
+def _guarantee(point: Point) -> str:
+    if not point.converted:
+        return point.guarantee
+    text = f"{point.guarantee}† ε'={point.epsilon_common:.3g} "
+    return text + ("δ'≥1: none" if point.vacuous else f"δ'={point.delta_common:.2g}")
+
+
+def _cell(found: Sequence[Point]) -> str:
+    main = max(found, key=lambda p: len(p.seeds))
+    kinds = "/".join(dict.fromkeys(_guarantee(p) for p in found))
+    return (
+        f"{_num(main.test_accuracy.mean)}  {_num(main.utility_loss.mean)}  "
+        f"{_with_bar(main.mia_auc)}  {kinds}"
+    )
+
+
+def _footnotes(rows: Sequence[ResultRow], found: Sequence[Point]) -> list[str]:
+    seeds = sorted({r.seed for r in rows})
+    notes = [
+        f"Means over seeds {seeds} of each seed's strongest attack (largest AUC over all "
+        "attacks). AUC [low,high]: 95% interval over the evaluation set (with several seeds, "
+        "the union of the per-seed intervals); ±: one std over seeds and noise draws, where "
+        "no interval was recorded.",
+        f"* epsilon > {WEAK_EPSILON:g}: a weak guarantee, not protection.",
+    ]
+    converted = sorted({p.method for p in found if p.converted})
+    if converted:
+        notes.append(
+            f"† {', '.join(converted)}: an add/remove guarantee, shown under {COMMON_RELATION} "
+            "(the relation of the post-training rows) as ε', δ': add/remove (ε, δ) gives "
+            "replace-one (2ε, (1 + e^ε)δ). δ' ≥ 1 proves nothing."
+        )
+    blocked: dict[tuple[str, float, str], list[int]] = defaultdict(list)
+    for row in infeasible_rows(rows):
+        blocked[(row.method, row.epsilon, row.reason)].append(row.seed)
+    for (method, epsilon, reason), where in blocked.items():
+        notes.append(
+            f"infeasible: {method} at epsilon {format_epsilon(epsilon)} (seeds "
+            f"{', '.join(map(str, where))})" + (f": {reason}" if reason else "")
+        )
+    return notes
 
 
 def format_tradeoff_table(rows: Sequence[ResultRow]) -> str:
-    """One line per epsilon; per method: test accuracy, utility loss, best-attack AUC,
-    its TPR at 1% FPR, and the guarantee. Values are means over seeds."""
-    best = best_attack_rows(rows)
-    methods = list(dict.fromkeys(r.method for r in rows))
+    """One line per epsilon; per method: test accuracy, utility loss, the strongest attack's
+    AUC with its interval, and the guarantee (add/remove ones converted to replace-one).
+    Infeasible cells print as ``infeasible``; footnotes under the table say how to read it.
+
+    Returns:
+        The table as text, without a trailing newline.
+    """
+    found = points(rows)
+    at: dict[tuple[str, float], list[Point]] = defaultdict(list)
+    for point in found:
+        at[(point.method, point.epsilon)].append(point)
+    names = methods(rows)
     epsilons = sorted({r.epsilon for r in rows})
-    header = f"{'epsilon':>8} | " + " | ".join(f"{m:^40}" for m in methods)
-    sub = f"{'':>8} | " + " | ".join(
-        f"{'acc':>6} {'uloss':>6} {'AUC':>6} {'TPR@1%':>6} {'guarantee':>11}" for _ in methods
-    )
-    lines = [header, sub, "-" * len(sub)]
+    blocked = {(r.method, r.epsilon) for r in infeasible_rows(rows)}
+    body: dict[float, list[str]] = {}
     for epsilon in epsilons:
-        cells = []
-        for method in methods:
-            cell = best.get((method, epsilon))
-            if not cell:
-                cells.append(f"{'':>40}")
-                continue
-            cells.append(
-                f"{_num(_mean([r.test_accuracy for r in cell]))} "
-                f"{_num(_mean([r.utility_loss for r in cell]))} "
-                f"{_num(_mean([r.mia_auc for r in cell]))} "
-                f"{_num(_mean([r.tpr_at_fpr_0_01 for r in cell]))} "
-                f"{cell[0].guarantee:>11}"
-            )
-        label = "inf" if math.isinf(epsilon) else f"{epsilon:g}"
-        lines.append(f"{label:>8} | " + " | ".join(cells))
-    return "\n".join(lines)
+        body[epsilon] = [
+            _cell(at[(m, epsilon)])
+            if (m, epsilon) in at
+            else "infeasible"
+            if (m, epsilon) in blocked
+            else ""
+            for m in names
+        ]
+    widths = [
+        max(len(name), len(_FIELDS), *(len(body[e][i]) for e in epsilons))
+        for i, name in enumerate(names)
+    ]
+
+    def line(label: str, cells: Sequence[str], centre: bool = False) -> str:
+        parts = [c.center(w) if centre else c.ljust(w) for c, w in zip(cells, widths, strict=True)]
+        return f"{label:>9} | " + " | ".join(parts).rstrip()
+
+    lines = [line("epsilon", names, centre=True), line("", [_FIELDS] * len(names))]
+    lines.append("-" * len(lines[1]))
+    for epsilon in epsilons:
+        label = format_epsilon(epsilon) + ("*" if WEAK_EPSILON < epsilon < math.inf else "")
+        lines.append(line(label, body[epsilon]))
+    return "\n".join([*lines, "", *_footnotes(rows, found)])
