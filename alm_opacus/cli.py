@@ -21,6 +21,7 @@ from alm_opacus.harness import load_plugins, run
 from alm_opacus.heads import HeadConfig
 from alm_opacus.methods import available_methods, default_methods
 from alm_opacus.report.table import format_tradeoff_table
+from alm_opacus.report.tensorboard import dashboard_urls
 from alm_opacus.rundir import check_can_create
 
 
@@ -356,10 +357,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_tradeoff_table(result.rows))
     print()
     print(f"results: {result.out / 'results.csv'}  ({result.seconds:.1f} s)")
-    print(f"TensorBoard: tensorboard --logdir {result.out / 'tb'}")
+    print(f"TensorBoard: tensorboard --logdir {result.out / 'tb'}, then open (smoothing off):")
+    for view in ("time series", "custom scalars"):
+        print(f"  {view}: {dashboard_urls()[view]}")
     plots = result.out / "plots"
     if plots.exists():
-        print(f"plots: {plots}")
+        print(f"plots: {plots}  (how to read them: docs/reading_results.md)")
     return 0
 
 

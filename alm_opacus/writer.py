@@ -6,10 +6,7 @@ import contextlib
 import importlib.metadata
 import json
 import math
-import os
 import platform
-import shutil
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +17,7 @@ from alm_opacus.io import atomic_write_json, atomic_write_text
 from alm_opacus.methods import method_class, method_options
 from alm_opacus.report.plots import write_plots
 from alm_opacus.report.results import ResultRow, read_results, write_results
-from alm_opacus.report.tensorboard import TensorBoardReporter
+from alm_opacus.report.tensorboard import write_tensorboard
 
 if TYPE_CHECKING:
     from alm_opacus.config import RunConfig
@@ -98,50 +95,30 @@ class RunWriter:
         self._write_tensorboard(images=False)
 
     def finish(self, *, force: bool) -> None:
-        """Render figures (ROC images, plots) once; a resume that computed nothing and finds
-        them skips the work."""
+        """Render the plots once and TensorBoard with them; a resume that computed nothing and
+        finds them skips the work."""
         if force or not (self.out / "plots" / "fig1_utility_loss.png").exists():
-            self._write_tensorboard(images=True)
             write_plots(self.rows, self.rocs, self.out / "plots")
+            self._write_tensorboard(images=True)
 
     def _write_config(self) -> None:
         atomic_write_json(self.out / "config.json", {**self.settings,
                                                       "chosen_configs": self.chosen})  # fmt: skip
 
     def _write_tensorboard(self, *, images: bool) -> None:
-        """Rewrite ``tb/`` from all rows into a fresh folder, then swap it in: the folder
-        always holds exactly this run's rows (resumed ones included)."""
-        tmp = self.out / f".tb-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        reporter = TensorBoardReporter(tmp)
-        try:
-            for cell in _cells(self.rows):
-                reporter.add_cell(cell, hparams=_hparams(self.settings))
-            reporter.add_layout(list(self.settings["methods"]))
-            if images:
-                reporter.add_rocs(self.rocs)
-        finally:
-            reporter.close()
-        old = self.out / f".tb-old-{os.getpid()}"
-        if (self.out / "tb").exists():
-            os.replace(self.out / "tb", old)
-        os.replace(tmp, self.out / "tb")
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _cells(rows: Sequence[ResultRow]) -> list[list[ResultRow]]:
-    groups: dict[tuple[str, str, int], list[ResultRow]] = {}
-    for row in rows:
-        groups.setdefault(row.cell(), []).append(row)
-    return [g for g in groups.values() if g[0].status == "ok"]
+        """Rewrite ``tb/`` from all rows (built aside, then swapped in): it always holds
+        exactly this run's rows, resumed ones included."""
+        write_tensorboard(self.rows, self.out / "tb", epsilons=self.settings["epsilons"],
+                          hparams=_hparams(self.settings),
+                          images=self.out / "plots" if images else None)  # fmt: skip
 
 
 def _hparams(settings: dict[str, Any]) -> dict[str, object]:
     head, options = settings["head"], settings["options"]
-    return {"dataset": settings["dataset"], "head": head["kind"], "head_steps": head["steps"],
-            "head_l2": head["l2"], "noise_draws": settings["noise_draws"],
-            "sensitivity": str(options.get("sensitivity", "")),
-            "m": int(options.get("m", 0))}  # fmt: skip
+    return {"dataset": settings["dataset"], "head": head["kind"], "head_solver": head["solver"],
+            "head_steps": head["steps"], "head_l2": head["l2"],
+            "noise_draws": settings["noise_draws"],
+            "sensitivity": str(options.get("sensitivity", "sampled"))}  # fmt: skip
 
 
 def _save_rocs(path: Path, rocs: RocMap) -> None:

@@ -37,7 +37,7 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 
 from alm_opacus.report import events
 from alm_opacus.report.folders import replace_folder
-from alm_opacus.report.results import ResultRow, read_results
+from alm_opacus.report.results import ResultRow
 from alm_opacus.report.series import (
     ADD_REMOVE,
     BASELINE,
@@ -393,34 +393,3 @@ def write_tensorboard(
 
     replace_folder(target, build)
     return target
-
-
-class TensorBoardReporter:
-    """Transitional adapter for the harness's former per-cell API; use
-    :func:`write_tensorboard` instead.
-
-    :meth:`close` rewrites ``logdir`` from ``results.csv`` beside it when there is one (it
-    holds every finished cell, an earlier run's included), else from the rows passed to
-    :meth:`add_cell`.
-    """
-
-    def __init__(self, logdir: str | Path) -> None:
-        self.logdir = Path(logdir)
-        self.rows: list[ResultRow] = []
-        self.hparams: Mapping[str, object] = {}
-
-    def add_cell(self, rows: Sequence[ResultRow], *, hparams: Mapping[str, object]) -> None:
-        self.rows.extend(rows)
-        self.hparams = hparams
-
-    def add_layout(self, methods: Sequence[str]) -> None:
-        """Nothing to do: :func:`write_tensorboard` writes the layout."""
-
-    def add_rocs(self, rocs: object) -> None:
-        """Nothing to do: the ROC curves come from the plots folder (``write_plots``)."""
-
-    def close(self) -> None:
-        table = self.logdir.parent / "results.csv"
-        rows = read_results(table) if table.exists() else self.rows
-        plots = self.logdir.parent / "plots"
-        write_tensorboard(rows, self.logdir, epsilons=(), hparams=self.hparams, images=plots)
