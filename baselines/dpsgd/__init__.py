@@ -8,7 +8,7 @@ Modules:
 * :mod:`~baselines.dpsgd.accounting`: sigma for a target (Opacus's search), memoised per run
   and on disk (:class:`SigmaCache`), and the accountant's check after training;
 * :mod:`~baselines.dpsgd.loop`: the Opacus loop (:func:`run_opacus`, with a swappable
-  engine), :func:`fit_private` and :func:`train_dpsgd_head`;
+  :class:`TrainingBackend`), :func:`fit_private` and :func:`train_dpsgd_head`;
 * :mod:`~baselines.dpsgd.batched`: the batched re-implementation for the adaptive attacker;
 * :mod:`~baselines.dpsgd.method`: the ``dpsgd`` method (tuning, release, statement);
 * :mod:`~baselines.dpsgd.full`: ``dpsgd-full``.
@@ -45,11 +45,14 @@ from baselines.dpsgd.full import (
     private_model,
 )
 from baselines.dpsgd.loop import (
+    OPACUS,
     DPSGDRun,
     EngineFactory,
+    GeneratorFactory,
     HeadNet,
     OpacusRun,
     OpacusTraining,
+    TrainingBackend,
     fit_private,
     init_params,
     opacus_engine,
@@ -63,6 +66,7 @@ __all__ = [
     "ACCOUNTANTS",
     "DEFAULT_ACCOUNTANT",
     "FULL_TUNING_GRID",
+    "OPACUS",
     "SIGMA_CACHE_FILE",
     "TUNING_GRID",
     "DPSGDConfig",
@@ -72,11 +76,13 @@ __all__ = [
     "DPSGDOptions",
     "DPSGDRun",
     "EngineFactory",
+    "GeneratorFactory",
     "HeadNet",
     "OpacusFit",
     "OpacusRun",
     "OpacusTraining",
     "SigmaCache",
+    "TrainingBackend",
     "accountant_epsilon",
     "check_accountant",
     "checked_epsilon",

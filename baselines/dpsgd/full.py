@@ -28,7 +28,7 @@ from alm_opacus.heads import uniform_init
 from alm_opacus.methods import AttackerFactory, InputKind, MethodContext, Predict, register_method
 from baselines.dpsgd.accounting import SigmaCache
 from baselines.dpsgd.config import DEFAULT_ACCOUNTANT, DPSGDConfig
-from baselines.dpsgd.loop import EngineFactory, OpacusRun, fit_private, opacus_engine
+from baselines.dpsgd.loop import OPACUS, OpacusRun, TrainingBackend, fit_private
 from baselines.dpsgd.method import DPSGDMethod, OpacusFit, _Prepared
 
 __all__ = [
@@ -128,7 +128,7 @@ def dpsgd_full_finetune(
     noise_seed: int | None,
     device: str = "cpu",
     sigmas: SigmaCache | None = None,
-    engine: EngineFactory = opacus_engine,
+    backend: TrainingBackend = OPACUS,
 ) -> DPSGDFullRun:
     """Fine-tune encoder and head together with DP-SGD at (epsilon, delta).
 
@@ -142,10 +142,10 @@ def dpsgd_full_finetune(
         delta: target delta in (0, 1).
         accountant: ``"alm_pld"``, ``"prv"`` or ``"rdp"``.
         seed: seeds the head's initialisation.
-        noise_seed: seeds Poisson sampling and noise; ``None``: from OS entropy, not kept.
+        noise_seed: seeds Poisson sampling and noise; ``None``: the backend's secure source.
         device: torch device.
         sigmas: the run's noise multipliers (default: a fresh cache).
-        engine: makes the privacy engine.
+        backend: the engine and its generators (default: Opacus's).
 
     Returns:
         The run (model in eval mode); ``epsilon_spent <= epsilon``.
@@ -168,7 +168,7 @@ def dpsgd_full_finetune(
         accountant=accountant,
         noise_seed=noise_seed,
         sigmas=sigmas,
-        engine=engine,
+        backend=backend,
     )
     model.eval()
     return DPSGDFullRun(model=model, **vars(run))

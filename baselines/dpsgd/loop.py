@@ -2,10 +2,12 @@
 
 Structure (so that the engine can be swapped, e.g. for ``alm_opacus.training``'s):
 
-* :func:`opacus_generators` gives the Poisson sampler's and the noise's generators;
-* an :data:`EngineFactory` makes the privacy engine (default :func:`opacus_engine`); its
-  ``make_private(module=, optimizer=, data_loader=, noise_multiplier=, max_grad_norm=,
-  poisson_sampling=True, noise_generator=)`` wraps the model, optimizer and loader;
+* a :class:`TrainingBackend` names the privacy engine factory (``accountant ->`` an engine
+  with Opacus's ``make_private(module=, optimizer=, data_loader=, noise_multiplier=,
+  max_grad_norm=, poisson_sampling=True, noise_generator=)``), the generators it is given
+  (``(noise_seed, device) -> (Poisson generator, noise generator)``, ``None`` letting the
+  engine draw its own), and what the statement says of secure runs; :data:`OPACUS` is
+  Opacus's engine with generators seeded from OS entropy;
 * :func:`run_opacus` trains and returns an :class:`OpacusTraining`;
 * :func:`fit_private` calibrates sigma (:class:`~baselines.dpsgd.accounting.SigmaCache`),
   trains, checks the accountant's epsilon and returns an :class:`OpacusRun`.
@@ -39,24 +41,25 @@ from baselines.dpsgd.config import (
 )
 
 __all__ = [
+    "OPACUS",
     "SECURE_NOTE",
     "SEEDED_NOTE",
     "DPSGDRun",
     "EngineFactory",
+    "GeneratorFactory",
     "HeadNet",
     "OpacusRun",
     "OpacusTraining",
+    "TrainingBackend",
     "fit_private",
     "init_params",
-    "noise_note",
     "opacus_engine",
     "opacus_generators",
     "run_opacus",
     "train_dpsgd_head",
 ]
 
-#: What the statement says of secure DP-SGD runs until ``alm_opacus.training`` draws from
-#: ``os.urandom`` directly.
+#: What the statement says of secure runs through Opacus's own engine.
 SECURE_NOTE = (
     "Poisson sampling and gradient noise: torch generators seeded from OS entropy and "
     "discarded; the stream is torch's generator, not a CSPRNG"
@@ -78,6 +81,10 @@ class PrivateEngine(Protocol):
 
 #: ``factory(accountant name) -> engine``.
 EngineFactory = Callable[[str], PrivateEngine]
+#: ``factory(noise_seed, device) -> (Poisson sampling generator, noise generator)``.
+GeneratorFactory = Callable[
+    [int | None, torch.device], tuple[torch.Generator | None, torch.Generator | None]
+]
 
 
 def opacus_engine(accountant: str) -> PrivateEngine:
@@ -87,14 +94,15 @@ def opacus_engine(accountant: str) -> PrivateEngine:
 
 
 def opacus_generators(
-    noise_seed: int | None, *, device: str | torch.device
-) -> tuple[torch.Generator, torch.Generator]:
+    noise_seed: int | None, device: torch.device
+) -> tuple[torch.Generator | None, torch.Generator | None]:
     """(Poisson sampling generator on the CPU, noise generator on ``device``).
 
     Args:
         noise_seed: seeds both through ``derive_seed("poisson" | "noise", noise_seed)``
             (reproducible); ``None``: each is seeded from ``secrets.randbits(63)`` and the seed
             is not kept (see :data:`SECURE_NOTE`).
+        device: the noise generator's device.
     """
     seeds = (
         (secrets.randbits(63), secrets.randbits(63))
@@ -105,9 +113,29 @@ def opacus_generators(
     return poisson, torch.Generator(device=device).manual_seed(seeds[1])
 
 
-def noise_note(*, seeded: bool) -> str:
-    """The statement's note on where a run's randomness came from."""
-    return SEEDED_NOTE if seeded else SECURE_NOTE
+@dataclass(frozen=True)
+class TrainingBackend:
+    """Which privacy engine trains, and where its randomness comes from.
+
+    Attributes:
+        engine: makes the engine for an accountant.
+        generators: the generators given to the loader and ``make_private``.
+        secure_note: what the statement says of a run without a noise seed.
+    """
+
+    engine: EngineFactory
+    generators: GeneratorFactory
+    secure_note: str
+
+    def noise_note(self, *, seeded: bool) -> str:
+        """The statement's note on where a run's randomness came from."""
+        return SEEDED_NOTE if seeded else self.secure_note
+
+
+#: Opacus's engine, generators seeded from OS entropy (secure) or from the labels (seeded).
+OPACUS = TrainingBackend(
+    engine=opacus_engine, generators=opacus_generators, secure_note=SECURE_NOTE
+)
 
 
 @dataclass(frozen=True)
@@ -136,7 +164,7 @@ def run_opacus(
     noise_multiplier: float,
     accountant: str,
     noise_seed: int | None,
-    engine: EngineFactory = opacus_engine,
+    backend: TrainingBackend = OPACUS,
     private_kwargs: Mapping[str, Any] | None = None,
 ) -> OpacusTraining:
     """The Opacus training loop: ``model`` (trained in place) on inputs ``x``, labels ``y``.
@@ -152,14 +180,14 @@ def run_opacus(
         config: the recipe.
         noise_multiplier: sigma.
         accountant: the engine's accountant.
-        noise_seed: see :func:`opacus_generators`.
-        engine: makes the privacy engine.
+        noise_seed: seeds the randomness (reproducible); ``None``: the backend's secure source.
+        backend: the engine and its generators.
         private_kwargs: extra arguments of ``make_private`` (e.g. a noise mechanism).
     """
-    poisson, noise = opacus_generators(noise_seed, device=x.device)
+    poisson, noise = backend.generators(noise_seed, x.device)
     loader = DataLoader(TensorDataset(x, y), batch_size=config.batch_size, generator=poisson)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    private_engine = engine(accountant)
+    private_engine = backend.engine(accountant)
     start = time.perf_counter()
     with quiet_opacus(), single_thread():
         private, dp_opt, dp_loader = private_engine.make_private(
@@ -199,6 +227,7 @@ class OpacusRun:
         accountant: the accountant's name.
         from_cache: whether sigma was known already (the run's or the folder's cache).
         seeded: whether the run's randomness came from a seed (reproducible research).
+        noise_note: what the statement says of where the randomness came from.
         seconds: wall time, split into ``calibration`` (sigma), ``training`` and
             ``accounting``.
     """
@@ -210,6 +239,7 @@ class OpacusRun:
     accountant: str
     from_cache: bool
     seeded: bool
+    noise_note: str
     seconds: dict[str, float] = field(default_factory=dict)
 
     def training(self, *, clip_norm: float) -> TrainingNoise:
@@ -254,7 +284,7 @@ def fit_private(
     accountant: str,
     noise_seed: int | None,
     sigmas: SigmaCache | None = None,
-    engine: EngineFactory = opacus_engine,
+    backend: TrainingBackend = OPACUS,
 ) -> OpacusRun:
     """Calibrate sigma for (epsilon, delta), train ``model`` in place, check the accountant.
 
@@ -283,7 +313,7 @@ def fit_private(
         noise_multiplier=sigma,
         accountant=accountant,
         noise_seed=noise_seed,
-        engine=engine,
+        backend=backend,
     )
     start = time.perf_counter()
     spent, steps = checked_epsilon(
@@ -297,6 +327,7 @@ def fit_private(
         accountant=accountant,
         from_cache=known,
         seeded=noise_seed is not None,
+        noise_note=backend.noise_note(seeded=noise_seed is not None),
         seconds={
             "calibration": calibration,
             "training": run.seconds,
@@ -355,7 +386,7 @@ def train_dpsgd_head(
     noise_seed: int | None,
     device: str = "cpu",
     sigmas: SigmaCache | None = None,
-    engine: EngineFactory = opacus_engine,
+    backend: TrainingBackend = OPACUS,
 ) -> DPSGDRun:
     """Train one head with DP-SGD through Opacus, at (epsilon, delta).
 
@@ -370,11 +401,11 @@ def train_dpsgd_head(
         delta: target delta in (0, 1).
         accountant: ``"alm_pld"``, ``"prv"`` or ``"rdp"``.
         seed: seeds the initialisation.
-        noise_seed: seeds Poisson sampling and the gradient noise; ``None``: from OS entropy,
-            not kept (:func:`opacus_generators`).
+        noise_seed: seeds Poisson sampling and the gradient noise; ``None``: the backend's
+            secure source (Opacus's: generators seeded from OS entropy, not kept).
         device: torch device.
         sigmas: the run's noise multipliers (default: a fresh cache).
-        engine: makes the privacy engine.
+        backend: the engine and its generators (default: Opacus's).
 
     Returns:
         The run; ``epsilon_spent <= epsilon``.
@@ -401,7 +432,7 @@ def train_dpsgd_head(
         accountant=accountant,
         noise_seed=noise_seed,
         sigmas=sigmas,
-        engine=engine,
+        backend=backend,
     )
     released = Head(in_features=d, num_classes=num_classes, config=head).to(device)
     released.load_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()})

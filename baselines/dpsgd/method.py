@@ -32,7 +32,7 @@ from baselines._common import (
 from baselines.dpsgd.accounting import SigmaCache
 from baselines.dpsgd.batched import dpsgd_shadow_trainer
 from baselines.dpsgd.config import TUNING_GRID, DPSGDConfig, DPSGDOptions, default_schedule
-from baselines.dpsgd.loop import OpacusRun, noise_note, train_dpsgd_head
+from baselines.dpsgd.loop import OpacusRun, train_dpsgd_head
 
 __all__ = ["DPSGDMethod", "OpacusFit", "dpsgd_statement"]
 
@@ -99,7 +99,7 @@ def dpsgd_statement(
             "add/remove-one neighbours; the sensitivity is the per-example clipping norm of "
             "each step; replace-one neighbours get only the group bound (2 epsilon, "
             "(1 + e^epsilon) delta)",
-            noise_note(seeded=run.seeded),
+            run.noise_note,
             "floating-point Gaussian noise (Mironov 2012): the guarantee is for the ideal "
             "mechanism",
             *notes,
