@@ -205,7 +205,8 @@ def lu_statement(
         f"proven per query (C = 2): the answer is a bijection of z_1 - z_2 + noise whatever "
         f"logit is selected, and |z_1 - z_2| <= sqrt(2H) B on the weight ball, so the noise "
         f"(scale {scale:.4g}) at sensitivity {sensitivity:.4g} gives epsilon={epsilon:.4g} for "
-        f"any two data sets; over k={queries} queries: epsilon={queries * epsilon:.4g}"
+        f"any two data sets; over k={queries} queries: epsilon={queries * epsilon:.4g}, "
+        f"delta={queries * budget.delta:g}"
     )
     return statement(
         epsilon=epsilon,
