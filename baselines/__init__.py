@@ -3,15 +3,16 @@ opt-in ``dpsgd-full``.
 
 Importing this package registers them into ``alm_opacus``'s method registry (the harness
 imports it through the ``alm_opacus.methods`` entry point group; ``alm_opacus`` never
-imports ``baselines``). ``TUNING_GRIDS`` lists the configurations each one may try per
-epsilon, for the run's ``config.json``.
+imports ``baselines``). Each method's ``tuning_grid`` lists the configurations it may try
+per epsilon; :func:`tuning_grids` describes them for the run's ``config.json``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from baselines import dperm, dpsgd, dpsgd_full, lu
+from alm_opacus.methods import method_class
+from baselines import dperm, dpsgd, lu
 from baselines._common import TUNING_BUDGET, TUNING_DRAWS
 
 __all__ = [
@@ -21,18 +22,14 @@ __all__ = [
     "TUNING_GRIDS",
     "dperm",
     "dpsgd",
-    "dpsgd_full",
     "lu",
     "tuning_grids",
 ]
 
 METHODS = ("dpsgd", "lu", "dperm", "dpsgd-full")
 
-TUNING_GRIDS: dict[str, tuple[dict[str, float], ...]] = {
-    "dpsgd": dpsgd.TUNING_GRID,
-    "lu": lu.TUNING_GRID,
-    "dperm": dperm.TUNING_GRID,
-    "dpsgd-full": dpsgd_full.FULL_TUNING_GRID,
+TUNING_GRIDS: dict[str, tuple[dict[str, Any], ...]] = {
+    name: method_class(name).tuning_grid for name in METHODS
 }
 
 

@@ -41,14 +41,19 @@ def default_pipeline(shared_cache: Path, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture
 def make_context(pixel_features):  # type: ignore[no-untyped-def]
-    """A MethodContext on digits pixels with public rows 200:500, for method tests."""
+    """A MethodContext on digits pixels with public rows 200:500, for method tests.
+
+    Keyword arguments set other ``MethodContext`` fields (``schedule``, ``noise``,
+    ``cache_dir``, ...); method options go to ``create_method`` instead.
+    """
     from alm_opacus.heads import HeadConfig
     from alm_opacus.methods import MethodContext
 
     x, y = pixel_features
 
-    def make(**options: object) -> MethodContext:
-        return MethodContext(num_classes=10, head=HeadConfig(), public_features=x[200:500],
-                             public_labels=y[200:500], options=dict(options))  # fmt: skip
+    def make(**fields: object) -> MethodContext:
+        defaults = {"num_classes": 10, "head": HeadConfig(), "public_features": x[200:500],
+                    "public_labels": y[200:500]}  # fmt: skip
+        return MethodContext(**{**defaults, **fields})  # type: ignore[arg-type]
 
     return make

@@ -9,29 +9,43 @@ import pytest
 import torch
 from scipy import stats
 
+from alm_opacus.mechanisms import make_generator
+from alm_opacus.methods import create_method
 from baselines import dperm
 from baselines.dperm import L2LaplaceNoise
 
 
+def _rng(kind: str):  # type: ignore[no-untyped-def]
+    return np.random.default_rng(2024) if kind == "numpy" else make_generator(secure_mode=True)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "secure"])
 @pytest.mark.parametrize(("dim", "scale"), [(1, 0.5), (7, 2.0), (650, 0.01)])
-def test_noise_norm_follows_gamma(dim, scale):
-    # density of b proportional to exp(-||b|| / scale)  =>  ||b|| ~ Gamma(dim, scale)
-    rng = np.random.default_rng(2024)
+def test_noise_norm_follows_gamma(dim, scale, kind):
+    # density of b proportional to exp(-||b|| / scale)  =>  ||b|| ~ Gamma(dim, scale).
+    # The secure draws are not seeded: the p-value is uniform under the null, so a correct
+    # sampler fails the secure cases with probability 1e-6 each (the seeded ones never).
+    rng = _rng(kind)
     norms = np.array(
         [np.linalg.norm(L2LaplaceNoise.sample(dim, scale=scale, rng=rng)) for _ in range(4000)]
     )
-    assert stats.kstest(norms, stats.gamma(a=dim, scale=scale).cdf).pvalue > 1e-3
+    alpha = 1e-3 if kind == "numpy" else 1e-6
+    assert stats.kstest(norms, stats.gamma(a=dim, scale=scale).cdf).pvalue > alpha
 
 
+@pytest.mark.parametrize("kind", ["numpy", "secure"])
 @pytest.mark.parametrize("dim", [3, 50])
-def test_noise_direction_is_uniform(dim):
+def test_noise_direction_is_uniform(dim, kind):
     # For u uniform on the sphere S^{dim-1}, u_1^2 ~ Beta(1/2, (dim-1)/2), and E u = 0.
-    rng = np.random.default_rng(7)
+    # Secure draws: each KS check fails a correct sampler with probability 1e-6. A coordinate
+    # has variance 1/dim, so the mean bound 5/sqrt(4000) is 5 sqrt(dim) >= 8.6 standard errors.
+    rng = _rng(kind)
     draws = np.stack([L2LaplaceNoise.sample(dim, scale=1.0, rng=rng) for _ in range(4000)])
     u = draws / np.linalg.norm(draws, axis=1, keepdims=True)
     law = stats.beta(0.5, (dim - 1) / 2)
-    assert stats.kstest(u[:, 0] ** 2, law.cdf).pvalue > 1e-3
-    assert stats.kstest(u[:, -1] ** 2, law.cdf).pvalue > 1e-3
+    alpha = 1e-3 if kind == "numpy" else 1e-6
+    assert stats.kstest(u[:, 0] ** 2, law.cdf).pvalue > alpha
+    assert stats.kstest(u[:, -1] ** 2, law.cdf).pvalue > alpha
     assert np.abs(u.mean(0)).max() < 5 / math.sqrt(4000)
 
 
@@ -51,7 +65,7 @@ def test_privacy_loss_is_bounded_by_epsilon():
 def test_release_is_pure_dp_with_analytic_l2_sensitivity(pixel_features, make_context):
     x, y = pixel_features
     ctx = make_context()
-    method = dperm.DPERMMethod()
+    method = create_method("dperm")
     prepared = method.prepare(features=x[:150], labels=y[:150], seed=0, context=ctx)
     release = method.release(
         prepared,
@@ -68,7 +82,7 @@ def test_release_is_pure_dp_with_analytic_l2_sensitivity(pixel_features, make_co
     assert s.sensitivity is not None
     assert (s.sensitivity.norm, s.sensitivity.source.value) == ("l2", "analytic")
     assert s.noise_scale == pytest.approx(s.sensitivity.value / 2.0)
-    l2 = release.info["config"]["l2"]
+    l2 = release.chosen_config["l2"]
     assert l2 in [c["l2"] for c in dperm.TUNING_GRID]
     assert len(release.info["tuning"]["tried"]) == len(dperm.TUNING_GRID)
     # the released head is the clean convex head plus noise of the stated scale
@@ -80,12 +94,15 @@ def test_release_is_pure_dp_with_analytic_l2_sensitivity(pixel_features, make_co
     assert float(noise.norm()) > 0
     # Chaudhuri et al. 2011, Cor. 8 with L = sqrt(2 (R^2 + 1)), R = 1: 2L / (n lambda)
     assert s.sensitivity.value == pytest.approx(4 / (150 * l2), rel=1e-6)
+    assert s.neighbouring == "replace-one" and s.noise == "secure"
+    # E ||b||^2 = P (P + 1) scale^2 spread over P coordinates
+    assert release.noise_std == pytest.approx(math.sqrt(651) * s.noise_scale, rel=1e-12)
 
 
 def test_shadow_trainer_shape_and_draws_differ(pixel_features, make_context):
     x, y = pixel_features
-    ctx = make_context(dperm_l2=1.0)
-    method = dperm.DPERMMethod()
+    ctx = make_context()
+    method = create_method("dperm", {"l2": 1.0})
     prepared = method.prepare(features=x[:100], labels=y[:100], seed=0, context=ctx)
     r0, r1 = (
         method.release(
@@ -101,7 +118,8 @@ def test_shadow_trainer_shape_and_draws_differ(pixel_features, make_context):
         for d in (0, 1)
     )
     assert not torch.equal(r0.predict_proba(x[600:610]), r1.predict_proba(x[600:610]))
-    trainer = method.shadow_trainer(release=r0, epsilon=5.0, delta=1e-5, context=ctx)
+    assert r0.attacker is not None
+    trainer = r0.attacker()
     masks = torch.zeros(4, 120, dtype=torch.bool)
     masks[:, ::2] = True
     predict = trainer(x[700:820], y[700:820], masks, 0)

@@ -10,7 +10,13 @@ from opacus.accountants.utils import get_noise_multiplier
 
 from alm_opacus.heads import HeadConfig
 from baselines import dpsgd
-from baselines.dpsgd import DPSGDConfig, dpsgd_linear_heads, run_opacus, train_dpsgd_head
+from baselines.dpsgd import (
+    DPSGDConfig,
+    SigmaCache,
+    dpsgd_linear_heads,
+    run_opacus,
+    train_dpsgd_head,
+)
 
 HEAD = HeadConfig()
 FAST = DPSGDConfig(lr=4.0, max_grad_norm=1.0, epochs=4, batch_size=30)
@@ -103,7 +109,14 @@ def test_other_accountants_final_epsilon(small, accountant):
 def test_cached_sigma_is_make_private_with_epsilon_sigma(small):
     x, y = small
     kwargs = dict(
-        num_classes=10, head=HEAD, config=FAST, epsilon=3.0, delta=1e-5, accountant="rdp", seed=0
+        num_classes=10,
+        head=HEAD,
+        config=FAST,
+        epsilon=3.0,
+        delta=1e-5,
+        accountant="rdp",
+        seed=0,
+        sigmas=SigmaCache(),  # the run's cache, shared by the three trainings
     )
     first = train_dpsgd_head(x, y, noise_seed=1, **kwargs)
     second = train_dpsgd_head(x, y, noise_seed=2, **kwargs)
@@ -128,18 +141,16 @@ def test_batched_reimplementation_matches_opacus_without_noise(small):
     # scaling by the expected batch size and the update must agree to rounding.
     x, y = small
     config = DPSGDConfig(lr=2.0, max_grad_norm=0.3, epochs=15, batch_size=200)
-    init = dpsgd._init_params(d=x.shape[1], num_classes=10, head=HEAD, seed=3)
-    model, *_ = run_opacus(
+    init = dpsgd.init_params(d=x.shape[1], num_classes=10, head=HEAD, seed=3)
+    model = run_opacus(
         x,
         y,
-        model=dpsgd._Net(init, "linear"),
+        model=dpsgd.HeadNet(init, "linear"),
         config=config,
-        epsilon=1.0,
-        delta=1e-5,
         accountant="rdp",
         noise_seed=0,
         noise_multiplier=0.0,
-    )
+    ).module
     ones = torch.ones(2, len(y), dtype=torch.bool)
     ours = dpsgd_linear_heads(
         x, y, masks=ones, num_classes=10, head=HEAD, config=config, sigma=0.0, seed=3
@@ -151,12 +162,25 @@ def test_batched_reimplementation_matches_opacus_without_noise(small):
         torch.testing.assert_close(ours["fc.bias"][b], model.fc.bias.detach(), rtol=0, atol=1e-12)
 
 
-def test_default_delta_and_schedule():
+def test_default_delta_and_schedule(pixel_features, make_context):
     assert dpsgd.default_delta(150) == 1e-5
     assert dpsgd.default_delta(50_000) == pytest.approx(1 / 500_000)
-    assert dpsgd.default_schedule(n=150, dataset="digits") == (30, 75)
+    assert dpsgd.default_schedule(n=150, schedule=(30, 75)) == (30, 75)
     assert dpsgd.default_schedule(n=10_000) == (20, 256)
     assert len(dpsgd.TUNING_GRID) == 4
+    # the method takes the dataset's schedule from the context, else one by n
+    from alm_opacus.methods import create_method
+
+    x, y = pixel_features
+    for schedule, expected in (((20, 256), (20, 256)), (None, (30, 50))):
+        prepared = create_method("dpsgd").prepare(
+            features=x[:100], labels=y[:100], seed=0, context=make_context(schedule=schedule)
+        )
+        assert prepared.schedule == expected
+    prepared = create_method("dpsgd", {"epochs": 7}).prepare(
+        features=x[:100], labels=y[:100], seed=0, context=make_context(schedule=(20, 256))
+    )
+    assert prepared.schedule == (7, 256)
 
 
 @pytest.mark.parametrize(

@@ -24,8 +24,8 @@ def test_import_registers_every_baseline():
 
 def test_dpsgd_release_statement_info_and_adaptive_shadows(pixel_features, make_context):
     x, y = pixel_features
-    ctx = make_context(accountant="rdp", dpsgd_epochs=3)
-    method = create_method("dpsgd")
+    ctx = make_context()
+    method = create_method("dpsgd", {"accountant": "rdp", "epochs": 3})
     prepared = method.prepare(features=x[:150], labels=y[:150], seed=0, context=ctx)
     release = method.release(
         prepared,
@@ -42,9 +42,10 @@ def test_dpsgd_release_statement_info_and_adaptive_shadows(pixel_features, make_
     info = release.info
     assert info["epsilon_spent"] <= 2.0 and info["accountant"] == "rdp"
     assert len(info["tuning"]["tried"]) == 4
-    chosen = {k: info["config"][k] for k in ("lr", "max_grad_norm")}
+    chosen = {k: release.chosen_config[k] for k in ("lr", "max_grad_norm")}
     assert chosen in [dict(c) for c in TUNING_GRID]
     json.dumps(info)
+    json.dumps(release.chosen_config)
     # a second draw reuses the tuned config and sigma, and is an independent run
     again = method.release(
         prepared,
@@ -56,24 +57,49 @@ def test_dpsgd_release_statement_info_and_adaptive_shadows(pixel_features, make_
         draw=1,
         context=ctx,
     )
-    assert again.info["config"] == info["config"] and again.info["sigma_cached"]
+    assert again.chosen_config == release.chosen_config and again.info["sigma_cached"]
     assert not torch.equal(release.predict_proba(x[600:610]), again.predict_proba(x[600:610]))
-    assert "adaptive" in info["attacker"]
-    trainer = method.shadow_trainer(release=release, epsilon=2.0, delta=1e-5, context=ctx)
+    assert "adaptive" in release.attacker_note
+    assert release.attacker is not None
+    trainer = release.attacker()
     masks = torch.zeros(4, 120, dtype=torch.bool)
     masks[:, 1::2] = True
     assert trainer(x[700:820], y[700:820], masks, 0)(x[:5]).shape == (4, 5, 10)
 
 
-def test_dpsgd_bad_accountant_option_is_named(pixel_features, make_context):
+def test_dpsgd_statement_names_its_accountant_relation_and_noise(pixel_features, make_context):
     x, y = pixel_features
+    ctx = make_context()
+    method = create_method("dpsgd", {"accountant": "rdp", "epochs": 2, "lr": 1.0, "clip": 0.5})
+    prepared = method.prepare(features=x[:100], labels=y[:100], seed=0, context=ctx)
+    release = method.release(
+        prepared,
+        features=x[:100],
+        labels=y[:100],
+        epsilon=3.0,
+        delta=1e-5,
+        seed=0,
+        draw=0,
+        context=ctx,
+    )
+    s, training = release.statement, release.training
+    assert s.neighbouring == "add-remove" and s.sensitivity is not None
+    assert s.sensitivity.adjacency == "remove-one" and s.sensitivity.value == 0.5
+    assert s.noise == "secure" and "OS entropy and discarded" in " ".join(s.notes)
+    assert "rdp accountant" in s.mechanism
+    # every epsilon in the notes sits beside its accountant
+    assert "epsilon=3 at delta=1e-05 by the rdp accountant" in s.notes[0]
+    assert "the rdp accountant reports epsilon=" in s.notes[0]
+    assert training is not None and training.accountant == "rdp"
+    assert training.clip_norm == 0.5 and training.noise_multiplier == s.noise_scale
+    assert s.epsilon_spent == training.epsilon_spent <= 3.0
+    assert release.noise_std == pytest.approx(training.noise_multiplier * 0.5, rel=1e-15)
+    assert release.info["tuning"]["note"].startswith("not tuned: lr and clip fixed")
+
+
+def test_dpsgd_bad_accountant_option_is_named():
     with pytest.raises(ValueError, match="accountant='moments'"):
-        create_method("dpsgd").prepare(
-            features=x[:50],
-            labels=y[:50],
-            seed=0,
-            context=make_context(accountant="moments"),
-        )
+        create_method("dpsgd", {"accountant": "moments"})
 
 
 class _TinyEncoder(nn.Module):
@@ -96,8 +122,7 @@ class _TinyEncoder(nn.Module):
 
 
 def test_dpsgd_full_replaces_batchnorm_and_stays_within_epsilon(digits):
-    from baselines.dpsgd import DPSGDConfig
-    from baselines.dpsgd_full import dpsgd_full_finetune
+    from baselines.dpsgd import DPSGDConfig, dpsgd_full_finetune
 
     images = torch.from_numpy(digits.images[:60]).float()
     labels = torch.from_numpy(digits.labels[:60]).long()
@@ -122,7 +147,7 @@ def test_dpsgd_full_replaces_batchnorm_and_stays_within_epsilon(digits):
 
 
 def test_private_model_starts_groupnorm_from_the_batchnorm_affine_parameters():
-    from baselines.dpsgd_full import private_model
+    from baselines.dpsgd import private_model
 
     encoder = _TinyEncoder()
     bn = encoder.net[1]
@@ -136,25 +161,40 @@ def test_private_model_starts_groupnorm_from_the_batchnorm_affine_parameters():
     assert not model[0].net[2].inplace and encoder.net[2].inplace
 
 
-def _image_context(digits, **options):  # type: ignore[no-untyped-def]
+def _image_context(digits):  # type: ignore[no-untyped-def]
     from alm_opacus.heads import HeadConfig
     from alm_opacus.methods import MethodContext
 
     images = torch.from_numpy(digits.images).float()
     labels = torch.from_numpy(digits.labels).long()
     context = MethodContext(
-        num_classes=10, head=HeadConfig(), public_features=torch.zeros(len(images), 2)[200:300],
-        public_labels=labels[200:300], public_images=images[200:300], encoder=_TinyEncoder(),
-        options={"accountant": "rdp", **options},
-    )  # fmt: skip
+        num_classes=10,
+        head=HeadConfig(),
+        public_features=torch.zeros(len(images), 2)[200:300],
+        public_labels=labels[200:300],
+        public_images=images[200:300],
+        encoder=_TinyEncoder(),
+    )
     return context, images, labels
 
 
 def test_dpsgd_full_tunes_on_public_images_and_releases_an_image_predictor(digits):
-    from baselines.dpsgd_full import FULL_TUNING_GRID
+    from alm_opacus.methods import method_options
+    from baselines.dpsgd import FULL_TUNING_GRID
 
-    context, images, labels = _image_context(digits, dpsgd_full_epochs=1, dpsgd_full_batch_size=20)
-    method = create_method("dpsgd-full")
+    context, images, labels = _image_context(digits)
+    # scoped keys: dpsgd's fixed lr and clip must not reach the full fine-tune
+    options = method_options(
+        "dpsgd-full",
+        {
+            "accountant": "rdp",
+            "dpsgd.lr": 4.0,
+            "dpsgd.clip": 1.0,
+            "dpsgd-full.epochs": 1,
+            "dpsgd-full.batch_size": 20,
+        },
+    )
+    method = create_method("dpsgd-full", options)
     assert method.inputs == "images" and not method.in_all
     assert method.tuning_grid == FULL_TUNING_GRID and len(FULL_TUNING_GRID) == 4
     prepared = method.prepare(features=images[:40], labels=labels[:40], seed=0, context=context)
@@ -162,20 +202,26 @@ def test_dpsgd_full_tunes_on_public_images_and_releases_an_image_predictor(digit
     assert prepared.split.train_features.shape == (40, 1, 8, 8)
     assert prepared.split.validation_features.shape == (60, 1, 8, 8)
     release = method.release(
-        prepared, features=images[:40], labels=labels[:40], epsilon=4.0, delta=1e-5, seed=0,
-        draw=0, context=context,
-    )  # fmt: skip
+        prepared,
+        features=images[:40],
+        labels=labels[:40],
+        epsilon=4.0,
+        delta=1e-5,
+        seed=0,
+        draw=0,
+        context=context,
+    )
     tuning = release.info["tuning"]
     chosen = tuning["chosen"]
     assert len(tuning["tried"]) == 4
     assert chosen in [{k: t[k] for k in chosen} for t in tuning["tried"]]
-    picked = {k: release.info["config"][k] for k in ("lr", "max_grad_norm")}
+    picked = {k: release.chosen_config[k] for k in ("lr", "max_grad_norm")}
     assert picked in [dict(c) for c in FULL_TUNING_GRID]
     assert release.statement.guarantee.value == "approx-dp"
     assert release.info["epsilon_spent"] <= 4.0 and release.info["steps"] == 2
     proba = release.predict_proba(images[100:103])
     assert proba.shape == (3, 10) and torch.allclose(proba.sum(1), torch.ones(3))
-    assert "mis-specified" in release.info["attacker"]
+    assert "mis-specified" in release.attacker_note and release.attacker is None
 
 
 def test_dpsgd_full_needs_the_encoder_and_images(digits):
@@ -184,11 +230,16 @@ def test_dpsgd_full_needs_the_encoder_and_images(digits):
     context, images, labels = _image_context(digits)
     method = create_method("dpsgd-full")
     with pytest.raises(ValueError, match=r"context\.encoder"):
-        method.prepare(features=images[:40], labels=labels[:40], seed=0,
-                       context=dataclasses.replace(context, encoder=None))  # fmt: skip
+        method.prepare(
+            features=images[:40],
+            labels=labels[:40],
+            seed=0,
+            context=dataclasses.replace(context, encoder=None),
+        )
     with pytest.raises(ValueError, match=r"images \(n, C, H, W\)"):
-        method.prepare(features=images[:40].reshape(40, -1), labels=labels[:40], seed=0,
-                       context=context)  # fmt: skip
+        method.prepare(
+            features=images[:40].reshape(40, -1), labels=labels[:40], seed=0, context=context
+        )
 
 
 def test_public_split_of_images_matches_the_split_of_features(make_context):

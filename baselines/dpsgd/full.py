@@ -12,31 +12,24 @@ the whole encoder, about 5 s on digits against a fraction of a second for a head
 
 The attacker's shadow and reference models stay heads on the public encoder's features:
 imitating the victim would cost one full DP-SGD fine-tune per shadow. Those attacks are
-therefore mis-specified against this release (weaker), which the release's info says.
+therefore mis-specified against this release (weaker), which its attacker note says.
 """
 
 from __future__ import annotations
 
 import copy
-import time
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from alm_opacus._validation import check_delta, check_epsilon
-from alm_opacus.methods import InputKind, Method, MethodContext, Predict, register_method
-from baselines.dpsgd import (
-    DEFAULT_ACCOUNTANT,
-    DPSGDConfig,
-    DPSGDMethod,
-    OpacusFit,
-    OpacusRun,
-    check_accountant,
-    checked_epsilon,
-    run_opacus,
-)
+from alm_opacus.heads import uniform_init
+from alm_opacus.methods import AttackerFactory, InputKind, MethodContext, Predict, register_method
+from baselines.dpsgd.accounting import SigmaCache
+from baselines.dpsgd.config import DEFAULT_ACCOUNTANT, DPSGDConfig
+from baselines.dpsgd.loop import OPACUS, OpacusRun, TrainingBackend, fit_private
+from baselines.dpsgd.method import DPSGDMethod, OpacusFit, _Prepared
 
 __all__ = [
     "FULL_TUNING_GRID",
@@ -89,9 +82,8 @@ def private_model(*, encoder: nn.Module, num_classes: int, seed: int) -> nn.Modu
     g = torch.Generator().manual_seed(seed)
     head = nn.Linear(out_dim, num_classes)
     with torch.no_grad():
-        bound = out_dim**-0.5
-        head.weight.copy_((torch.rand(head.weight.shape, generator=g) * 2 - 1) * bound)
-        head.bias.copy_((torch.rand(head.bias.shape, generator=g) * 2 - 1) * bound)
+        head.weight.copy_(uniform_init(tuple(head.weight.shape), fan_in=out_dim, generator=g))
+        head.bias.copy_(uniform_init(tuple(head.bias.shape), fan_in=out_dim, generator=g))
     model = ModuleValidator.fix(nn.Sequential(copy.deepcopy(encoder), head))
     original = dict(encoder.named_modules())
     for name, module in model[0].named_modules():
@@ -133,8 +125,10 @@ def dpsgd_full_finetune(
     delta: float,
     accountant: str = DEFAULT_ACCOUNTANT,
     seed: int,
-    noise_seed: int,
+    noise_seed: int | None,
     device: str = "cpu",
+    sigmas: SigmaCache | None = None,
+    backend: TrainingBackend = OPACUS,
 ) -> DPSGDFullRun:
     """Fine-tune encoder and head together with DP-SGD at (epsilon, delta).
 
@@ -146,10 +140,12 @@ def dpsgd_full_finetune(
         config: DP-SGD recipe (lr, clip, epochs, expected batch size).
         epsilon: target epsilon > 0.
         delta: target delta in (0, 1).
-        accountant: ``"prv"``, ``"rdp"`` or ``"alm_pld"``.
+        accountant: ``"alm_pld"``, ``"prv"`` or ``"rdp"``.
         seed: seeds the head's initialisation.
-        noise_seed: seeds Poisson sampling and noise.
+        noise_seed: seeds Poisson sampling and noise; ``None``: the backend's secure source.
         device: torch device.
+        sigmas: the run's noise multipliers (default: a fresh cache).
+        backend: the engine and its generators (default: Opacus's).
 
     Returns:
         The run (model in eval mode); ``epsilon_spent <= epsilon``.
@@ -159,13 +155,10 @@ def dpsgd_full_finetune(
             Opacus cannot train.
         RuntimeError: if the accountant reports more than ``epsilon`` after training.
     """
-    epsilon = check_epsilon(epsilon)
-    delta = check_delta(delta, allow_zero=False)
-    accountant = check_accountant(accountant)
     if labels.shape != (images.shape[0],):
         raise ValueError(f"labels must be ({images.shape[0]},); got {tuple(labels.shape)}")
     model = private_model(encoder=encoder, num_classes=num_classes, seed=seed).to(device)
-    model, engine, sigma, cached, seconds = run_opacus(
+    run = fit_private(
         images.to(device=device, dtype=torch.float32),
         labels.to(device=device, dtype=torch.long),
         model=model,
@@ -174,21 +167,11 @@ def dpsgd_full_finetune(
         delta=delta,
         accountant=accountant,
         noise_seed=noise_seed,
+        sigmas=sigmas,
+        backend=backend,
     )
-    start = time.perf_counter()
-    spent, steps = checked_epsilon(engine, epsilon=epsilon, delta=delta, accountant=accountant)
-    seconds["accounting"] = time.perf_counter() - start
     model.eval()
-    return DPSGDFullRun(
-        model=model,
-        noise_multiplier=sigma,
-        sample_rate=float(engine.accountant.history[0][1]),
-        steps=steps,
-        epsilon_spent=spent,
-        accountant=accountant,
-        from_cache=cached,
-        seconds=seconds,
-    )
+    return DPSGDFullRun(model=model, **vars(run))
 
 
 def predictor(model: nn.Module, *, device: str) -> Predict:
@@ -209,16 +192,15 @@ def predictor(model: nn.Module, *, device: str) -> Predict:
 class DPSGDFullMethod(DPSGDMethod):
     """DP-SGD on encoder and head together, one independent run per (epsilon, draw).
 
-    Takes images and ``context.encoder``. Options as for ``dpsgd`` with the prefix
-    ``dpsgd_full`` (``dpsgd_full_lr``, ``dpsgd_full_clip``, ``dpsgd_full_epochs``,
-    ``dpsgd_full_batch_size``), plus ``accountant`` and ``tune``.
+    Takes images and ``context.encoder``. Options as for ``dpsgd``, scoped to this method
+    (``dpsgd-full.lr``, ``dpsgd-full.clip``, ``dpsgd-full.epochs``, ``dpsgd-full.batch_size``;
+    a ``dpsgd.lr`` never reaches it), plus the shared ``accountant`` and ``tune``.
     """
 
     name: ClassVar[str] = "dpsgd-full"
-    tuning_grid: ClassVar[tuple[dict[str, Any], ...]] = FULL_TUNING_GRID
+    tuning_grid: ClassVar[tuple[dict[str, float], ...]] = FULL_TUNING_GRID
     inputs: ClassVar[InputKind] = "images"
     in_all: ClassVar[bool] = False
-    option_prefix: ClassVar[str] = "dpsgd_full"
     mechanism: ClassVar[str] = "dp-sgd on encoder and head"
     notes: ClassVar[tuple[str, ...]] = (
         "encoder and head are both released and both trained on the members with DP-SGD "
@@ -227,7 +209,7 @@ class DPSGDFullMethod(DPSGDMethod):
 
     def prepare(
         self, *, features: Tensor, labels: Tensor, seed: int, context: MethodContext
-    ) -> Any:
+    ) -> _Prepared:
         if context.encoder is None or context.public_images is None:
             raise ValueError(
                 "dpsgd-full needs context.encoder and context.public_images (the harness "
@@ -250,9 +232,8 @@ class DPSGDFullMethod(DPSGDMethod):
         config: DPSGDConfig,
         epsilon: float,
         delta: float,
-        accountant: str,
         seed: int,
-        noise_seed: int,
+        noise_seed: int | None,
         context: MethodContext,
     ) -> OpacusFit:
         assert context.encoder is not None  # checked in prepare
@@ -264,20 +245,21 @@ class DPSGDFullMethod(DPSGDMethod):
             config=config,
             epsilon=epsilon,
             delta=delta,
-            accountant=accountant,
+            accountant=self.options.accountant,
             seed=seed,
             noise_seed=noise_seed,
             device=context.device,
+            sigmas=SigmaCache.of(context),
         )
         return OpacusFit(
             module=run.model, predict_proba=predictor(run.model, device=context.device), run=run
         )
 
-    # The plain attacker (the harness then shares its prepared attacks across methods).
-    pass  # (placeholder until the baselines move to the new seam)
-
-    def _attacker_note(self, context: MethodContext) -> str:
-        return (
+    def _attacker(
+        self, *, config: DPSGDConfig, run: OpacusRun, context: MethodContext
+    ) -> tuple[AttackerFactory | None, str]:
+        """The plain attacker (the harness may then share its prepared attacks)."""
+        return None, (
             "mis-specified: shadow and reference models are plain heads on the public "
             "encoder's features, while the victim fine-tuned the encoder too (a full DP-SGD "
             "fine-tune per shadow is too slow); these attacks are weaker than against a head"

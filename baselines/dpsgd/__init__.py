@@ -1,0 +1,106 @@
+"""``dpsgd``: DP-SGD (Abadi et al. 2016, Algorithm 1) on the head, through Opacus; and the
+opt-in ``dpsgd-full`` (encoder and head together).
+
+Modules:
+
+* :mod:`~baselines.dpsgd.config`: the recipe (:class:`DPSGDConfig`), the method options
+  (:class:`DPSGDOptions`), the schedule and Opacus's sampling arithmetic;
+* :mod:`~baselines.dpsgd.accounting`: sigma for a target (Opacus's search), memoised per run
+  and on disk (:class:`SigmaCache`), and the accountant's check after training;
+* :mod:`~baselines.dpsgd.loop`: the Opacus loop (:func:`run_opacus`, with a swappable
+  :class:`TrainingBackend`), :func:`fit_private` and :func:`train_dpsgd_head`;
+* :mod:`~baselines.dpsgd.batched`: the batched re-implementation for the adaptive attacker;
+* :mod:`~baselines.dpsgd.method`: the ``dpsgd`` method (tuning, release, statement);
+* :mod:`~baselines.dpsgd.full`: ``dpsgd-full``.
+"""
+
+from __future__ import annotations
+
+from alm_opacus._validation import default_delta
+from baselines._common import single_thread
+from baselines.dpsgd.accounting import (
+    SIGMA_CACHE_FILE,
+    SigmaCache,
+    accountant_epsilon,
+    checked_epsilon,
+    epochs_match_steps,
+)
+from baselines.dpsgd.batched import dpsgd_linear_heads, dpsgd_shadow_trainer
+from baselines.dpsgd.config import (
+    ACCOUNTANTS,
+    DEFAULT_ACCOUNTANT,
+    TUNING_GRID,
+    DPSGDConfig,
+    DPSGDOptions,
+    check_accountant,
+    default_schedule,
+    sample_rate_for,
+    steps_per_epoch,
+)
+from baselines.dpsgd.full import (
+    FULL_TUNING_GRID,
+    DPSGDFullMethod,
+    DPSGDFullRun,
+    dpsgd_full_finetune,
+    private_model,
+)
+from baselines.dpsgd.loop import (
+    OPACUS,
+    DPSGDRun,
+    EngineFactory,
+    GeneratorFactory,
+    HeadNet,
+    OpacusRun,
+    OpacusTraining,
+    TrainingBackend,
+    fit_private,
+    init_params,
+    opacus_engine,
+    opacus_generators,
+    run_opacus,
+    train_dpsgd_head,
+)
+from baselines.dpsgd.method import DPSGDMethod, OpacusFit, dpsgd_statement
+
+__all__ = [
+    "ACCOUNTANTS",
+    "DEFAULT_ACCOUNTANT",
+    "FULL_TUNING_GRID",
+    "OPACUS",
+    "SIGMA_CACHE_FILE",
+    "TUNING_GRID",
+    "DPSGDConfig",
+    "DPSGDFullMethod",
+    "DPSGDFullRun",
+    "DPSGDMethod",
+    "DPSGDOptions",
+    "DPSGDRun",
+    "EngineFactory",
+    "GeneratorFactory",
+    "HeadNet",
+    "OpacusFit",
+    "OpacusRun",
+    "OpacusTraining",
+    "SigmaCache",
+    "TrainingBackend",
+    "accountant_epsilon",
+    "check_accountant",
+    "checked_epsilon",
+    "default_delta",
+    "default_schedule",
+    "dpsgd_full_finetune",
+    "dpsgd_linear_heads",
+    "dpsgd_shadow_trainer",
+    "dpsgd_statement",
+    "epochs_match_steps",
+    "fit_private",
+    "init_params",
+    "opacus_engine",
+    "opacus_generators",
+    "private_model",
+    "run_opacus",
+    "sample_rate_for",
+    "single_thread",
+    "steps_per_epoch",
+    "train_dpsgd_head",
+]

@@ -1,0 +1,229 @@
+"""DP-SGD accounting: the noise multiplier for a target, its cache, and the check after training.
+
+sigma is a deterministic function of (epsilon, delta, sample rate, epochs, accountant) and the
+Opacus version, so it is searched once per key and reused: within a run through a
+:class:`SigmaCache` held in the run's memo (``context.memo``; never a module-level cache),
+and across runs through ``<cache_dir>/dpsgd_noise_multipliers.json``. Each training run still
+checks the accountant's epsilon afterwards (:func:`checked_epsilon`).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import opacus
+from opacus.accountants import create_accountant
+from opacus.accountants.utils import get_noise_multiplier
+
+import alm_opacus  # noqa: F401  (registers the "alm_pld" accountant into Opacus)
+from alm_opacus.io import atomic_write_json
+from alm_opacus.methods import InfeasibleRelease, MethodContext
+from baselines.dpsgd.config import check_accountant, steps_per_epoch
+
+__all__ = [
+    "SIGMA_CACHE_FILE",
+    "SigmaCache",
+    "accountant_epsilon",
+    "checked_epsilon",
+    "epochs_match_steps",
+    "quiet_opacus",
+]
+
+SIGMA_CACHE_FILE = "dpsgd_noise_multipliers.json"
+_Key = tuple[float, float, float, int, str]
+
+
+@contextmanager
+def quiet_opacus() -> Iterator[None]:
+    """Silence Opacus's warnings that the statement's notes already cover."""
+    with warnings.catch_warnings():
+        # Opacus's secure_mode needs torchcsprng; the noise source is stated in the notes.
+        warnings.filterwarnings("ignore", message=".*[Ss]ecure RNG turned off.*")
+        warnings.filterwarnings(
+            "ignore", message=".*[Oo]ptimal order is the (largest|smallest) alpha.*"
+        )
+        # Opacus's hooks on a first layer whose inputs need no gradient (frozen features).
+        warnings.filterwarnings("ignore", message=".*Using a non-full backward hook.*")
+        warnings.filterwarnings("ignore", message=".*Full backward hook is firing.*")
+        yield
+
+
+def epochs_match_steps(sample_rate: float, epochs: int) -> bool:
+    """Whether Opacus's step count for ``epochs`` (``int(epochs / q)``) equals the
+    ``epochs * int(1 / q)`` steps its Poisson loader runs (float rounding: 3 epochs at
+    q = 1/75 account 224 of 225 steps)."""
+    return int(epochs / sample_rate) == epochs * steps_per_epoch(sample_rate)
+
+
+class SigmaCache:
+    """Noise multipliers and post-training epsilons of one run.
+
+    Args:
+        cache_dir: where :data:`SIGMA_CACHE_FILE` is read and written; ``None``: memory only.
+    """
+
+    def __init__(self, cache_dir: str | Path | None = None) -> None:
+        self.cache_dir = None if cache_dir is None else Path(cache_dir)
+        self._sigmas: dict[_Key, float] = {}
+        self._spent: dict[tuple[Any, ...], float] = {}
+        self._load()
+
+    @classmethod
+    def of(cls, context: MethodContext) -> SigmaCache:
+        """The run's cache (one per run and cache folder, held in ``context.memo``)."""
+        folder = None if context.cache_dir is None else str(context.cache_dir)
+        return context.memo.get(("dpsgd-sigmas", folder), lambda: cls(folder))
+
+    def __len__(self) -> int:
+        return len(self._sigmas)
+
+    def cached(
+        self, *, epsilon: float, delta: float, sample_rate: float, epochs: int, accountant: str
+    ) -> float | None:
+        """The noise multiplier for this key, or None if not yet known."""
+        return self._sigmas.get(_key(epsilon, delta, sample_rate, epochs, accountant))
+
+    def noise_multiplier(
+        self, *, epsilon: float, delta: float, sample_rate: float, epochs: int, accountant: str
+    ) -> tuple[float, bool]:
+        """sigma for ``epochs`` of Opacus's Poisson loader at ``sample_rate``, and whether it
+        was known already.
+
+        Opacus's own search (``get_noise_multiplier``, which ``make_private_with_epsilon``
+        calls with ``epochs``), given ``epochs`` where Opacus counts the steps right, else the
+        true step count (:func:`epochs_match_steps`). A new value is saved to the cache file.
+
+        Raises:
+            InfeasibleRelease: when no noise multiplier reaches the target.
+        """
+        key = _key(epsilon, delta, sample_rate, epochs, accountant)
+        if key in self._sigmas:
+            return self._sigmas[key], True
+        by: dict[str, int] = (
+            {"epochs": epochs}
+            if epochs_match_steps(sample_rate, epochs)
+            else {"steps": epochs * steps_per_epoch(sample_rate)}
+        )
+        with quiet_opacus():
+            try:
+                sigma = get_noise_multiplier(
+                    target_epsilon=epsilon,
+                    target_delta=delta,
+                    sample_rate=sample_rate,
+                    accountant=accountant,
+                    **by,
+                )
+            except ValueError as exc:  # Opacus: "The privacy budget is too low."
+                raise InfeasibleRelease(
+                    f"no noise multiplier reaches epsilon={epsilon:g} at delta={delta:g} with the "
+                    f"{accountant} accountant over {epochs} epochs at Poisson rate "
+                    f"{sample_rate:.4g}: {exc}"
+                ) from exc
+        self._sigmas[key] = float(sigma)
+        self._save()
+        return self._sigmas[key], False
+
+    def spent(self, history: Sequence[Sequence[float]], *, delta: float, accountant: str) -> float:
+        """The accountant's epsilon at ``delta`` for an Opacus ``history`` of
+        ``(noise_multiplier, sample_rate, steps)`` (deterministic: computed once per key)."""
+        entries = tuple((float(s), float(q), int(t)) for s, q, t in history)
+        key = (entries, float(delta), accountant)
+        if key not in self._spent:
+            self._spent[key] = _epsilon_of(entries, delta=delta, accountant=accountant)
+        return self._spent[key]
+
+    def _path(self) -> Path | None:
+        return None if self.cache_dir is None else self.cache_dir / SIGMA_CACHE_FILE
+
+    def _load(self) -> None:
+        path = self._path()
+        try:
+            entries = json.loads(path.read_text()) if path is not None else []
+        except (OSError, ValueError):
+            return
+        for e in entries if isinstance(entries, list) else []:
+            if isinstance(e, dict) and e.get("opacus") == opacus.__version__:
+                try:
+                    key = _key(
+                        e["epsilon"], e["delta"], e["sample_rate"], e["epochs"], e["accountant"]
+                    )
+                    self._sigmas.setdefault(key, float(e["noise_multiplier"]))
+                except (KeyError, TypeError, ValueError):
+                    continue
+
+    def _save(self) -> None:
+        """Write the multipliers (merged with the file's) atomically; a read-only cache only
+        costs time."""
+        path = self._path()
+        if path is None:
+            return
+        self._load()
+        fields = ("epsilon", "delta", "sample_rate", "epochs", "accountant")
+        entries = [
+            {
+                "opacus": opacus.__version__,
+                **dict(zip(fields, k, strict=True)),
+                "noise_multiplier": v,
+            }
+            for k, v in sorted(self._sigmas.items())
+        ]
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, entries)
+        except OSError:
+            pass
+
+
+def _key(epsilon: Any, delta: Any, sample_rate: Any, epochs: Any, accountant: Any) -> _Key:
+    return (float(epsilon), float(delta), float(sample_rate), int(epochs), str(accountant))
+
+
+def accountant_epsilon(
+    *, noise_multiplier: float, sample_rate: float, steps: int, delta: float, accountant: str
+) -> float:
+    """Epsilon of ``steps`` DP-SGD steps from a fresh Opacus accountant (an independent check)."""
+    return _epsilon_of([(noise_multiplier, sample_rate, steps)], delta=delta, accountant=accountant)
+
+
+def _epsilon_of(
+    history: Sequence[tuple[float, float, int]], *, delta: float, accountant: str
+) -> float:
+    acc = create_accountant(check_accountant(accountant))
+    acc.history = list(history)
+    with quiet_opacus():
+        return float(acc.get_epsilon(delta=delta))
+
+
+def checked_epsilon(
+    history: Sequence[Sequence[float]],
+    *,
+    epsilon: float,
+    delta: float,
+    accountant: str,
+    cache: SigmaCache | None = None,
+) -> tuple[float, int]:
+    """The accountant's epsilon at ``delta`` after training, and the steps it counted.
+
+    Args:
+        history: the engine accountant's ``(noise_multiplier, sample_rate, steps)`` entries.
+        epsilon: the target.
+        delta: the target delta.
+        accountant: the accountant's name.
+        cache: reuses the value for an identical history (default: computed afresh).
+
+    Raises:
+        RuntimeError: if it exceeds the target ``epsilon`` (the model is never released).
+    """
+    spent = (cache or SigmaCache()).spent(history, delta=delta, accountant=accountant)
+    steps = sum(int(h[2]) for h in history)
+    if not spent <= epsilon:
+        raise RuntimeError(
+            f"the {accountant} accountant reports epsilon={spent:.6g} > target {epsilon:g} "
+            f"after {steps} steps; refusing to release"
+        )
+    return spent, steps

@@ -1,0 +1,170 @@
+"""DP-SGD on many linear heads at once: the adaptive attacker's shadow heads.
+
+The victim trains through Opacus (:mod:`baselines.dpsgd.loop`); the attacker needs dozens of
+heads trained the same way, which this batched re-implementation of Opacus's algorithm gives
+in one loop (equal to Opacus's run to 1e-12 at sigma = 0 and q = 1; tested).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from alm_opacus.heads import HeadConfig, Params, clip_features
+from alm_opacus.methods import Predict, ShadowTrainer
+from baselines._common import derive_seed, single_thread
+from baselines.dpsgd.config import DPSGDConfig, sample_rate_for, steps_per_epoch
+from baselines.dpsgd.loop import init_params
+
+__all__ = ["dpsgd_linear_heads", "dpsgd_shadow_trainer"]
+
+
+def _check_masks(masks: Tensor, n: int) -> int:
+    sizes = masks.sum(1)
+    if masks.ndim != 2 or masks.shape[1] != n or not bool((sizes == sizes[0]).all()):
+        raise ValueError("masks must be (B, n) with the same number of rows selected in each")
+    return int(sizes[0])
+
+
+def dpsgd_linear_heads(
+    features: Tensor,
+    labels: Tensor,
+    *,
+    masks: Tensor,
+    num_classes: int,
+    head: HeadConfig,
+    config: DPSGDConfig,
+    sigma: float,
+    seed: int,
+    sample_rate: float | None = None,
+) -> Params:
+    """DP-SGD on ``B = len(masks)`` linear heads at once: Opacus's algorithm, batched.
+
+    Head ``b`` trains on the rows where ``masks[b]`` holds, exactly as
+    :func:`~baselines.dpsgd.loop.train_dpsgd_head` would: the same initialisation law,
+    Poisson sampling at ``1 / ceil(n_b / batch_size)``, flat clipping with Opacus's factor
+    ``min(1, C / (||g_i|| + 1e-6))``, noise ``N(0, (sigma C)^2)`` on the clipped sum, and
+    division by Opacus's expected batch size ``int(n_b q)``. For a linear head the
+    per-example gradient is the rank-one ``(p_i - e_{y_i}) x~_i^T``, so its norm is
+    ``||p_i - e_{y_i}|| ||x~_i||`` and no per-example tensor is formed. Used for the
+    adaptive attacker's shadow heads (cheap), not for the victim (which runs Opacus).
+
+    Args:
+        features: (n, d).
+        labels: (n,).
+        masks: (B, n) boolean; all rows must select the same number ``n_b`` of examples.
+        num_classes: ``C``.
+        head: must have ``kind="linear"``.
+        config: the recipe.
+        sigma: the noise multiplier.
+        seed: seeds initialisation (shared), Poisson sampling and noise.
+        sample_rate: Poisson rate q; default ``1 / ceil(n_b / batch_size)`` as Opacus derives
+            it. Steps are ``epochs * int(1 / q)``.
+
+    Returns:
+        ``{"fc.weight": (B, C, d), "fc.bias": (B, C)}``.
+
+    Raises:
+        ValueError: for a non-linear head or masks of unequal sizes.
+    """
+    if head.kind != "linear":
+        raise ValueError(f"head.kind={head.kind!r}: the batched DP-SGD supports 'linear' only")
+    n_b = _check_masks(masks, int(features.shape[0]))
+    n_heads, (n, d), dev, dt = masks.shape[0], features.shape, features.device, torch.float64
+    x = clip_features(features.to(dt), head.clip_radius)
+    xt = torch.cat([x, x.new_ones(n, 1)], dim=1)  # (n, d+1)
+    xnorm = xt.norm(dim=1)  # (n,)
+    onehot = F.one_hot(labels.long(), num_classes).to(dt).t()  # (C, n)
+    init = init_params(d=d, num_classes=num_classes, head=head.replace(dtype="float64"), seed=seed)
+    w = torch.cat([init["fc.weight"], init["fc.bias"].unsqueeze(1)], dim=1)
+    w = w.unsqueeze(0).repeat(n_heads, 1, 1).to(dev)  # (B, C, d+1)
+    q = sample_rate_for(n=n_b, batch_size=config.batch_size) if sample_rate is None else sample_rate
+    expected = max(1, int(n_b * q))
+    g = torch.Generator(device=dev).manual_seed(derive_seed("shadow-dpsgd", seed))
+    member = masks.to(device=dev, dtype=torch.bool)
+    clip = config.max_grad_norm
+    for _ in range(config.epochs * steps_per_epoch(q)):
+        batch = (torch.rand(n_heads, n, generator=g, device=dev, dtype=dt) < q) & member
+        r = torch.softmax(torch.matmul(w, xt.t()), dim=1) - onehot  # (B, C, n)
+        factor = (clip / (r.norm(dim=1) * xnorm + 1e-6)).clamp(max=1.0) * batch  # (B, n)
+        grad = torch.matmul(r * factor.unsqueeze(1), xt)  # (B, C, d+1)
+        noise = torch.randn(w.shape, generator=g, device=dev, dtype=dt)
+        w = w - config.lr * (grad + sigma * clip * noise) / expected
+    return {"fc.weight": w[..., :d].contiguous(), "fc.bias": w[..., d].contiguous()}
+
+
+def _grouped_heads(
+    features: Tensor,
+    labels: Tensor,
+    *,
+    masks: Tensor,
+    seed: int,
+    num_classes: int,
+    head: HeadConfig,
+    config: DPSGDConfig,
+    sigma: float,
+    sample_rate: float,
+) -> Params:
+    # Heads are grouped by size only because the batched trainer needs equal sizes.
+    sizes = masks.sum(1)
+    parts: list[tuple[Tensor, Params]] = []
+    for size in sorted({int(s) for s in sizes}):
+        rows = (sizes == size).nonzero().flatten()
+        with single_thread():
+            params = dpsgd_linear_heads(
+                features,
+                labels,
+                masks=masks[rows],
+                num_classes=num_classes,
+                head=head,
+                config=config,
+                sigma=sigma,
+                seed=seed,
+                sample_rate=sample_rate,
+            )
+        parts.append((rows, params))
+    out = {
+        k: torch.empty((len(masks), *v.shape[1:]), dtype=v.dtype, device=v.device)
+        for k, v in parts[0][1].items()
+    }
+    for rows, params in parts:
+        for k, v in params.items():
+            out[k][rows.to(v.device)] = v
+    return out
+
+
+def dpsgd_shadow_trainer(
+    *, head: HeadConfig, num_classes: int, config: DPSGDConfig, sigma: float, sample_rate: float
+) -> ShadowTrainer:
+    """The adaptive attacker of a DP-SGD head: shadow heads trained with the victim's recipe,
+    noise multiplier, Poisson rate and step count (a shadow set of the members' size is then
+    trained exactly like the victim; other sizes keep the victim's per-step noise and rate).
+
+    Raises:
+        ValueError: for a non-linear head (use the plain attacker there).
+    """
+    if head.kind != "linear":
+        raise ValueError(f"head.kind={head.kind!r}: the DP-SGD shadow trainer is for 'linear'")
+
+    def trainer(features: Tensor, labels: Tensor, masks: Tensor, seed: int) -> Predict:
+        params = _grouped_heads(
+            features,
+            labels,
+            masks=masks,
+            seed=seed,
+            num_classes=num_classes,
+            head=head,
+            config=config,
+            sigma=sigma,
+            sample_rate=sample_rate,
+        )
+
+        def predict(x: Tensor) -> Tensor:
+            xc = clip_features(x.to(features.device, torch.float64), head.clip_radius)
+            z = torch.matmul(xc, params["fc.weight"].transpose(-1, -2))
+            return torch.softmax(z + params["fc.bias"].unsqueeze(-2), -1).float()
+
+        return predict
+
+    return trainer

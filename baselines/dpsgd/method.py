@@ -1,0 +1,286 @@
+"""``dpsgd`` as a registered method: tuning on public data, the release and its statement.
+
+Each (epsilon, noise draw) is one independent DP-SGD run on the frozen features (Abadi et
+al. 2016, Algorithm 1, through Opacus). The release states (target epsilon, delta)-DP under
+add/remove-one neighbours, with the accountant named beside every epsilon.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from torch import Tensor, nn
+
+from alm_opacus.methods import (
+    AttackerFactory,
+    Method,
+    MethodContext,
+    Predict,
+    Release,
+    register_method,
+)
+from alm_opacus.protect import Guarantee, PrivacyStatement, SensitivityInfo, SensitivitySource
+from baselines._common import (
+    TUNING_DRAWS,
+    PreparedData,
+    TuningResult,
+    accuracy_of,
+    choose,
+    derive_seed,
+)
+from baselines.dpsgd.accounting import SigmaCache
+from baselines.dpsgd.batched import dpsgd_shadow_trainer
+from baselines.dpsgd.config import TUNING_GRID, DPSGDConfig, DPSGDOptions, default_schedule
+from baselines.dpsgd.loop import OpacusRun, train_dpsgd_head
+
+__all__ = ["DPSGDMethod", "OpacusFit", "dpsgd_statement"]
+
+
+@dataclass(frozen=True)
+class OpacusFit:
+    """A DP-SGD-trained model as the method releases it, with its run's accounting."""
+
+    module: nn.Module
+    predict_proba: Predict
+    run: OpacusRun
+
+
+@dataclass
+class _Prepared(PreparedData):
+    schedule: tuple[int, int]
+    tuned: dict[tuple[float, float, str], tuple[DPSGDConfig, TuningResult]] = field(
+        default_factory=dict
+    )
+
+
+def _describe(config: DPSGDConfig) -> dict[str, Any]:
+    return config.to_dict()
+
+
+def dpsgd_statement(
+    *,
+    run: OpacusRun,
+    config: DPSGDConfig,
+    epsilon: float,
+    delta: float,
+    mechanism: str,
+    notes: tuple[str, ...] = (),
+) -> PrivacyStatement:
+    """The statement of a DP-SGD release: (target epsilon, delta)-DP under add/remove-one
+    neighbours, by the named accountant; the clipping norm is the per-step sensitivity.
+
+    Args:
+        run: the run's accounting.
+        config: its recipe (the clipping norm).
+        epsilon: the target epsilon (the accountant's value is at most this).
+        delta: the target delta.
+        mechanism: e.g. ``"dp-sgd"``.
+        notes: extra notes.
+    """
+    acc = run.accountant
+    return PrivacyStatement(
+        epsilon=float(epsilon),
+        delta=float(delta),
+        guarantee=Guarantee.APPROX_DP,
+        mechanism=f"{mechanism} (opacus, {acc} accountant)",
+        noise_scale=run.noise_multiplier,
+        sensitivity=SensitivityInfo(
+            value=config.max_grad_norm,
+            norm="l2",
+            source=SensitivitySource.ANALYTIC,
+            adjacency="remove-one",
+        ),
+        notes=(
+            f"epsilon={epsilon:g} at delta={delta:g} by the {acc} accountant (the target; the "
+            f"{acc} accountant reports epsilon={run.epsilon_spent:.4g} after {run.steps} steps "
+            f"at noise multiplier {run.noise_multiplier:.4g}, Poisson rate "
+            f"{run.sample_rate:.4g})",
+            "add/remove-one neighbours; the sensitivity is the per-example clipping norm of "
+            "each step; replace-one neighbours get only the group bound (2 epsilon, "
+            "(1 + e^epsilon) delta)",
+            run.noise_note,
+            "floating-point Gaussian noise (Mironov 2012): the guarantee is for the ideal "
+            "mechanism",
+            *notes,
+        ),
+        neighbouring="add-remove",
+        noise="seeded" if run.seeded else "secure",
+        epsilon_spent=run.epsilon_spent,
+        delta_spent=float(delta),
+    )
+
+
+@register_method("dpsgd")
+class DPSGDMethod(Method[DPSGDOptions, _Prepared]):
+    """DP-SGD head training through Opacus, one independent run per (epsilon, draw)."""
+
+    name: ClassVar[str] = "dpsgd"
+    Options = DPSGDOptions
+    tuning_grid: ClassVar[tuple[dict[str, Any], ...]] = TUNING_GRID
+    post_training: ClassVar[bool] = False
+    mechanism: ClassVar[str] = "dp-sgd"
+    #: Extra notes for the statement.
+    notes: ClassVar[tuple[str, ...]] = ()
+
+    def prepare(
+        self, *, features: Tensor, labels: Tensor, seed: int, context: MethodContext
+    ) -> _Prepared:
+        epochs, batch = default_schedule(n=int(features.shape[0]), schedule=context.schedule)
+        opts = self.options
+        return _Prepared.build(
+            features=features,
+            labels=labels,
+            seed=seed,
+            context=context,
+            inputs=self._public(context),
+            schedule=(opts.epochs or epochs, opts.batch_size or batch),
+        )
+
+    def _public(self, context: MethodContext) -> Tensor | None:
+        """The public rows in this method's input kind (``None``: the public features)."""
+        return None
+
+    def choose(
+        self, prepared: _Prepared, *, epsilon: float, delta: float, context: MethodContext
+    ) -> tuple[DPSGDConfig, TuningResult]:
+        """The configuration for this epsilon, tuned on public data once per run."""
+        opts = self.options
+        candidates = opts.candidates(self.tuning_grid, schedule=prepared.schedule)
+        return choose(
+            prepared.tuned,
+            (float(epsilon), float(delta), opts.accountant),
+            candidates,
+            default=candidates[-1],
+            describe=_describe,
+            fixed="lr and clip" if len(candidates) == 1 else None,
+            tune=opts.tune,
+            split=prepared.split,
+            score=lambda config: self._score(
+                prepared, config, epsilon=epsilon, delta=delta, context=context
+            ),
+        )
+
+    def _score(
+        self,
+        prepared: _Prepared,
+        config: DPSGDConfig,
+        *,
+        epsilon: float,
+        delta: float,
+        context: MethodContext,
+    ) -> float:
+        """Public validation accuracy of ``config`` (public data: seeded noise)."""
+        s = prepared.split
+        assert s is not None
+        accs = []
+        for draw in range(TUNING_DRAWS):
+            fit = self._fit(
+                s.train_features,
+                s.train_labels,
+                config=config,
+                epsilon=epsilon,
+                delta=delta,
+                seed=derive_seed("tune-init", prepared.seed),
+                noise_seed=derive_seed("tune", prepared.seed, draw, epsilon),
+                context=context,
+            )
+            accs.append(accuracy_of(fit.predict_proba(s.validation_features), s.validation_labels))
+        return sum(accs) / len(accs)
+
+    def release(
+        self,
+        prepared: _Prepared,
+        *,
+        features: Tensor,
+        labels: Tensor,
+        epsilon: float,
+        delta: float,
+        seed: int,
+        draw: int,
+        context: MethodContext,
+    ) -> Release:
+        config, tuning = self.choose(prepared, epsilon=epsilon, delta=delta, context=context)
+        fit = self._fit(
+            features,
+            labels,
+            config=config,
+            epsilon=epsilon,
+            delta=delta,
+            seed=seed,
+            noise_seed=context.noise.seed(self.name, seed, draw, float(epsilon)),
+            context=context,
+        )
+        run = fit.run
+        attacker, note = self._attacker(config=config, run=run, context=context)
+        return Release(
+            method=self.name,
+            statement=dpsgd_statement(
+                run=run,
+                config=config,
+                epsilon=epsilon,
+                delta=delta,
+                mechanism=self.mechanism,
+                notes=self.notes,
+            ),
+            predict_proba=fit.predict_proba,
+            module=fit.module,
+            chosen_config=config.to_dict(),
+            attacker=attacker,
+            attacker_note=note,
+            training=run.training(clip_norm=config.max_grad_norm),
+            noise_std=run.noise_multiplier * config.max_grad_norm,
+            info={"tuning": tuning.to_info(), **run.to_info()},
+        )
+
+    def _fit(
+        self,
+        x: Tensor,
+        y: Tensor,
+        *,
+        config: DPSGDConfig,
+        epsilon: float,
+        delta: float,
+        seed: int,
+        noise_seed: int | None,
+        context: MethodContext,
+    ) -> OpacusFit:
+        """One DP-SGD run on inputs ``x`` (tuning and release share it)."""
+        run = train_dpsgd_head(
+            x,
+            y,
+            num_classes=context.num_classes,
+            head=context.head,
+            config=config,
+            epsilon=epsilon,
+            delta=delta,
+            accountant=self.options.accountant,
+            seed=seed,
+            noise_seed=noise_seed,
+            device=context.device,
+            sigmas=SigmaCache.of(context),
+        )
+        head = run.head
+        return OpacusFit(
+            module=head,
+            predict_proba=lambda q: head.predict_proba(q.to(context.device)).float().cpu(),
+            run=run,
+        )
+
+    def _attacker(
+        self, *, config: DPSGDConfig, run: OpacusRun, context: MethodContext
+    ) -> tuple[AttackerFactory | None, str]:
+        """The adaptive attacker (linear heads) or the plain one, and the note saying which."""
+        if context.head.kind != "linear":
+            return None, (
+                "plain: shadow heads trained without DP (DP-SGD shadows of MLP heads are too slow)"
+            )
+        head, num_classes = context.head, context.num_classes
+        sigma, rate = run.noise_multiplier, run.sample_rate
+        return (
+            lambda: dpsgd_shadow_trainer(
+                head=head, num_classes=num_classes, config=config, sigma=sigma, sample_rate=rate
+            ),
+            "adaptive: shadow heads trained with the victim's DP-SGD recipe, noise multiplier, "
+            "Poisson rate and steps (batched re-implementation of Opacus's algorithm)",
+        )
