@@ -39,9 +39,10 @@ from bench_baselines import bench_baselines  # noqa: E402
 from bench_sensitivity import bench_sampler  # noqa: E402
 
 from alm_opacus.attacks import AttackerKnowledge, AttackTarget, prepare_attacks  # noqa: E402
-from alm_opacus.harness import RunConfig, prepare, torch_threads  # noqa: E402
+from alm_opacus.evaluation import torch_threads  # noqa: E402
+from alm_opacus.harness import RunConfig, prepare  # noqa: E402
 from alm_opacus.heads import HeadConfig  # noqa: E402
-from alm_opacus.methods import MethodContext, create_method  # noqa: E402
+from alm_opacus.methods import MethodContext, create_method, plain_shadow_trainer  # noqa: E402
 
 
 def full_run(work: Path) -> dict[str, Any]:
@@ -80,8 +81,7 @@ def attack_cost(work: Path) -> dict[str, Any]:
         labels=y_in, epsilon=float("inf"), delta=0.0, seed=0, draw=0, context=context,
     )  # fmt: skip
     pool = data.part("attacker")
-    trainer = method.shadow_trainer(release=release, epsilon=float("inf"), delta=0.0,
-                                    context=context)  # fmt: skip
+    trainer = plain_shadow_trainer(context)
     features, labels = torch.cat([x_in, x_out]), torch.cat([y_in, y_out])
     with torch_threads(1):
         t0 = time.perf_counter()

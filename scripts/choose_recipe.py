@@ -58,7 +58,7 @@ def _grad_norm(
     masks = torch.ones(1, len(y), dtype=torch.bool)
     loss = head_objective(params, x.to(config.torch_dtype), y, masks, config=config).sum()
     grads = torch.autograd.grad(loss, list(params.values()))
-    return float(torch.sqrt(sum(g.pow(2).sum() for g in grads)))
+    return float(torch.cat([g.flatten() for g in grads]).norm())
 
 
 def _smallest_epsilon(session: Session, prepared: Any, mechanism: str, reference: float,
