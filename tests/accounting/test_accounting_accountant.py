@@ -62,8 +62,10 @@ def test_mixed_history_matches_dp_accounting_composed_by_hand():
     )
     acc = mixed_history()
     for delta in [1e-3, 1e-5, 1e-8]:
-        assert acc.get_epsilon(delta) == pytest.approx(by_hand.get_epsilon_for_delta(delta), 1e-9)
-    assert acc.get_delta(2.0) == pytest.approx(by_hand.get_delta_for_epsilon(2.0), rel=1e-9)
+        ours = acc.get_epsilon(delta, value_discretization_interval=h)
+        assert ours == pytest.approx(by_hand.get_epsilon_for_delta(delta), 1e-9)
+    ours = acc.get_delta(2.0, value_discretization_interval=h)
+    assert ours == pytest.approx(by_hand.get_delta_for_epsilon(2.0), rel=1e-9)
 
 
 def test_mixed_history_matches_dp_accounting_events():
