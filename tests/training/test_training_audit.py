@@ -3,7 +3,10 @@ the empirical epsilon lower bound against the accountant's epsilon."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +27,7 @@ from alm_opacus.training.audit import (
     choose_threshold,
     initial_parameters,
     run_canary_audit,
+    run_canary_audits,
     train_batched,
 )
 
@@ -205,6 +209,12 @@ def test_audit_catches_a_run_with_a_quarter_of_the_noise(
     assert result.epsilon_lower_bound > claimed
 
 
+@pytest.mark.parametrize("seeds", [[], [1, 1]])
+def test_audits_need_distinct_seeds(seeds: list[int]) -> None:
+    with pytest.raises(ValueError, match="seeds="):
+        run_canary_audits(SMALL, seeds=seeds)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
@@ -219,3 +229,21 @@ def test_audit_catches_a_run_with_a_quarter_of_the_noise(
 def test_config_refuses_bad_values(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         CanaryAuditConfig(**kwargs)
+
+
+def test_the_audit_script_writes_its_table(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "audit_dpsgd", Path(__file__).parents[2] / "scripts" / "audit_dpsgd.py"
+    )
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "audit"
+    args = ["--mechanisms", "alm", "--runs", "200", "--seeds", "2", "--steps", "2",
+            "--sample-rate", "0.5", "--batch-size", "16", "--out", str(out)]  # fmt: skip
+    assert script.main(args) == 0
+    saved = json.loads((out / "audit_dpsgd.json").read_text())
+    row = saved["rows"][0]
+    assert row["mechanism"] == "alm" and len(row["lower_bounds"]) == 2
+    assert row["max_lower_bound"] <= row["accountant_epsilon"] and row["violations"] == 0
+    assert "| alm |" in (out / "audit_dpsgd.md").read_text()
