@@ -43,7 +43,11 @@ from torch.utils.data import DataLoader
 from alm_opacus._validation import check_delta, check_epsilon
 from alm_opacus.accounting import PipelineAccountant, find_noise_multiplier
 from alm_opacus.mechanisms.sampling import NoiseGenerator
-from alm_opacus.training.optimizer import MechanismDPOptimizer, training_mechanism
+from alm_opacus.training.optimizer import (
+    MechanismDPOptimizer,
+    _check_max_grad_norm,
+    training_mechanism,
+)
 from alm_opacus.training.sampler import SecureDPDataLoader
 
 __all__ = ["DEFAULT_ACCOUNTANT", "PrivacyEngine", "noise_multiplier_for"]
@@ -174,7 +178,7 @@ class PrivacyEngine(OpacusPrivacyEngine):
         noise_generator: NoiseGenerator | None = None,
         grad_sample_mode: str = "hooks",
         **kwargs: Any,
-    ) -> tuple[nn.Module, MechanismDPOptimizer, SecureDPDataLoader]:
+    ) -> tuple[Any, MechanismDPOptimizer, SecureDPDataLoader]:
         """Opacus's ``make_private`` with the noise of ``noise_mechanism``.
 
         Args:
@@ -198,6 +202,7 @@ class PrivacyEngine(OpacusPrivacyEngine):
         mechanism = self._check_request(
             module=module,
             noise_mechanism=noise_mechanism,
+            max_grad_norm=max_grad_norm,
             poisson_sampling=poisson_sampling,
             clipping=clipping,
             grad_sample_mode=grad_sample_mode,
@@ -231,7 +236,7 @@ class PrivacyEngine(OpacusPrivacyEngine):
         noise_mechanism: str = "gaussian",
         epsilon_tolerance: float = 0.01,
         **kwargs: Any,
-    ) -> tuple[nn.Module, MechanismDPOptimizer, SecureDPDataLoader]:
+    ) -> tuple[Any, MechanismDPOptimizer, SecureDPDataLoader]:
         """`make_private` with σ chosen so that the TOTAL budget ends at ``target_epsilon``.
 
         The total counts everything the accountant already holds (earlier training, a
@@ -258,6 +263,7 @@ class PrivacyEngine(OpacusPrivacyEngine):
         mechanism = self._check_request(
             module=module,
             noise_mechanism=noise_mechanism,
+            max_grad_norm=max_grad_norm,
             poisson_sampling=kwargs.pop("poisson_sampling", True),
             clipping=kwargs.pop("clipping", "flat"),
             grad_sample_mode=kwargs.get("grad_sample_mode", "hooks"),
@@ -329,12 +335,14 @@ class PrivacyEngine(OpacusPrivacyEngine):
         *,
         module: nn.Module,
         noise_mechanism: str,
+        max_grad_norm: Any,
         poisson_sampling: bool,
         clipping: str,
         grad_sample_mode: str,
     ) -> str:
         """Validate a request before anything is modified; return the canonical mechanism."""
         mechanism = training_mechanism(noise_mechanism).name
+        _check_max_grad_norm(max_grad_norm)
         if mechanism != "gaussian" and not isinstance(self.accountant, PipelineAccountant):
             raise ValueError(
                 f"accountant={self.accountant.mechanism()!r} accounts for Gaussian noise only; "
