@@ -88,7 +88,7 @@ class CanaryAuditConfig:
     target_epsilon: float = 4.0
     target_delta: float = 1e-5
     sample_rate: float = 0.25
-    steps: int = 8
+    steps: int = 4
     num_examples: int = 32
     expected_batch_size: int = 8
     max_grad_norm: float = 1.0
