@@ -27,7 +27,7 @@ from alm_opacus.accounting.entries import (
     entry_pld,
     entry_span,
 )
-from alm_opacus.accounting.grid import auto_delta, auto_epsilon
+from alm_opacus.accounting.grid import auto_delta, auto_epsilon, coarse_interval
 from alm_opacus.accounting.neighbouring import ADD_REMOVE
 from alm_opacus.accounting.pld import (
     DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
@@ -265,6 +265,20 @@ class PipelineAccountant(IAccountant):
             lambda pld: pld_epsilon(pld, target),
             functools.partial(auto_epsilon, delta=target),
         )
+
+    def _rough_epsilon(self, delta: float) -> float:
+        """The first pass of `get_epsilon` only: an upper bound on a coarse grid (fast)."""
+        entries = self._entries()
+        if self._noiseless():
+            return math.inf
+        if not entries:
+            return 0.0
+        interval = coarse_interval(max(entry_span(e) for e in entries))
+        if math.isinf(interval):
+            return math.inf
+        composed = self._composed(entries, interval)
+        assert composed is not None
+        return pld_epsilon(composed, check_delta(delta))
 
     def spent(self, *, delta: float) -> float:
         """The ε already spent at ``delta``: `get_epsilon` with the automatic grid."""

@@ -34,7 +34,7 @@ MAX_TARGET_EPSILON = 1e6
 #: (its loss spans ~1/(2σ²)); above the maximum the noise is 10¹² clipping norms.
 MIN_NOISE_MULTIPLIER = 1e-9
 MAX_NOISE_MULTIPLIER = 1e12
-_EXPAND = 4.0  # bracketing factor in σ
+_EXPAND = 4.0  # largest factor one extrapolation step moves σ by
 _MAX_EVALUATIONS = 80
 
 
@@ -95,49 +95,80 @@ def _check_feasible(
         )
 
 
-def _bracket(
-    epsilon_at: Callable[[float], float], target: float, spent: str
-) -> tuple[float, float, float, float]:
-    """(lo, ε(lo), hi, ε(hi)) with ε(lo) > target ≥ ε(hi), found by steps of ×4 in σ."""
-    sigma, eps = 1.0, epsilon_at(1.0)
-    if eps <= target:
-        hi, eps_hi = sigma, eps
-        while True:
-            sigma /= _EXPAND
+class _Search:
+    """Smallest σ with ε(σ) ≤ target, to a relative tolerance in ε, in log-log space.
+
+    ε(σ) is close to a power law (slope −1 where ε is small, −2 where it is large), so a
+    secant step on (ln σ, ln ε) lands in the window [(1 − tol)·target, target] in one or
+    two evaluations once two points are known; it aims at the window's middle so that it
+    lands on the safe side. Where one end is missing it extrapolates along the last slope.
+    """
+
+    def __init__(self, epsilon_at: Callable[[float], float], target: float, tol: float) -> None:
+        self.epsilon_at, self.target, self.tol = epsilon_at, target, tol
+        self.lo: tuple[float, float] | None = None  # largest σ seen that fails
+        self.hi: tuple[float, float] | None = None  # smallest σ seen that meets the target
+        self.slope = -1.0
+        self.last: tuple[float, float] | None = None
+        self.moved: list[bool] = []
+
+    def done(self) -> bool:
+        if self.hi is None:
+            return False
+        close = self.hi[1] >= (1.0 - self.tol) * self.target
+        return close or (self.lo is not None and self.hi[0] / self.lo[0] - 1.0 <= 1e-9)
+
+    def evaluate(self, sigma: float) -> None:
+        eps = self.epsilon_at(sigma)
+        last = self.last
+        finite = last is not None and 0.0 < eps < math.inf and 0.0 < last[1] < math.inf
+        if finite and last is not None and sigma != last[0]:
+            fitted = math.log(eps / last[1]) / math.log(sigma / last[0])
+            self.slope = min(-0.25, max(-4.0, fitted))
+        self.last = (sigma, eps)
+        self.moved.append(eps <= self.target)
+        if eps <= self.target and (self.hi is None or sigma < self.hi[0]):
+            self.hi = (sigma, eps)
+        elif eps > self.target and (self.lo is None or sigma > self.lo[0]):
+            self.lo = (sigma, eps)
+
+    def propose(self) -> float:
+        assert self.last is not None
+        goal = (1.0 - self.tol / 2.0) * self.target
+        if self.lo is not None and self.hi is not None:
+            x_lo, x_hi = math.log(self.lo[0]), math.log(self.hi[0])
+            stuck = len(self.moved) >= 3 and self.moved[-1] == self.moved[-2] == self.moved[-3]
+            if stuck or not math.isfinite(self.lo[1]) or self.hi[1] == 0.0:
+                return math.exp(0.5 * (x_lo + x_hi))
+            y_lo = math.log(self.lo[1] / goal)
+            y_hi = math.log(self.hi[1] / goal)
+            x = x_hi - y_hi * (x_hi - x_lo) / (y_hi - y_lo)
+            return math.exp(min(max(x, x_lo + 0.02 * (x_hi - x_lo)), x_hi - 0.02 * (x_hi - x_lo)))
+        sigma, eps = self.last
+        if not math.isfinite(eps):
+            return sigma * _EXPAND
+        if eps == 0.0:
+            return sigma / _EXPAND
+        step = math.log(goal / eps) / self.slope
+        return sigma * math.exp(min(math.log(_EXPAND), max(-math.log(_EXPAND), step)))
+
+    def run(self, start: float, spent: str) -> tuple[float, float]:
+        sigma = start
+        for _ in range(_MAX_EVALUATIONS):
+            if sigma > MAX_NOISE_MULTIPLIER:
+                eps = self.lo[1] if self.lo is not None else math.inf
+                raise InfeasibleBudget(
+                    f"target_epsilon={self.target:g} cannot be met: even noise_multiplier="
+                    f"{MAX_NOISE_MULTIPLIER:g} gives epsilon={eps:.6g}{spent}"
+                )
             if sigma < MIN_NOISE_MULTIPLIER:
-                # Every σ we can account for meets the target (δ near 1): the least one.
-                return hi, eps_hi, hi, eps_hi
-            eps = epsilon_at(sigma)
-            if eps > target:
-                return sigma, eps, hi, eps_hi
-            hi, eps_hi = sigma, eps
-    lo, eps_lo = sigma, eps
-    while True:
-        sigma *= _EXPAND
-        if sigma > MAX_NOISE_MULTIPLIER:
-            raise InfeasibleBudget(
-                f"target_epsilon={target:g} cannot be met: even noise_multiplier="
-                f"{MAX_NOISE_MULTIPLIER:g} gives epsilon={eps_lo:.6g}{spent}"
-            )
-        eps = epsilon_at(sigma)
-        if eps <= target:
-            return lo, eps_lo, sigma, eps
-        lo, eps_lo = sigma, eps
-
-
-def _next_sigma(
-    lo: float, eps_lo: float, hi: float, eps_hi: float, target: float, *, bisect: bool
-) -> float:
-    """Secant step of log ε against log σ (near-linear), or bisection where undefined."""
-    x_lo, x_hi = math.log(lo), math.log(hi)
-    if not bisect and math.isfinite(eps_lo) and eps_hi > 0.0:
-        y_lo, y_hi = math.log(eps_lo / target), math.log(eps_hi / target)
-        x = x_hi - y_hi * (x_hi - x_lo) / (y_hi - y_lo)
-        # Stay inside the middle 90% of the bracket so that it always shrinks.
-        x = min(max(x, x_lo + 0.05 * (x_hi - x_lo)), x_hi - 0.05 * (x_hi - x_lo))
-    else:
-        x = 0.5 * (x_lo + x_hi)
-    return math.exp(x)
+                break  # every σ we can account for meets the target (δ near 1)
+            self.evaluate(sigma)
+            if self.done():
+                break
+            sigma = self.propose()
+        assert self.hi is not None, "no noise multiplier met the target"
+        return self.hi
 
 
 def find_noise_multiplier(
@@ -187,24 +218,17 @@ def find_noise_multiplier(
     state = base.state_dict()
     spent = f" on top of {_describe(base)}" if len(base) else ""
 
-    def epsilon_at(sigma: float) -> float:
-        trial = PipelineAccountant()
-        trial.load_state_dict(state)
-        trial.step(noise_multiplier=sigma, sample_rate=q, mechanism=name, dim=d, num_steps=n)
-        return trial.get_epsilon(delta)
+    def trial(sigma: float) -> PipelineAccountant:
+        acc = PipelineAccountant()
+        acc.load_state_dict(state)
+        acc.step(noise_multiplier=sigma, sample_rate=q, mechanism=name, dim=d, num_steps=n)
+        return acc
 
-    lo, eps_lo, hi, eps_hi = _bracket(epsilon_at, target, spent)
-    moved: list[bool] = []  # which end each step replaced (True: hi)
-    for _ in range(_MAX_EVALUATIONS):
-        if eps_hi >= (1.0 - tol) * target or hi / lo - 1.0 <= 1e-9:
-            break
-        # A secant that keeps replacing the same end converges slowly: bisect once then.
-        stuck = len(moved) >= 2 and moved[-1] == moved[-2]
-        sigma = _next_sigma(lo, eps_lo, hi, eps_hi, target, bisect=stuck)
-        eps = epsilon_at(sigma)
-        moved.append(eps <= target)
-        if eps <= target:
-            hi, eps_hi = sigma, eps
-        else:
-            lo, eps_lo = sigma, eps
-    return hi
+    start = 1.0
+    if delta > 0.0:
+        # First on the coarse grid alone (cheap, and an upper bound), to get near.
+        rough = _Search(lambda s: trial(s)._rough_epsilon(delta), target, tol)
+        start = rough.run(start, spent)[0]
+    # Then with the accountant's own answer, which is what training will report.
+    search = _Search(lambda s: trial(s).get_epsilon(delta), target, tol)
+    return search.run(start, spent)[0]

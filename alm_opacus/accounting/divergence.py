@@ -39,6 +39,8 @@ def _epsilon(losses: NDArray[np.float64], probs: NDArray[np.float64], inf_mass: 
              delta: float) -> float:  # fmt: skip
     if inf_mass > delta:
         return math.inf
+    # FFT convolution leaves round-off masses of ±1e-17; dropping the negative ones adds
+    # tail mass, so the answer can only move up (pessimistic), and ln W stays defined.
     keep = probs > 0
     desc_l, desc_p = losses[keep][::-1], probs[keep][::-1]
     if desc_l.size == 0:

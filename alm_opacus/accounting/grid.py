@@ -26,7 +26,9 @@ __all__ = [
     "MAX_POINTS",
     "MIN_INTERVAL",
     "auto_delta",
+    "answer_interval",
     "auto_epsilon",
+    "coarse_interval",
     "interval_for_epsilon",
     "interval_for_span",
 ]
@@ -82,16 +84,29 @@ def interval_for_span(span: float, points: int) -> float:
     return _BASE * 2.0 ** _clip_k(k)
 
 
+def coarse_interval(widest_span: float) -> float:
+    """Grid of the first, scale-finding pass: `COARSE_POINTS` on the widest mechanism.
+
+    Returns:
+        The grid step, at least the `MAX_POINTS` floor; ``inf`` when no grid can hold it.
+    """
+    floor = interval_for_span(widest_span, MAX_POINTS)
+    if math.isinf(floor):
+        return math.inf
+    return max(floor, min(interval_for_span(widest_span, COARSE_POINTS), MAX_INTERVAL))
+
+
 def auto_epsilon(
     *, pld_at: Callable[[float], PrivacyLossDistribution], widest_span: float, delta: float
 ) -> float:
-    """ε(δ) of a composition on a grid chosen from the answer itself (two passes).
+    """ε(δ) of a composition on a grid chosen from the answer itself.
 
     The first pass puts the widest mechanism on `COARSE_POINTS` points and gives an upper
-    bound ε_c; the second runs on `interval_for_epsilon` (ε_c), unless that is no finer.
-    No grid puts one mechanism on more than `MAX_POINTS` points. Both passes are
-    pessimistic, so either answer bounds ε from above; the result is a deterministic
-    function of the composition and δ.
+    bound ε_c; the next runs on `answer_interval` (ε_c), unless that is no finer, and so on
+    until the grid is `answer_interval` of the answer (usually two passes). No grid puts
+    one mechanism on more than `MAX_POINTS` points. Every pass is pessimistic, so each
+    answer bounds ε from above; the result is a deterministic function of the composition
+    and δ.
 
     Args:
         pld_at: builds the composed pessimistic PLD on a given grid step.
@@ -102,28 +117,40 @@ def auto_epsilon(
         ε ≥ 0; ``inf`` when the losses are too wide for any grid (a noise scale so small
         that ε is astronomically large), or when the PLD says so.
     """
-    floor = interval_for_span(widest_span, MAX_POINTS)
-    if math.isinf(floor):
+    coarse = coarse_interval(widest_span)
+    if math.isinf(coarse):
         return math.inf
-    coarse = max(floor, min(interval_for_span(widest_span, COARSE_POINTS), MAX_INTERVAL))
-    rough = pld_epsilon(pld_at(coarse), delta)
-    if rough == 0.0 or not math.isfinite(rough):
-        return rough
-    fine = max(interval_for_epsilon(rough), floor)
-    if fine >= coarse:
-        return rough
-    return pld_epsilon(pld_at(fine), delta)
+    interval, epsilon = coarse, pld_epsilon(pld_at(coarse), delta)
+    # Refine until the grid is `answer_interval` of the answer itself (twice at most in
+    # practice: a finer grid lowers ε a little), so that `auto_delta` at that ε reads the
+    # very same PLD and the two functions invert each other.
+    for _ in range(4):
+        if epsilon == 0.0 or not math.isfinite(epsilon):
+            return epsilon
+        fine = answer_interval(widest_span, epsilon)
+        if fine >= interval:
+            return epsilon
+        interval, epsilon = fine, pld_epsilon(pld_at(fine), delta)
+    return epsilon
+
+
+def answer_interval(widest_span: float, epsilon: float) -> float:
+    """The grid an answer ε is read on: `interval_for_epsilon` (ε), capped by the coarse grid.
+
+    Never finer than the `MAX_POINTS` floor.
+    """
+    floor = interval_for_span(widest_span, MAX_POINTS)
+    return max(floor, min(coarse_interval(widest_span), interval_for_epsilon(epsilon)))
 
 
 def auto_delta(
     *, pld_at: Callable[[float], PrivacyLossDistribution], widest_span: float, epsilon: float
 ) -> float:
-    """δ(ε) of a composition on the grid `interval_for_epsilon` (ε), memory-capped.
+    """δ(ε) of a composition on the grid `answer_interval` (ε), as `auto_epsilon` reads it.
 
     Returns:
         δ in [0, 1]; 1 when the losses are too wide for any grid.
     """
-    floor = interval_for_span(widest_span, MAX_POINTS)
-    if math.isinf(floor):
+    if math.isinf(coarse_interval(widest_span)):
         return 1.0
-    return pld_delta(pld_at(max(interval_for_epsilon(epsilon), floor)), epsilon)
+    return pld_delta(pld_at(answer_interval(widest_span, epsilon)), epsilon)
