@@ -252,7 +252,7 @@ def test_logistic_steps_compose_with_gaussian_steps_and_releases_by_hand():
                 sample_rate=0.02,
                 steps=100,
                 value_discretization_interval=h,
-            )  # fmt: skip
+            )
         )
         .compose(pld_lib.from_laplace_mechanism(2.0, sensitivity=0.5))
     )
@@ -291,7 +291,7 @@ def test_relations_must_not_mix():
     assert acc.get_epsilon(0.0) == pytest.approx(2.0)
     with pytest.raises(ValueError, match=r"'add-remove' \(a DP-SGD step\) and 'replace-one'"):
         acc.step(noise_multiplier=1.0, sample_rate=0.1)
-    with pytest.raises(ValueError, match="'add-remove' .* and 'replace-one'"):
+    with pytest.raises(ValueError, match=r"'add-remove' .* and 'replace-one'"):
         acc.record_release(mechanism="alm", scale=1.0, sensitivity=1.0)
     assert len(acc) == 2  # nothing recorded by the refused calls
     acc.history = [(1.0, 0.1, 10)]  # as Opacus's get_noise_multiplier assigns it
