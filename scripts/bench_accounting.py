@@ -15,6 +15,7 @@ the reference. Standalone::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import time
@@ -76,10 +77,11 @@ def bench_calibration(
     rows = []
     for target in targets:
         sigma, seconds, peak = _measured(
-            lambda t=target: find_noise_multiplier(
-                target_epsilon=t, target_delta=delta, sample_rate=sample_rate, steps=steps
+            functools.partial(
+                find_noise_multiplier,
+                target_epsilon=target, target_delta=delta, sample_rate=sample_rate, steps=steps,
             )
-        )
+        )  # fmt: skip
         acc = PipelineAccountant()
         acc.step(noise_multiplier=sigma, sample_rate=sample_rate, num_steps=steps)
         rows.append(
@@ -89,8 +91,9 @@ def bench_calibration(
     opacus = []
     for target in opacus_targets:
         sigma, seconds, peak = _measured(
-            lambda t=target: get_noise_multiplier(
-                target_epsilon=t, target_delta=delta, sample_rate=sample_rate, steps=steps,
+            functools.partial(
+                get_noise_multiplier,
+                target_epsilon=target, target_delta=delta, sample_rate=sample_rate, steps=steps,
                 accountant=ACCOUNTANT_NAME,
             )
         )  # fmt: skip
