@@ -55,7 +55,15 @@ def test_readout_is_continuous_where_dp_accounting_snaps_to_the_grid():
 
 @pytest.mark.parametrize(
     ("epsilon", "expected"),
-    [(1.0, 1e-4), (1.9, 1e-4), (2.0, 2e-4), (0.1, 1e-4 / 16), (1e4, 1e-4 * 2**13), (0.0, None)],
+    [
+        (1.0, 1e-4),
+        (1.9, 1e-4),
+        (2.0, 2e-4),
+        (0.1, 1e-4 / 16),
+        (0.001, 1e-4 / 128),
+        (1e4, 1e-4 * 2**13),
+        (0.0, None),
+    ],
 )
 def test_interval_for_epsilon(epsilon, expected):
     h = interval_for_epsilon(epsilon)
