@@ -235,10 +235,18 @@ def register_release_pld(name: str, builder: ReleasePLDBuilder, *, force: bool =
     _RELEASE_PLDS[name] = builder
 
 
+#: dp_accounting's Laplace loss evaluates exp(Δ/b) and overflows past ~709; beyond this
+#: the randomized-response PLD (valid for every pure-DP mechanism) stands in.
+LAPLACE_MAX_PURE_EPSILON = 700.0
+
+
 def _laplace_pld(
     *, scale: float, sensitivity: float, dim: int | None, interval: float
 ) -> PrivacyLossDistribution:
     # Every dim: the one-coordinate shift dominates under L1 (docs/accounting.md, Theorem 1).
+    if sensitivity / scale > LAPLACE_MAX_PURE_EPSILON:
+        pure = common.DifferentialPrivacyParameters(epsilon=sensitivity / scale, delta=0.0)
+        return pld_lib.from_privacy_parameters(pure, value_discretization_interval=interval)
     return _laplace_scalar_pld(scale=scale, sensitivity=sensitivity, interval=interval)
 
 

@@ -35,6 +35,7 @@ from scipy import special
 from alm_opacus._validation import check_positive
 from alm_opacus.accounting.pld import (
     DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+    LAPLACE_MAX_PURE_EPSILON,
     LogisticPrivacyLoss,
     PrivacyLossDistribution,
     _check_interval,
@@ -156,6 +157,10 @@ def _laplace_step(
     *, noise_multiplier: float, sample_rate: float, dim: int | None, interval: float
 ) -> PrivacyLossDistribution:
     # Valid for every dim: docs/accounting.md, Theorem 1.
+    if 1.0 / noise_multiplier > LAPLACE_MAX_PURE_EPSILON:  # dp_accounting would overflow
+        return _pure_step(
+            noise_multiplier=noise_multiplier, sample_rate=sample_rate, interval=interval
+        )
     return pld_lib.from_laplace_mechanism(
         noise_multiplier,
         sensitivity=1.0,

@@ -232,3 +232,18 @@ def test_step_pld_errors():
         step_pld(mechanism="alm", noise_multiplier=0, sample_rate=0.1)
     with pytest.raises(ValueError, match="direction='both'"):
         pure_subsampled_delta(epsilon=1.0, pure_epsilon=1.0, sample_rate=0.1, direction="both")
+
+
+@pytest.mark.parametrize(("mechanism", "dim"), [("alm", 1), ("alm", None), ("laplace", None)])
+def test_tiny_noise_multipliers_stay_finite_and_ordered(mechanism, dim):
+    # ε₀ = 1/σ up to 1000 (> 709, where exp overflows): the PLDs are built in log space,
+    # and the pure bound n·ln(1 + q(e^{ε₀} − 1)) caps ε(δ) from above.
+    previous = math.inf
+    for sigma in [0.001, 0.01, 0.1]:
+        acc = PipelineAccountant()
+        acc.step(noise_multiplier=sigma, sample_rate=0.5, mechanism=mechanism, dim=dim,
+                 num_steps=60)  # fmt: skip
+        epsilon, pure = acc.get_epsilon(1e-5), acc.get_epsilon(0.0)
+        assert 0 < epsilon <= pure * (1 + 1e-9) and epsilon < previous
+        assert pure == pytest.approx(60 * (math.log(0.5) + 1 / sigma), rel=1e-3)
+        previous = epsilon
