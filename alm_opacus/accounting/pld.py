@@ -6,10 +6,11 @@ floating-point error. Which PLD a one-shot release gets:
 
 - ``gaussian`` / ``gaussian-classic``: the Gaussian PLD with L2 sensitivity, exact for any
   dimension by rotation invariance.
-- ``alm`` / ``laplace`` with ``dim=1``: the exact scalar PLD (logistic: `LogisticPrivacyLoss`;
-  Laplace: dp_accounting's own).
-- ``alm`` / ``laplace`` otherwise: the randomized-response PLD of a pure ε₀-DP mechanism,
-  ε₀ = Δ₁/scale, which dominates every ε₀-DP mechanism.
+- ``laplace``: dp_accounting's scalar Laplace PLD, for every dimension: under an L1 bound the
+  one-coordinate shift dominates (``docs/accounting.md``, Theorem 1).
+- ``alm`` with ``dim=1``: the exact scalar PLD (`LogisticPrivacyLoss`).
+- ``alm`` otherwise: the randomized-response PLD of a pure ε₀-DP mechanism, ε₀ = Δ₁/scale,
+  which dominates every ε₀-DP mechanism (no proof that one coordinate dominates).
 """
 
 from __future__ import annotations
@@ -36,11 +37,22 @@ __all__ = [
     "PrivacyLossDistribution",
     "compose",
     "dpsgd_pld",
+    "log_mixture",
     "register_release_pld",
+    "release_loss_span",
     "release_pld",
 ]
 
 DEFAULT_VALUE_DISCRETIZATION_INTERVAL = 1e-4  # dp_accounting's default
+
+
+def log_mixture(sample_rate: float, loss: float) -> float:
+    """ln(1 − q + q·e^loss) without overflow: a loss after Poisson subsampling at rate q."""
+    if sample_rate == 1.0:
+        return loss
+    if loss <= 0.0:
+        return math.log1p(sample_rate * math.expm1(loss))
+    return float(np.logaddexp(math.log1p(-sample_rate), math.log(sample_rate) + loss))
 
 
 class LogisticPrivacyLoss(privacy_loss_mechanism.AdditiveNoisePrivacyLoss):
@@ -103,7 +115,7 @@ class LogisticPrivacyLoss(privacy_loss_mechanism.AdditiveNoisePrivacyLoss):
         d, q = self.sensitivity / self._scale, self.sampling_prob
         if q == 1.0:
             return privacy_loss_mechanism.ConnectDotsBounds(epsilon_upper=d, epsilon_lower=-d)
-        up, down = math.log1p(q * math.expm1(d)), math.log1p(q * math.expm1(-d))
+        up, down = log_mixture(q, d), log_mixture(q, -d)
         if self.adjacency_type == AdjacencyType.ADD:
             return privacy_loss_mechanism.ConnectDotsBounds(epsilon_upper=-down, epsilon_lower=-up)
         return privacy_loss_mechanism.ConnectDotsBounds(epsilon_upper=up, epsilon_lower=down)
@@ -223,8 +235,23 @@ def register_release_pld(name: str, builder: ReleasePLDBuilder, *, force: bool =
     _RELEASE_PLDS[name] = builder
 
 
+#: dp_accounting's Laplace loss evaluates exp(Δ/b) and overflows past ~709; beyond this
+#: the randomized-response PLD (valid for every pure-DP mechanism) stands in.
+LAPLACE_MAX_PURE_EPSILON = 700.0
+
+
+def _laplace_pld(
+    *, scale: float, sensitivity: float, dim: int | None, interval: float
+) -> PrivacyLossDistribution:
+    # Every dim: the one-coordinate shift dominates under L1 (docs/accounting.md, Theorem 1).
+    if sensitivity / scale > LAPLACE_MAX_PURE_EPSILON:
+        pure = common.DifferentialPrivacyParameters(epsilon=sensitivity / scale, delta=0.0)
+        return pld_lib.from_privacy_parameters(pure, value_discretization_interval=interval)
+    return _laplace_scalar_pld(scale=scale, sensitivity=sensitivity, interval=interval)
+
+
 register_release_pld("alm", _pure_pld(_logistic_scalar_pld))
-register_release_pld("laplace", _pure_pld(_laplace_scalar_pld))
+register_release_pld("laplace", _laplace_pld)
 register_release_pld("gaussian", _gaussian_pld)
 register_release_pld("gaussian-classic", _gaussian_pld)
 
@@ -243,8 +270,9 @@ def release_pld(
         mechanism: registered mechanism name (aliases accepted).
         scale: noise scale > 0.
         sensitivity: sensitivity in the mechanism's norm, > 0.
-        dim: number of released coordinates; ``1`` uses the exact scalar PLD for ``alm`` and
-            ``laplace``, ``None`` (any dimension) the pure-DP bound. Ignored for Gaussians.
+        dim: number of released coordinates; ``1`` uses the exact scalar PLD for ``alm``,
+            ``None`` (any dimension) the pure-DP bound. Ignored for Laplace (its scalar PLD
+            holds in every dimension) and Gaussians.
         value_discretization_interval: PLD grid step; smaller is tighter and slower.
 
     Returns:
@@ -262,6 +290,27 @@ def release_pld(
         dim=_check_dim(dim),
         interval=_check_interval(value_discretization_interval),
     )
+
+
+def release_loss_span(
+    *, mechanism: str, scale: float, sensitivity: float, dim: int | None = None
+) -> float:
+    """Width of the finite privacy-loss support of one release (sizes the PLD grid).
+
+    A pure ε₀-DP mechanism has its loss in [−ε₀, ε₀]; a Gaussian release is measured on
+    dp_accounting's truncated support (mass e^{-50} cut from each tail).
+
+    Raises:
+        ValueError: if the mechanism is unknown or an argument is out of range.
+    """
+    mech = create_mechanism(mechanism)
+    s = check_positive(scale, name="scale")
+    sens = check_sensitivity(sensitivity)
+    if mech.pure:
+        return 2.0 * sens / s
+    bounds = privacy_loss_mechanism.GaussianPrivacyLoss(s, sensitivity=sens).connect_dots_bounds()
+    assert bounds.epsilon_upper is not None and bounds.epsilon_lower is not None
+    return bounds.epsilon_upper - bounds.epsilon_lower
 
 
 def dpsgd_pld(

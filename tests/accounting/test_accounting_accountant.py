@@ -62,8 +62,10 @@ def test_mixed_history_matches_dp_accounting_composed_by_hand():
     )
     acc = mixed_history()
     for delta in [1e-3, 1e-5, 1e-8]:
-        assert acc.get_epsilon(delta) == pytest.approx(by_hand.get_epsilon_for_delta(delta), 1e-9)
-    assert acc.get_delta(2.0) == pytest.approx(by_hand.get_delta_for_epsilon(2.0), rel=1e-9)
+        ours = acc.get_epsilon(delta, value_discretization_interval=h)
+        assert ours == pytest.approx(by_hand.get_epsilon_for_delta(delta), 1e-9)
+    ours = acc.get_delta(2.0, value_discretization_interval=h)
+    assert ours == pytest.approx(by_hand.get_delta_for_epsilon(2.0), rel=1e-9)
 
 
 def test_mixed_history_matches_dp_accounting_events():
@@ -216,3 +218,135 @@ def test_opacus_get_noise_multiplier_drives_our_accountant():
     )
     theirs = get_noise_multiplier(accountant="prv", **kw)
     assert ours == pytest.approx(theirs, rel=0.02)
+
+
+def test_noise_steps_merge_and_count_and_gaussian_dim_is_ignored():
+    acc = PipelineAccountant()
+    acc.step(noise_multiplier=1.0, sample_rate=0.1, mechanism="gaussian", dim=5)
+    acc.step(noise_multiplier=2.0, sample_rate=0.1, mechanism="logistic", dim=7)
+    acc.step(noise_multiplier=2.0, sample_rate=0.1, mechanism="alm", dim=7, num_steps=3)
+    acc.step(noise_multiplier=2.0, sample_rate=0.1, mechanism="laplace", dim=7)
+    assert acc.history == [(1.0, 0.1, 1)]
+    assert [(s["mechanism"], s["num_steps"]) for s in acc.noise_steps] == [
+        ("alm", 4),
+        ("laplace", 1),
+    ]
+    assert len(acc) == 6
+
+
+def test_logistic_steps_compose_with_gaussian_steps_and_releases_by_hand():
+    from alm_opacus.accounting import step_pld
+
+    h = 1e-4
+    acc = PipelineAccountant()
+    dpsgd(acc, sigma=1.1, q=0.02, steps=100)
+    acc.step(noise_multiplier=3.0, sample_rate=0.02, mechanism="alm", num_steps=100)
+    acc.record_release(mechanism="laplace", scale=2.0, sensitivity=0.5)
+    by_hand = (
+        pld_lib.from_gaussian_mechanism(1.1, sampling_prob=0.02, value_discretization_interval=h)
+        .self_compose(100)
+        .compose(
+            step_pld(
+                mechanism="alm",
+                noise_multiplier=3.0,
+                sample_rate=0.02,
+                steps=100,
+                value_discretization_interval=h,
+            )
+        )
+        .compose(pld_lib.from_laplace_mechanism(2.0, sensitivity=0.5))
+    )
+    for delta in [1e-4, 1e-7]:
+        ours = acc.get_epsilon(delta, value_discretization_interval=h)
+        assert ours == pytest.approx(by_hand.get_epsilon_for_delta(delta), rel=1e-9)
+
+
+class FakeOptimizer:
+    """What the hook reads from an Opacus DPOptimizer (and the training helper's subclass)."""
+
+    def __init__(self, **attributes):
+        self.noise_multiplier = 1.5
+        self.accumulated_iterations = 1
+        self.__dict__.update(attributes)
+
+
+def test_optimizer_hook_reads_the_noise_mechanism_and_dim():
+    acc = PipelineAccountant()
+    hook = acc.get_optimizer_hook_fn(sample_rate=0.05)
+    hook(FakeOptimizer())  # plain Opacus optimizer: Gaussian
+    hook(FakeOptimizer(noise_mechanism="alm", noise_dim=10, accumulated_iterations=2))
+    hook(FakeOptimizer(noise_mechanism="alm", noise_dim=10, accumulated_iterations=2))
+    assert acc.history == [(1.5, 0.05, 1)]
+    assert acc.noise_steps == [
+        {"mechanism": "alm", "noise_multiplier": 1.5, "sample_rate": 0.1, "num_steps": 2,
+         "dim": 10}
+    ]  # fmt: skip
+
+
+def test_relations_must_not_mix():
+    acc = PipelineAccountant()
+    acc.record_release(mechanism="alm", scale=1.0, sensitivity=1.0, neighbouring="replace-one")
+    acc.record_release(mechanism="alm", scale=1.0, sensitivity=1.0, neighbouring="replace-one")
+    assert acc.neighbouring == "replace-one"
+    assert acc.get_epsilon(0.0) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match=r"'add-remove' \(a DP-SGD step\) and 'replace-one'"):
+        acc.step(noise_multiplier=1.0, sample_rate=0.1)
+    with pytest.raises(ValueError, match=r"'add-remove' .* and 'replace-one'"):
+        acc.record_release(mechanism="alm", scale=1.0, sensitivity=1.0)
+    assert len(acc) == 2  # nothing recorded by the refused calls
+    acc.history = [(1.0, 0.1, 10)]  # as Opacus's get_noise_multiplier assigns it
+    with pytest.raises(ValueError, match="different neighbouring relations"):
+        acc.get_epsilon(1e-5)
+    with pytest.raises(ValueError, match="neighbouring='both'"):
+        PipelineAccountant().record_release(
+            mechanism="alm", scale=1.0, sensitivity=1.0, neighbouring="both"
+        )
+
+
+def test_state_dict_round_trip_with_noise_steps_and_relations():
+    acc = mixed_history()
+    acc.step(noise_multiplier=2.0, sample_rate=0.02, mechanism="laplace", dim=4, num_steps=9)
+    buffer = io.BytesIO()
+    torch.save(acc.state_dict(), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
+    assert state["version"] == 2
+    fresh = PipelineAccountant()
+    fresh.load_state_dict(state)
+    assert (fresh.history, fresh.noise_steps, fresh.releases) == (
+        acc.history,
+        acc.noise_steps,
+        acc.releases,
+    )
+    assert fresh.get_epsilon(1e-5) == acc.get_epsilon(1e-5)
+
+
+def test_version_one_state_still_loads_as_add_remove():
+    old = {
+        "history": [(1.0, 0.1, 5)],
+        "mechanism": ACCOUNTANT_NAME,
+        "releases": [{"mechanism": "alm", "scale": 2.0, "sensitivity": 1.0, "dim": None}],
+        "version": 1,
+    }
+    acc = PipelineAccountant()
+    acc.load_state_dict(old)
+    assert acc.releases[0]["neighbouring"] == "add-remove" and acc.noise_steps == []
+    with pytest.raises(ValueError, match="version=3"):
+        acc.load_state_dict({**old, "version": 3})
+
+
+def test_get_epsilon_is_fast_path_safe_at_tiny_noise():
+    # A noise multiplier so small that no grid holds one step: ε is reported as inf
+    # (a true, if useless, bound) instead of exhausting memory.
+    acc = PipelineAccountant()
+    acc.step(noise_multiplier=1e-7, sample_rate=0.5)
+    assert acc.get_epsilon(1e-5) == math.inf
+    assert acc.get_delta(10.0) == 1.0
+
+
+def test_register_is_idempotent():
+    from alm_opacus.accounting import register
+
+    register()
+    register()
+    assert type(create_accountant(ACCOUNTANT_NAME)) is PipelineAccountant

@@ -1,0 +1,138 @@
+"""The records a `PipelineAccountant` keeps, their validation, and their cached PLDs."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from alm_opacus._validation import check_positive, check_sensitivity
+from alm_opacus.accounting.neighbouring import ADD_REMOVE, check_neighbouring
+from alm_opacus.accounting.pld import (
+    _RELEASE_PLDS,
+    PrivacyLossDistribution,
+    _check_sample_rate,
+    _check_steps,
+    release_loss_span,
+    release_pld,
+)
+from alm_opacus.accounting.subsampled import canonical_step_mechanism, step_loss_span, step_pld
+from alm_opacus.mechanisms import create_mechanism
+from alm_opacus.mechanisms.base import _check_dim
+
+__all__ = [
+    "GAUSSIAN",
+    "Entry",
+    "check_noise_multiplier",
+    "check_noise_step",
+    "check_release",
+    "entry_pld",
+    "entry_span",
+]
+
+GAUSSIAN = "gaussian"
+
+
+def check_noise_multiplier(noise_multiplier: float) -> float:
+    """Return σ as a float after checking that it is finite and ≥ 0 (0: no noise).
+
+    Raises:
+        ValueError: if it is NaN, infinite or negative.
+    """
+    sigma = float(noise_multiplier)
+    if not math.isfinite(sigma) or sigma < 0:
+        raise ValueError(
+            f"noise_multiplier={noise_multiplier!r} is invalid: expected a finite number ≥ 0"
+        )
+    return sigma
+
+
+def check_release(record: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate a release record; a missing ``neighbouring`` (version-1 state) is add/remove.
+
+    Raises:
+        ValueError: if a field is missing or out of range.
+    """
+    missing = {"mechanism", "scale", "sensitivity", "dim"} - set(record)
+    if missing:
+        raise ValueError(f"release record {dict(record)!r} is missing {sorted(missing)}")
+    name = create_mechanism(record["mechanism"]).name
+    if name not in _RELEASE_PLDS:
+        raise ValueError(f"mechanism={record['mechanism']!r} has no registered PLD")
+    return {
+        "mechanism": name,
+        "scale": check_positive(record["scale"], name="scale"),
+        "sensitivity": check_sensitivity(record["sensitivity"]),
+        "dim": _check_dim(record["dim"]),
+        # Version-1 states predate the field; their releases were add/remove by contract.
+        "neighbouring": check_neighbouring(record.get("neighbouring", ADD_REMOVE)),
+    }
+
+
+def check_noise_step(record: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate a logistic/Laplace DP-SGD step record (Gaussian steps live in ``history``).
+
+    Raises:
+        ValueError: if a field is missing or out of range.
+    """
+    missing = {"mechanism", "noise_multiplier", "sample_rate", "num_steps", "dim"} - set(record)
+    if missing:
+        raise ValueError(f"noise step record {dict(record)!r} is missing {sorted(missing)}")
+    name = canonical_step_mechanism(record["mechanism"])
+    if name == GAUSSIAN:
+        raise ValueError(f"noise step record {dict(record)!r}: Gaussian steps belong in history")
+    return {
+        "mechanism": name,
+        "noise_multiplier": check_noise_multiplier(record["noise_multiplier"]),
+        "sample_rate": _check_sample_rate(record["sample_rate"]),
+        "num_steps": _check_steps(record["num_steps"]),
+        "dim": _check_dim(record["dim"]),
+    }
+
+
+class Entry(NamedTuple):
+    """One composed entry, hashable so that its PLD can be cached."""
+
+    kind: str  # "step" (``repeats`` identical DP-SGD steps) or "release"
+    mechanism: str
+    scale: float  # noise multiplier of a step, noise scale of a release
+    sensitivity: float  # 1 for a step (the noise multiplier is relative to the clip)
+    sample_rate: float
+    repeats: int
+    dim: int | None
+
+
+@functools.lru_cache(maxsize=32)
+def entry_pld(entry: Entry, interval: float) -> PrivacyLossDistribution:
+    """PLD of one entry (cached: calibration re-composes the same prior many times)."""
+    if entry.kind == "step":
+        return step_pld(
+            mechanism=entry.mechanism,
+            noise_multiplier=entry.scale,
+            sample_rate=entry.sample_rate,
+            steps=entry.repeats,
+            dim=entry.dim,
+            value_discretization_interval=interval,
+        )
+    return release_pld(
+        mechanism=entry.mechanism,
+        scale=entry.scale,
+        sensitivity=entry.sensitivity,
+        dim=entry.dim,
+        value_discretization_interval=interval,
+    )
+
+
+def entry_span(entry: Entry) -> float:
+    """Width of one step's (or the release's) finite privacy-loss support."""
+    if entry.kind == "step":
+        return step_loss_span(
+            mechanism=entry.mechanism,
+            noise_multiplier=entry.scale,
+            sample_rate=entry.sample_rate,
+            dim=entry.dim,
+        )
+    return release_loss_span(
+        mechanism=entry.mechanism, scale=entry.scale, sensitivity=entry.sensitivity
+    )
