@@ -16,6 +16,7 @@ from alm_opacus._validation import check_delta, check_epsilon
 from alm_opacus.accounting.accountant import PipelineAccountant
 from alm_opacus.accounting.pld import _check_sample_rate, _check_steps
 from alm_opacus.accounting.subsampled import canonical_step_mechanism
+from alm_opacus.errors import InfeasibleRelease
 from alm_opacus.mechanisms import create_mechanism
 from alm_opacus.mechanisms.base import _check_dim
 
@@ -38,7 +39,7 @@ _EXPAND = 4.0  # largest factor one extrapolation step moves σ by
 _MAX_EVALUATIONS = 80
 
 
-class InfeasibleBudget(ValueError):
+class InfeasibleBudget(InfeasibleRelease):
     """No noise multiplier makes the new steps, after what is spent, meet the target."""
 
 
