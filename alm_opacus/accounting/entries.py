@@ -103,7 +103,7 @@ class Entry(NamedTuple):
     dim: int | None
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=8)
 def entry_pld(entry: Entry, interval: float) -> PrivacyLossDistribution:
     """PLD of one entry (cached: calibration re-composes the same prior many times)."""
     if entry.kind == "step":

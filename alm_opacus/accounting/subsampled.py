@@ -16,7 +16,7 @@ Which profile each mechanism gets (proofs in ``docs/accounting.md``):
   subsampled randomized-response pair of a pure (1/σ)-DP mechanism (Theorem 2), which
   dominates every dimension.
 
-Every PLD is pessimistic (losses rounded up), so composing them bounds δ(ε) from above.
+Every PLD is pessimistic (connect-the-dots), so composing them bounds δ(ε) from above.
 """
 
 from __future__ import annotations
@@ -117,10 +117,22 @@ def pure_subsampled_delta(
     return math.fsum(m * max(0.0, -math.expm1(eps - loss)) for loss, m in pairs[direction])
 
 
-def _rounded(masses: LossMasses, interval: float) -> dict[int, float]:
+def _connect_dots_atoms(masses: LossMasses, interval: float) -> dict[int, float]:
+    """Spread each atom over its two grid neighbours, keeping δ exact at every grid point.
+
+    An atom of mass p at loss L ∈ [a, b] (b = a + h) goes to a and b with p_b =
+    p·(1 − e^{a−L})/(1 − e^{−h}) and p_a = p − p_b: then Σ p and Σ p·e^{−L} are kept, so
+    δ(ε) = Σ p·(1 − e^{ε−L})₊ is unchanged for ε ≤ a, and on [a, b] the new δ is the chord
+    of a function convex in e^ε, hence above it (connect-the-dots, Doroshenko et al. 2022).
+    Rounding every loss up instead would add up to h per step: n·h after n steps.
+    """
     out: dict[int, float] = defaultdict(float)
     for loss, mass in masses:
-        out[math.ceil(loss / interval)] += mass  # rounding losses up is pessimistic
+        low = math.floor(loss / interval)
+        gap = loss - low * interval  # in [0, h)
+        upper = mass * math.expm1(-gap) / math.expm1(-interval)
+        out[low] += mass - upper
+        out[low + 1] += upper
     return dict(out)
 
 
@@ -130,13 +142,13 @@ def _pure_step(
     pairs = pure_subsampled_pairs(pure_epsilon=1.0 / noise_multiplier, sample_rate=sample_rate)
     symmetric = sample_rate == 1.0  # q = 1: both directions are randomized response itself
     return PrivacyLossDistribution.create_from_rounded_probability(
-        _rounded(pairs["remove"], interval),
+        _connect_dots_atoms(pairs["remove"], interval),
         0.0,
         interval,
         pessimistic_estimate=True,
         rounded_probability_mass_function_add=None
         if symmetric
-        else _rounded(pairs["add"], interval),
+        else _connect_dots_atoms(pairs["add"], interval),
         infinity_mass_add=None if symmetric else 0.0,
         symmetric=symmetric,
     )

@@ -141,7 +141,7 @@ def test_pure_subsampled_pair_matches_closed_form_and_brute_force(direction, eps
 
 
 @pytest.mark.parametrize(("sigma", "q"), [(0.5, 0.1), (2.0, 1.0), (0.01, 0.5)])
-def test_vector_logistic_step_is_the_pure_pair_rounded_up(sigma, q):
+def test_vector_logistic_step_is_the_pure_pair_on_the_grid(sigma, q):
     h = 1e-4
     pld = step_pld(
         mechanism="alm", noise_multiplier=sigma, sample_rate=q, value_discretization_interval=h
@@ -153,8 +153,15 @@ def test_vector_logistic_step_is_the_pure_pair_rounded_up(sigma, q):
             for d in ("remove", "add")
         )  # fmt: skip
         got = pld.get_delta_for_epsilon(epsilon)
-        # δ = Σ p·(1 − e^{ε−L}); raising every L by < h raises δ by < h·e^{ε−L} ≤ h.
-        assert exact * (1 - 1e-12) <= got <= exact + h
+        # Connect-the-dots: exact at grid points (these ε are), never below in between.
+        assert got == pytest.approx(exact, rel=1e-9, abs=1e-15)
+        between = epsilon + 0.37 * h
+        exact_between = max(
+            pure_subsampled_delta(epsilon=between, pure_epsilon=1 / sigma, sample_rate=q,
+                                  direction=d)
+            for d in ("remove", "add")
+        )  # fmt: skip
+        assert exact_between * (1 - 1e-9) <= pld.get_delta_for_epsilon(between) <= got
 
 
 @pytest.mark.parametrize(("sigma", "q"), [(0.8, 0.2), (2.0, 1.0)])
@@ -247,3 +254,17 @@ def test_tiny_noise_multipliers_stay_finite_and_ordered(mechanism, dim):
         assert 0 < epsilon <= pure * (1 + 1e-9) and epsilon < previous
         assert pure == pytest.approx(60 * (math.log(0.5) + 1 / sigma), rel=1e-3)
         previous = epsilon
+
+
+def test_many_nearly_silent_pure_steps_do_not_drift_on_a_coarse_grid():
+    # 5000 steps at ε₀ = 1e-6 on a grid 6.4e-3: rounding each loss up to the grid would add
+    # ~h/2 per step (ε ≈ 16); connect-the-dots keeps Σp·e^{−L} and δ at grid points exact.
+    # The pure bound, 5000·ln(1 + q(e^{1e-6} − 1)) = 2e-5, caps the true ε.
+    pld = step_pld(mechanism="alm", noise_multiplier=1e6, sample_rate=0.004, steps=5000,
+                   value_discretization_interval=6.4e-3)  # fmt: skip
+    assert pld.get_epsilon_for_delta(1e-5) <= 6.4e-3
+    exact = pure_subsampled_delta(epsilon=0.0, pure_epsilon=1e-6, sample_rate=0.004,
+                                  direction="remove")  # fmt: skip
+    one = step_pld(mechanism="alm", noise_multiplier=1e6, sample_rate=0.004,
+                   value_discretization_interval=6.4e-3)  # fmt: skip
+    assert one.get_delta_for_epsilon(0.0) == pytest.approx(exact, rel=1e-6)
