@@ -18,6 +18,7 @@ from torch import nn
 
 from alm_opacus._hashing import tensor_digest
 from alm_opacus._validation import check_sensitivity
+from alm_opacus.accounting import PipelineAccountant
 from alm_opacus.errors import InfeasibleRelease
 from alm_opacus.io import atomic_torch_save
 from alm_opacus.mechanisms import (
@@ -203,6 +204,7 @@ class PostTrainingPrivacyEngine:
         public: Sequence[str] = (),
         seed: int | None = None,
         generator: NoiseGenerator | None = None,
+        accountant: PipelineAccountant | None = None,
     ) -> ProtectedModule:
         """Release a noisy copy of ``module`` with its :class:`PrivacyStatement`.
 
@@ -221,14 +223,19 @@ class PostTrainingPrivacyEngine:
                 subtract the noise). Default: the operating system's CSPRNG.
             generator: draw from this generator instead (a seeded ``torch.Generator`` or a
                 :class:`~alm_opacus.mechanisms.SecureGenerator`); exclusive with ``seed``.
+            accountant: an Opacus-registered :class:`~alm_opacus.accounting.PipelineAccountant`
+                (e.g. ``engine.accountant`` of a DP-SGD run) that records this release, so one
+                budget covers training and release; only a release that carries a DP
+                guarantee (pure or approximate, not a sampled sensitivity) can be recorded.
 
         Returns:
             The release, noise drawn once.
 
         Raises:
             ValueError: on invalid budgets, a sensitivity in the wrong norm, unknown parameter
-                names, parameters or buffers left clean without being declared public, or both
-                ``seed`` and ``generator``.
+                names, parameters or buffers left clean without being declared public, both
+                ``seed`` and ``generator``, or a release the ``accountant`` cannot record (no
+                DP guarantee, or another neighbouring relation than what it holds).
         """
         mech = self.mechanism
         info = _as_sensitivity(sensitivity, norm=mech.norm)
@@ -243,6 +250,8 @@ class PostTrainingPrivacyEngine:
                                   sensitivity=info, noise="secure" if is_secure(generator)
                                   else "seeded")  # fmt: skip
         named = dict(release.named_parameters())
+        if accountant is not None:
+            _record(accountant, statement, dim=sum(named[n].numel() for n in names))
         with torch.no_grad():
             for name in names:
                 p = named[name]
@@ -257,6 +266,21 @@ class PostTrainingPrivacyEngine:
             unprotected_parameters=clean,
         )  # fmt: skip
         return ProtectedModule(release, statement=statement, protected=names)
+
+
+def _record(accountant: PipelineAccountant, statement: PrivacyStatement, *, dim: int) -> None:
+    """Record a release in ``accountant`` (before any noise is drawn, so a refusal leaves
+    nothing behind)."""
+    if statement.guarantee not in (Guarantee.PURE_DP, Guarantee.APPROX_DP):
+        raise ValueError(
+            f"a {statement.guarantee.value} release cannot be recorded in a DP accountant: "
+            "only pure or approximate DP composes; use an analytic sensitivity"
+        )
+    assert statement.sensitivity is not None and statement.noise_scale is not None
+    accountant.record_release(
+        mechanism=statement.mechanism, scale=statement.noise_scale,
+        sensitivity=statement.sensitivity.value, dim=dim, neighbouring=statement.neighbouring,
+    )  # fmt: skip
 
 
 def _weights_digest(module: nn.Module) -> str:

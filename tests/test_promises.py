@@ -226,3 +226,35 @@ def test_statements_round_trip_and_old_ones_still_load() -> None:
         PrivacyStatement.from_dict({**old, "trust_me": True})
     none = PrivacyStatement.unprotected()
     assert PrivacyStatement.from_dict(none.to_dict()) == none and math.isinf(none.epsilon)
+
+
+def test_make_private_records_itself_in_an_opacus_accountant(head) -> None:  # type: ignore[no-untyped-def]
+    """Issue 15, item 4: one budget; the release is recorded by the engine, with its relation,
+    and a release without a DP guarantee is refused before any noise is drawn."""
+    from alm_opacus.accounting import PipelineAccountant
+
+    accountant = PipelineAccountant()
+    engine = PostTrainingPrivacyEngine(mechanism="alm")
+    remove_one = SensitivityInfo(value=0.5, norm="l1", source="analytic", adjacency="remove-one")
+    release = engine.make_private(head, epsilon=1.0, sensitivity=remove_one,
+                                  accountant=accountant)  # fmt: skip
+    assert release.statement.neighbouring == "add-remove"
+    (record,) = accountant.releases
+    assert record["dim"] == sum(p.numel() for p in head.parameters())
+    assert accountant.get_epsilon(0.0) == pytest.approx(1.0)  # pure DP composes by summation
+    accountant.step(noise_multiplier=1.0, sample_rate=0.1)
+    with pytest.raises(ValueError, match="replace-one"):  # one relation per budget
+        engine.make_private(head, epsilon=1.0, sensitivity=ANALYTIC, accountant=accountant)
+    sampled = SensitivityInfo(
+        value=0.5,
+        norm="l1",
+        source="sampled",
+        m=10,
+        gamma=0.1,
+        confidence=0.6,
+        population="public",
+        adjacency="remove-one",
+    )
+    with pytest.raises(ValueError, match="random-dp release cannot be recorded"):
+        engine.make_private(head, epsilon=1.0, sensitivity=sampled, accountant=accountant)
+    assert len(accountant.releases) == 1
