@@ -178,6 +178,10 @@ def check_head_inputs(features: Tensor, labels: Tensor, masks: Tensor) -> None:
     check_features_labels(features, labels)
     if masks.ndim != 2 or masks.shape[1] != features.shape[0]:
         raise ValueError(f"masks must be (B, {features.shape[0]}); got {tuple(masks.shape)}")
+    if masks.dtype != torch.bool and (masks.dtype.is_floating_point or bool((masks < 0).any())):
+        raise ValueError(
+            f"masks must be boolean or non-negative integer counts; got dtype {masks.dtype}"
+        )
     if not bool(masks.any(1).all()):
         raise ValueError("every mask row must select at least one example")
 
@@ -202,7 +206,8 @@ def train_heads(
     Args:
         features: (n, d) features.
         labels: (n,) int64 labels.
-        masks: (B, n) boolean; each row must select at least one example.
+        masks: (B, n) boolean, or integer counts (a row drawn k times weighs k: data sets
+            drawn with replacement); each row must select at least one example.
         num_classes: number of output classes.
         config: the recipe.
         seed: seeds the initialisation (shared by all heads).
@@ -222,7 +227,7 @@ def train_heads(
     device = features.device
     x = features.to(config.torch_dtype)
     y = labels.to(device=device, dtype=torch.long)
-    m = masks.to(device=device, dtype=torch.bool)
+    m = masks.to(device=device)  # boolean, or counts: a row present k times weighs k
     g = torch.Generator().manual_seed(int(seed))
     init = _INITS[config.kind](x.shape[1], num_classes, config, g)
     init = {k: v.to(device) for k, v in init.items()}

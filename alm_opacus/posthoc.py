@@ -204,14 +204,15 @@ def _sample(
     if options.sensitivity == "sampled-members":
         return sample_sensitivity(x, y, **common)
     px, py = context.public_features, context.public_labels
-    if px is None or py is None or len(px) < len(y) + 1:
+    if px is None or py is None or len(px) < 2:
         have = 0 if px is None else len(px)
         raise ValueError(
             f"sensitivity='sampled' draws neighbouring data sets of the members' size "
-            f"n={len(y)} from the public split, which has {have} rows (n + 1 needed); use "
-            "'analytic', a larger public split, or 'sampled-members' (no guarantee)"
+            f"n={len(y)} from the public split, which has {have} rows (2 needed); use "
+            "'analytic', or 'sampled-members' (no guarantee)"
         )
-    population = f"the public split ({len(px)} rows of {context.dataset or 'the dataset'})"
+    population = (f"the public split's empirical distribution ({len(px)} rows of "
+                  f"{context.dataset or 'the dataset'}, drawn with replacement)")  # fmt: skip
     return sample_population_sensitivity(px.to(x.device), py.to(x.device), n=len(y),
                                          population=population, **common)  # fmt: skip
 

@@ -106,12 +106,11 @@ def test_sampled_sensitivity_does_not_depend_on_the_members(data) -> None:  # ty
     assert values["sampled-members", "D"] != values["sampled-members", "D'"]
 
 
-def test_too_small_a_public_split_is_named(data) -> None:  # type: ignore[no-untyped-def]
-    x, y, px, py = data
-    context = MethodContext(num_classes=10, head=FAST, public_features=px[:50],
-                            public_labels=py[:50])  # fmt: skip
+def test_a_missing_public_split_is_named(data) -> None:  # type: ignore[no-untyped-def]
+    x, y, _, _ = data
+    context = MethodContext(num_classes=10, head=FAST)
     method = create_method("alm", options={"sensitivity": "sampled", "m": 4})
-    with pytest.raises(ValueError, match=r"n=120 from the public split, which has 50 rows"):
+    with pytest.raises(ValueError, match=r"n=120 from the public split, which has 0 rows"):
         method.prepare(features=x, labels=y, seed=0, context=context)
 
 

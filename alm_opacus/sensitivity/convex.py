@@ -158,7 +158,7 @@ def train_convex_heads(
     device = features.device
     x = clip_features(features.to(torch.float64), config.clip_radius)
     y = labels.to(device=device, dtype=torch.long)
-    prob = _Problem(x, y, masks.to(device=device, dtype=torch.bool), num_classes, config.l2)
+    prob = _Problem(x, y, masks.to(device=device), num_classes, config.l2)
     n_heads, d = masks.shape[0], x.shape[1]
     w = x.new_zeros(n_heads * num_classes, d + 1)
     value, proba = prob.value_and_proba(w)

@@ -8,11 +8,14 @@ from the private data set itself: the ALM paper's Algorithm 2 removes rows of th
 ``d`` and publishes the result without noise, and the estimate then tells neighbouring
 private data sets apart (:mod:`alm_opacus.sensitivity.sampler`, kept as the paper's variant).
 
-Here the population is a non-private sample (the public split, or any sample a user
-supplies): each pair is ``D = B + {x}``, ``D' = B + {x'}``, with ``B`` of ``n - 1`` rows and
-``x, x'`` two more, drawn without replacement and independently for every pair, so the
-``m`` distances are i.i.d. and :mod:`.random_dp`'s confidence applies. ``D`` and ``D'`` have
-the members' size ``n`` and differ in one row: replace-one neighbours.
+Here the population is the empirical distribution of a non-private sample (the public
+split, or any sample a user supplies): each pair is ``D = B + {x}``, ``D' = B + {x'}``, with
+``B`` of ``n - 1`` rows and ``x, x'`` two more, all drawn i.i.d. (with replacement) from that
+sample, independently for every pair, so the ``m`` distances are i.i.d. and
+:mod:`.random_dp`'s confidence applies. ``D`` and ``D'`` have the members' size ``n`` and
+differ in one record: replace-one neighbours. Drawing with replacement needs no more public
+rows than members (mnist's public split has exactly the members' size) and makes the
+population precise: data sets of ``n`` i.i.d. draws from the public sample.
 """
 
 from __future__ import annotations
@@ -35,27 +38,24 @@ __all__ = ["draw_population_pairs", "sample_population_sensitivity"]
 
 
 def draw_population_pairs(*, population: int, n: int, m: int, seed: int) -> np.ndarray:
-    """``m`` i.i.d. replace-one pairs of size-``n`` subsets of ``range(population)``.
+    """``m`` i.i.d. replace-one pairs of data sets of ``n`` i.i.d. draws from
+    ``range(population)`` (with replacement).
 
     Returns:
-        (m, n + 1) row indices: the first ``n - 1`` are the shared rows ``B``, then ``x``
+        (m, n + 1) row indices: the first ``n - 1`` are the shared draws ``B``, then ``x``
         and ``x'``. The first ``m'`` pairs do not depend on ``m``.
 
     Raises:
-        ValueError: if ``population < n + 1`` (two neighbours of size ``n`` need ``n + 1``
-            distinct rows), ``n < 1`` or ``m < 1``.
+        ValueError: if ``population < 2``, ``n < 1`` or ``m < 1``.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n={n!r} is invalid: expected an integer >= 1")
     if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
         raise ValueError(f"m={m!r} is invalid: expected an integer >= 1")
-    if population < n + 1:
-        raise ValueError(
-            f"the population sample has {population} rows: drawing neighbouring data sets of "
-            f"the members' size n={n} needs at least {n + 1}"
-        )
+    if population < 2:
+        raise ValueError(f"population={population!r} is invalid: expected at least 2 rows")
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 3]))
-    return np.stack([rng.choice(population, size=n + 1, replace=False) for _ in range(m)])
+    return np.stack([rng.integers(0, population, size=n + 1) for _ in range(m)])
 
 
 def sample_population_sensitivity(
@@ -98,7 +98,7 @@ def sample_population_sensitivity(
         A :class:`SensitivitySample` with ``population`` set; ``pairs`` holds ``(x, x')``.
 
     Raises:
-        ValueError: on a population smaller than ``n + 1``, bad ``m``, ``order``, ``gamma``,
+        ValueError: on a population of fewer than 2 rows, bad ``m``, ``order``, ``gamma``,
             shapes, ``chunk_size`` or ``solver``, or a non-finite distance.
     """
     order = _check_inputs(features, labels, m, order, gamma)
@@ -120,14 +120,14 @@ def sample_population_sensitivity(
     l1, l2 = np.empty(m), np.empty(m)
     for start in starts:
         block = rows[start : start + chunk_pairs]
-        masks = torch.zeros(2 * len(block), total, dtype=torch.bool, device=features.device)
+        counts = torch.zeros(2 * len(block), total, dtype=torch.int64)
         for k, pair in enumerate(block):
-            shared = torch.as_tensor(pair[: n - 1], device=features.device)
-            masks[2 * k, shared] = True
-            masks[2 * k + 1, shared] = True
-            masks[2 * k, int(pair[n - 1])] = True
-            masks[2 * k + 1, int(pair[n])] = True
-        flat = train(masks)
+            shared = torch.bincount(torch.as_tensor(pair[: n - 1]), minlength=total)
+            counts[2 * k] = shared
+            counts[2 * k + 1] = shared
+            counts[2 * k, int(pair[n - 1])] += 1
+            counts[2 * k + 1, int(pair[n])] += 1
+        flat = train(counts.to(features.device))
         diff = flat[0::2] - flat[1::2]
         l1[start : start + len(block)] = diff.abs().sum(1).cpu().numpy()
         l2[start : start + len(block)] = torch.linalg.vector_norm(diff, dim=1).cpu().numpy()
