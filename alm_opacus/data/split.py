@@ -54,8 +54,10 @@ DIGITS_SPLIT = SplitSizes(members=150, attacker=300, public=600)
 # non-members, enough for an AUC standard error of about 0.013 and a TPR at 0.1% FPR that
 # is not read off zero false positives; an attacker's pool of 2,000, so that each shadow half
 # matches the members' size, as for digits (Shokri et al. 2017); and the remaining 1,000
-# public images for SimCLR, which also gives Rubinstein & Alda's sampler a public population
-# as large as the members (neighbouring data sets of size n drawn from non-private data).
+# public images for SimCLR (enough: docs/datasets.md). A sensitivity sampler that draws data
+# sets of size n from non-private data (Rubinstein & Alda) finds exactly n = 1,000 public
+# rows here, so its draws differ only in the rows they replace unless it resamples with
+# replacement; --split public=..., attacker=... trades the attacker's pool for more.
 MNIST_SPLIT = SplitSizes(members=1000, nonmembers=1000, attacker=2000, public=1000)
 # The ALM paper fine-tunes on |d| = 5,000 (STL-10 train) and 10,000 for CIFAR; the public part
 # takes the rest (CIFAR) or is only validation data (STL-10 pre-trains on its unlabeled set).
