@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,16 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from alm_opacus.ssl import SSLConfig, create_augmentation, create_encoder, nt_xent, pretrain
+from alm_opacus.io import atomic_torch_save
+from alm_opacus.ssl import (
+    SSLConfig,
+    available_augmentations,
+    create_augmentation,
+    create_encoder,
+    extract_features,
+    nt_xent,
+    pretrain,
+)
 
 pretrain_module = importlib.import_module("alm_opacus.ssl.pretrain")
 
@@ -62,8 +72,8 @@ def test_nt_xent_rejects_bad_input(bad: dict) -> None:
 
 @pytest.mark.parametrize(
     "name,shape,out_dim",
-    [("small-cnn", (2, 1, 8, 8), 128), ("resnet18", (2, 3, 32, 32), 512),
-     ("resnet18", (2, 3, 96, 96), 512)],
+    [("small-cnn", (2, 1, 8, 8), 128), ("mnist-cnn", (2, 1, 28, 28), 576),
+     ("resnet18", (2, 3, 32, 32), 512), ("resnet18", (2, 3, 96, 96), 512)],
 )  # fmt: skip
 def test_encoders_give_fixed_width_features(name: str, shape: tuple, out_dim: int) -> None:
     enc = create_encoder(name, in_channels=shape[1]).eval()
@@ -76,7 +86,8 @@ def test_unknown_encoder_lists_registered() -> None:
         create_encoder("nosuch", in_channels=1)
 
 
-@pytest.mark.parametrize("name,shape", [("digits", (4, 1, 8, 8)), ("cifar", (4, 3, 32, 32)),
+@pytest.mark.parametrize("name,shape", [("digits", (4, 1, 8, 8)), ("mnist", (4, 1, 28, 28)),
+                                        ("cifar", (4, 3, 32, 32)),
                                         ("stl10", (2, 3, 96, 96))])  # fmt: skip
 def test_augmentations_keep_shape_and_change_views(name: str, shape: tuple) -> None:
     torch.manual_seed(0)
@@ -137,3 +148,125 @@ def test_pretrain_resumes_after_interrupt_to_the_same_weights(digits, tmp_path, 
     assert not (tmp_path / "b" / "encoder-a.partial.pt").exists()
     for a, b in zip(clean.state_dict().values(), resumed.state_dict().values(), strict=True):
         assert torch.allclose(a.float(), b.float(), atol=1e-6)
+
+
+class WriteMarker:
+    """Unpickling this calls ``exec``, which writes ``path``: a stand-in for any payload."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (exec, (f"open({str(self.path)!r}, 'w').write('pwned')",))
+
+
+def _plant(kind: str, tmp_path: Path, marker: Path) -> Path:
+    evil = WriteMarker(marker)
+    if kind == "features":
+        path, payload = tmp_path / "features-k.pt", {"key": "k", "x": evil}
+    else:
+        name = "encoder-k.pt" if kind == "encoder" else "encoder-k.partial.pt"
+        payload = {"kind": pretrain_module.CHECKPOINT_KIND, "key": "k", "config": evil}
+        path = tmp_path / name
+    atomic_torch_save(payload, path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["encoder", "encoder-partial", "features"])
+def test_malicious_cache_file_is_refused_and_never_runs(digits, tmp_path: Path, kind: str) -> None:  # type: ignore[no-untyped-def]
+    marker = tmp_path / "marker"
+    pickle.loads(pickle.dumps(WriteMarker(marker)))  # the payload is live under plain pickle
+    assert marker.read_text() == "pwned"
+    marker.unlink()
+    path = _plant(kind, tmp_path, marker)
+    images = digits.images[:64]
+    with pytest.raises(ValueError) as info:
+        if kind == "features":
+            encoder = create_encoder("small-cnn", in_channels=1)
+            extract_features(encoder, images, key="k", cache_dir=tmp_path, progress=False)
+        else:
+            pretrain(images, config=_tiny(images), key="k", cache_dir=tmp_path, progress=False)
+    message = str(info.value)
+    assert message.startswith(f"{path}: not a readable ") and "delete it" in message
+    assert "\n" not in message
+    assert not marker.exists()
+
+
+def _encoder() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return create_encoder("small-cnn", in_channels=1)
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"garbage, not a torch file", "not a readable features cache"),
+        ({"kind": "alm_opacus.simclr-encoder", "key": "k", "x": torch.zeros(8, 4)},
+         "expected a 'alm_opacus.features' cache"),
+        ({"kind": "alm_opacus.features", "key": "other", "x": torch.zeros(8, 4)},
+         "expected features for key 'k'"),
+        ({"kind": "alm_opacus.features", "key": "k", "x": torch.zeros(7, 4)},
+         r"expected float32 features of shape \(8, D\), got torch.float32 \(7, 4\)"),
+        ({"key": "k", "x": torch.zeros(8, 4, dtype=torch.float64)}, "got torch.float64"),
+        ([1, 2], "expected a 'alm_opacus.features' cache"),
+    ],
+)  # fmt: skip
+def test_corrupt_or_foreign_features_cache_is_one_line(digits, tmp_path: Path, content: object,
+                                                       expected: str) -> None:  # type: ignore[no-untyped-def]  # fmt: skip
+    path = tmp_path / "features-k.pt"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        atomic_torch_save(content, path)
+    with pytest.raises(ValueError, match=expected) as info:
+        extract_features(_encoder(), digits.images[:8], key="k", cache_dir=tmp_path,
+                         progress=False)  # fmt: skip
+    assert str(info.value).startswith(f"{path}: ") and "\n" not in str(info.value)
+    assert "delete it" in str(info.value)
+
+
+def test_features_cache_round_trips_and_legacy_files_still_load(digits, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    images = digits.images[:16]
+    first = extract_features(_encoder(), images, key="k", cache_dir=tmp_path, progress=False)
+    assert torch.allclose(first.norm(dim=1), torch.ones(16), atol=1e-6)  # unit-norm rows
+    stored = torch.load(tmp_path / "features-k.pt", weights_only=True)
+    assert stored["kind"] == "alm_opacus.features" and stored["key"] == "k"
+    # A file written before the kind field existed ({"key", "x"}) is still accepted.
+    atomic_torch_save({"key": "k", "x": first + 1}, tmp_path / "features-k.pt")
+    again = extract_features(_encoder(), images, key="k", cache_dir=tmp_path, progress=False)
+    assert torch.equal(again, first + 1)
+
+
+def test_mnist_encoder_reads_28x28_and_keeps_the_spatial_map() -> None:
+    enc = create_encoder("mnist-cnn", in_channels=1).eval()
+    x = torch.zeros(1, 1, 28, 28)
+    x[0, 0, 2:6, 2:6] = 1.0  # ink in the top-left corner only
+    y = torch.zeros(1, 1, 28, 28)
+    y[0, 0, 22:26, 22:26] = 1.0  # the same stroke in the bottom-right corner
+    with torch.no_grad():
+        fx, fy = enc(x), enc(y)
+    assert fx.shape == (1, 576)
+    # Flattened 64 x 3 x 3 map: the feature layout depends on where the stroke is.
+    assert not torch.allclose(fx, fy)
+
+
+def test_augmentations_include_mnist() -> None:
+    assert {"digits", "mnist", "cifar", "stl10"} <= set(available_augmentations())
+
+
+@pytest.mark.parametrize(
+    ("changes", "name"),
+    [({"epochs": 0}, "epochs"), ({"batch_size": 1}, "batch_size"), ({"lr": 0.0}, "lr"),
+     ({"temperature": float("nan")}, "temperature"), ({"weight_decay": -1.0}, "weight_decay"),
+     ({"encoder": ""}, "encoder"), ({"projection_dim": True}, "projection_dim")],
+)  # fmt: skip
+def test_sslconfig_checks_its_values(changes: dict, name: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{name}=.* is invalid"):
+        SSLConfig(**changes)
+
+
+def test_sslconfig_round_trips_as_plain_data() -> None:
+    config = SSLConfig(encoder="mnist-cnn", augmentation="mnist", epochs=3)
+    assert SSLConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ValueError, match=r"unknown SSLConfig keys \['bogus'\]"):
+        SSLConfig.from_dict({**config.to_dict(), "bogus": 1})

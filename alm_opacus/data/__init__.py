@@ -1,9 +1,14 @@
-"""Datasets (a registry of loaders) and the four-part member/non-member split."""
+"""Datasets (a registry of loaders and their specs) and the four-part member/non-member split.
+
+Each dataset module registers its ``DatasetSpec`` (loader, default split, SimCLR recipe,
+DP-SGD schedule, epsilon grid) on import; adding a dataset is one module plus one import here.
+"""
 
 from __future__ import annotations
 
 from alm_opacus.data import cifar as _cifar  # noqa: F401  (registers "cifar10", "cifar100")
 from alm_opacus.data import digits as _digits  # noqa: F401  (registers "digits")
+from alm_opacus.data import mnist as _mnist  # noqa: F401  (registers "mnist")
 from alm_opacus.data import stl10 as _stl10  # noqa: F401  (registers "stl10")
 from alm_opacus.data.registry import (
     DataError,
@@ -13,12 +18,32 @@ from alm_opacus.data.registry import (
     register_dataset,
     to_float,
 )
+from alm_opacus.data.spec import (
+    DEFAULT_EPSILON_GRID,
+    DatasetSpec,
+    DPSGDSchedule,
+    available_dataset_specs,
+    dataset_spec,
+    format_split_sizes,
+    parse_split_sizes,
+    register_dataset_spec,
+)
+from alm_opacus.data.split import SplitSizes
 
 __all__ = [
+    "DEFAULT_EPSILON_GRID",
+    "DPSGDSchedule",
     "DataError",
     "Dataset",
+    "DatasetSpec",
+    "SplitSizes",
+    "available_dataset_specs",
     "available_datasets",
+    "dataset_spec",
+    "format_split_sizes",
     "load_dataset",
+    "parse_split_sizes",
     "register_dataset",
+    "register_dataset_spec",
     "to_float",
 ]

@@ -11,18 +11,26 @@ Each batch is a pickled dict with bytes keys: ``b"data"``, a ``uint8`` ``(N, 307
 holding, per image, the red, green and blue 32x32 planes in row-major order, and the labels
 (``b"labels"`` for CIFAR-10; ``b"fine_labels"`` and ``b"coarse_labels"`` for CIFAR-100).
 
-Security: unpickling runs code chosen by whoever wrote the file. Only point ``--data-root``
-at files from a trusted source.
+Security: the batches are read with a restricted unpickler (``safe_pickle.safe_load``) that
+admits only numpy arrays and plain types, so a crafted file is refused instead of running code.
 """
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 
 import numpy as np
 
-from alm_opacus.data.registry import DataError, Dataset, register_dataset
+from alm_opacus.data.registry import DataError, Dataset
+from alm_opacus.data.safe_pickle import UnsafePickleError, safe_load
+from alm_opacus.data.spec import (
+    DEFAULT_EPSILON_GRID,
+    DatasetSpec,
+    DPSGDSchedule,
+    register_dataset_spec,
+)
+from alm_opacus.data.split import CIFAR_SPLIT
+from alm_opacus.ssl.config import SSLConfig
 
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR100_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
@@ -76,11 +84,15 @@ def require_files(
 
 
 def _unpickle(path: Path) -> dict[object, object]:
-    """Load one pickled CIFAR dict (bytes keys, as written by Python 2)."""
+    """Load one pickled CIFAR dict (bytes keys, as written by Python 2), never running code."""
     try:
         with path.open("rb") as f:
-            # pickle executes code from the file: only read trusted --data-root folders.
-            obj = pickle.load(f, encoding="bytes")
+            obj = safe_load(f, encoding="bytes")
+    except UnsafePickleError as err:
+        raise DataError(
+            f"{path}: refused to unpickle ({err}); the file is not an official CIFAR batch and "
+            "may be malicious: re-extract the official archive"
+        ) from err
     except Exception as err:  # corrupt pickles raise almost any exception type
         raise DataError(
             f"{path}: not a readable CIFAR python pickle ({type(err).__name__}: {err}); "
@@ -173,7 +185,6 @@ def _load(
     )
 
 
-@register_dataset("cifar10")
 def load_cifar10(*, root: Path | None = None) -> Dataset:
     """Load CIFAR-10 (train + test, 60,000 images) from ``root/cifar-10-batches-py``.
 
@@ -201,7 +212,6 @@ def load_cifar10(*, root: Path | None = None) -> Dataset:
     )
 
 
-@register_dataset("cifar100")
 def load_cifar100(*, root: Path | None = None) -> Dataset:
     """Load CIFAR-100 (train + test, 60,000 images, fine labels) from ``root/cifar-100-python``.
 
@@ -226,4 +236,32 @@ def load_cifar100(*, root: Path | None = None) -> Dataset:
         label_key=b"fine_labels",
         names_key=b"fine_label_names",
         num_classes=100,
+    )
+
+
+# ALM paper setting (their Section 6): ResNet-18 SimCLR on the public split, on a GPU.
+CIFAR_SSL = SSLConfig(
+    encoder="resnet18",
+    augmentation="cifar",
+    epochs=200,
+    batch_size=512,
+    lr=1e-3,
+    temperature=0.5,
+    projection_dim=128,
+)
+for _name, _loader, _what in (
+    ("cifar10", load_cifar10, "CIFAR-10"),
+    ("cifar100", load_cifar100, "CIFAR-100 (fine labels)"),
+):
+    register_dataset_spec(
+        DatasetSpec(
+            name=_name,
+            loader=_loader,
+            split=CIFAR_SPLIT,
+            ssl=CIFAR_SSL,
+            dpsgd=DPSGDSchedule(epochs=20, batch_size=256),
+            epsilons=DEFAULT_EPSILON_GRID,
+            needs_root=True,
+            description=f"{_what}, 60,000 32x32 images read from --data-root",
+        )
     )

@@ -6,10 +6,17 @@ from pathlib import Path
 
 import numpy as np
 
-from alm_opacus.data.registry import Dataset, register_dataset
+from alm_opacus.data.registry import Dataset
+from alm_opacus.data.spec import (
+    DEFAULT_EPSILON_GRID,
+    DatasetSpec,
+    DPSGDSchedule,
+    register_dataset_spec,
+)
+from alm_opacus.data.split import DIGITS_SPLIT
+from alm_opacus.ssl.config import SSLConfig
 
 
-@register_dataset("digits")
 def load_digits(*, root: Path | None = None) -> Dataset:
     """Load the 1,797 UCI digits (pixel values 0..16) as float32 images in [0, 1]."""
     from sklearn.datasets import load_digits as sk_load_digits
@@ -24,3 +31,18 @@ def load_digits(*, root: Path | None = None) -> Dataset:
         num_classes=10,
         meta={"source": "sklearn.datasets.load_digits (UCI optical digits, test part)"},
     )
+
+
+register_dataset_spec(
+    DatasetSpec(
+        name="digits",
+        loader=load_digits,
+        split=DIGITS_SPLIT,
+        ssl=SSLConfig(encoder="small-cnn", augmentation="digits"),
+        # Few steps keep DP-SGD's noise multiplier low at small n: 60 steps at q = 1/2.
+        dpsgd=DPSGDSchedule(epochs=30, batch_size=75),
+        epsilons=DEFAULT_EPSILON_GRID,
+        needs_root=False,
+        description="scikit-learn's 1,797 8x8 handwritten digits (embedded)",
+    )
+)

@@ -16,7 +16,15 @@ from pathlib import Path
 import numpy as np
 
 from alm_opacus.data.cifar import require_files
-from alm_opacus.data.registry import DataError, Dataset, register_dataset
+from alm_opacus.data.registry import DataError, Dataset
+from alm_opacus.data.spec import (
+    DEFAULT_EPSILON_GRID,
+    DatasetSpec,
+    DPSGDSchedule,
+    register_dataset_spec,
+)
+from alm_opacus.data.split import STL10_SPLIT
+from alm_opacus.ssl.config import SSLConfig
 
 STL10_URL = "http://ai.stanford.edu/~acoates/stl10/stl10_binary.tar.gz"
 STL10_FOLDER = "stl10_binary"
@@ -60,7 +68,6 @@ def _read_labels(path: Path, *, count: int, images: Path) -> np.ndarray:
     return labels.astype(np.int64) - 1
 
 
-@register_dataset("stl10")
 def load_stl10(*, root: Path | None = None) -> Dataset:
     """Load STL-10 from ``root/stl10_binary``: train + test labelled, unlabeled kept on disk.
 
@@ -106,3 +113,26 @@ def load_stl10(*, root: Path | None = None) -> Dataset:
             },
         },
     )
+
+
+register_dataset_spec(
+    DatasetSpec(
+        name="stl10",
+        loader=load_stl10,
+        split=STL10_SPLIT,
+        # Pre-trains on the 100,000 unlabeled images (ALM paper, Section 6), on a GPU.
+        ssl=SSLConfig(
+            encoder="resnet18",
+            augmentation="stl10",
+            epochs=100,
+            batch_size=256,
+            lr=1e-3,
+            temperature=0.5,
+            projection_dim=128,
+        ),
+        dpsgd=DPSGDSchedule(epochs=20, batch_size=256),
+        epsilons=DEFAULT_EPSILON_GRID,
+        needs_root=True,
+        description="STL-10, 13,000 labelled 96x96 images + 100,000 unlabeled, from --data-root",
+    )
+)

@@ -37,26 +37,51 @@ def create_encoder(name: str, *, in_channels: int) -> nn.Module:
     return _ENCODERS[name](in_channels)
 
 
+def _conv_block(cin: int, cout: int, *, pool: bool) -> list[nn.Module]:
+    layers: list[nn.Module] = [
+        nn.Conv2d(cin, cout, 3, padding=1, bias=False),
+        nn.BatchNorm2d(cout),
+        nn.ReLU(inplace=True),
+    ]
+    return [*layers, nn.MaxPool2d(2)] if pool else layers
+
+
 class SmallCNN(nn.Module):
     """A 3-block CNN for 8x8 inputs (digits): 8x8 -> 4x4 -> 2x2 -> global pool."""
 
     def __init__(self, in_channels: int, width: int = 32, out_dim: int = 128) -> None:
         super().__init__()
         self.out_dim = out_dim
-
-        def block(cin: int, cout: int, pool: bool) -> list[nn.Module]:
-            layers: list[nn.Module] = [
-                nn.Conv2d(cin, cout, 3, padding=1, bias=False),
-                nn.BatchNorm2d(cout),
-                nn.ReLU(inplace=True),
-            ]
-            return [*layers, nn.MaxPool2d(2)] if pool else layers
-
         self.net = nn.Sequential(
-            *block(in_channels, width, False),
-            *block(width, 2 * width, True),
-            *block(2 * width, 4 * width, True),
+            *_conv_block(in_channels, width, pool=False),
+            *_conv_block(width, 2 * width, pool=True),
+            *_conv_block(2 * width, 4 * width, pool=True),
             nn.Conv2d(4 * width, out_dim, 2),  # 2x2 -> 1x1: keeps where strokes are
+            nn.Flatten(),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.net(x)
+        return out
+
+
+class MnistCNN(nn.Module):
+    """A 3-block CNN for 28x28 inputs (mnist): 28 -> 14 -> 7 -> 3, then the 3x3 map flattened.
+
+    Flattening keeps where strokes are and gives ``4 * width * 9`` features (576 for width
+    16). Measured on mnist (docs/datasets.md): a 128-d globally reduced output gave a more
+    accurate linear probe (0.96) but a head with no membership signal at 1,000 members (loss
+    AUC 0.49), so the harness could not show what protection buys; the flattened map keeps
+    a measurable signal at a probe accuracy still above 0.95.
+    """
+
+    def __init__(self, in_channels: int, width: int = 16) -> None:
+        super().__init__()
+        self.out_dim = 4 * width * 3 * 3
+        self.net = nn.Sequential(
+            *_conv_block(in_channels, width, pool=True),
+            *_conv_block(width, 2 * width, pool=True),
+            *_conv_block(2 * width, 4 * width, pool=True),
             nn.Flatten(),
         )
 
@@ -111,8 +136,10 @@ class CifarResNet18(nn.Module):
 
 
 register_encoder("small-cnn")(lambda c: SmallCNN(c))
+register_encoder("mnist-cnn")(lambda c: MnistCNN(c))
 register_encoder("resnet18")(lambda c: CifarResNet18(c))
 
 
 def available_encoders() -> list[str]:
+    """Sorted names of the registered encoders."""
     return sorted(_ENCODERS)

@@ -3,14 +3,17 @@
 Every artefact is cached under ``cache_dir`` by a hash of everything that determines it,
 written atomically, and checked on load: a re-run reuses it, and an interrupted
 pre-training resumes from its last epoch checkpoint.
+
+Loading never runs code: every cache file is read with ``torch.load(weights_only=True)``,
+which admits only tensors and plain types, and holds configs as plain dicts. A corrupt,
+foreign or malicious file is refused with a one-line ``ValueError`` naming it and saying
+to delete it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,60 +25,24 @@ from tqdm.auto import tqdm
 from alm_opacus.data.registry import to_float
 from alm_opacus.io import atomic_torch_save
 from alm_opacus.ssl.augment import create_augmentation
+from alm_opacus.ssl.config import SSLConfig
 from alm_opacus.ssl.encoders import create_encoder
 from alm_opacus.ssl.losses import nt_xent
 
 CHECKPOINT_KIND = "alm_opacus.simclr-encoder"
+FEATURES_KIND = "alm_opacus.features"
 
-
-@dataclass(frozen=True)
-class SSLConfig:
-    """The SimCLR recipe. Defaults suit 8x8 digits on a CPU."""
-
-    encoder: str = "small-cnn"
-    augmentation: str = "digits"
-    epochs: int = 60
-    batch_size: int = 256
-    lr: float = 2e-3
-    weight_decay: float = 1e-4
-    temperature: float = 0.2
-    projection_dim: int = 64
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-DEFAULT_SSL: dict[str, SSLConfig] = {
-    "digits": SSLConfig(),
-    # ALM paper setting (their Section 6): ResNet-18 SimCLR on the public split, on a GPU.
-    "cifar10": SSLConfig(
-        "resnet18",
-        "cifar",
-        epochs=200,
-        batch_size=512,
-        lr=1e-3,
-        temperature=0.5,
-        projection_dim=128,
-    ),
-    "cifar100": SSLConfig(
-        "resnet18",
-        "cifar",
-        epochs=200,
-        batch_size=512,
-        lr=1e-3,
-        temperature=0.5,
-        projection_dim=128,
-    ),
-    "stl10": SSLConfig(
-        "resnet18",
-        "stl10",
-        epochs=100,
-        batch_size=256,
-        lr=1e-3,
-        temperature=0.5,
-        projection_dim=128,
-    ),
-}
+__all__ = [
+    "CHECKPOINT_KIND",
+    "FEATURES_KIND",
+    "SSLConfig",
+    "SimCLRModel",
+    "array_digest",
+    "config_hash",
+    "extract_features",
+    "load_checkpoint",
+    "pretrain",
+]
 
 
 def config_hash(obj: Any) -> str:
@@ -221,17 +188,37 @@ def pretrain(
     return model.encoder.eval()
 
 
-def _read_checkpoint(path: Path, *, key: str) -> dict[str, Any]:
+def _first_line(exc: BaseException) -> str:
+    # torch's refusal messages run to a dozen lines; the first says what was refused.
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def read_cache_file(path: Path, *, what: str) -> Any:
+    """``torch.load(path, weights_only=True)``: tensors and plain types only, never code.
+
+    Raises:
+        ValueError: one line naming ``path``, for a truncated, foreign or malicious file.
+    """
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # a truncated or foreign file
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated files, foreign pickles and refused globals alike
         raise ValueError(
-            f"{path}: not a readable checkpoint ({exc}); delete it to retrain"
+            f"{path}: not a readable {what} ({_first_line(exc)}); delete it to rebuild it"
         ) from exc
+
+
+def _read_checkpoint(path: Path, *, key: str) -> dict[str, Any]:
+    state = read_cache_file(path, what="checkpoint")
     if not isinstance(state, dict) or state.get("kind") != CHECKPOINT_KIND:
-        raise ValueError(f"{path}: expected a checkpoint of kind {CHECKPOINT_KIND!r}")
+        raise ValueError(
+            f"{path}: expected a checkpoint of kind {CHECKPOINT_KIND!r}; delete it to retrain"
+        )
     if state.get("key") != key:
-        raise ValueError(f"{path}: checkpoint is for config {state.get('key')!r}, expected {key!r}")
+        raise ValueError(
+            f"{path}: checkpoint is for config {state.get('key')!r}, expected {key!r}; "
+            "delete it to retrain"
+        )
     return state
 
 
@@ -266,13 +253,7 @@ def extract_features(
     """
     path = Path(cache_dir) / f"features-{key}.pt"
     if path.exists():
-        cached = torch.load(path, map_location="cpu", weights_only=True)
-        if (
-            isinstance(cached, dict)
-            and cached.get("key") == key
-            and len(cached["x"]) == len(images)
-        ):
-            return cached["x"]
+        return _read_features(path, key=key, rows=len(images))
     device = torch.device(device)
     encoder = encoder.to(device).eval()
     chunks = []
@@ -280,5 +261,21 @@ def extract_features(
         x = torch.from_numpy(to_float(np.asarray(images[lo : lo + batch_size]))).to(device)
         chunks.append(torch.nn.functional.normalize(encoder(x), dim=1).float().cpu())
     feats = torch.cat(chunks)
-    atomic_torch_save({"key": key, "x": feats}, path)
+    atomic_torch_save({"kind": FEATURES_KIND, "key": key, "x": feats}, path)
     return feats
+
+
+def _read_features(path: Path, *, key: str, rows: int) -> Tensor:
+    cached = read_cache_file(path, what="features cache")
+    # Caches written before FEATURES_KIND existed hold only "key" and "x".
+    if not isinstance(cached, dict) or cached.get("kind", FEATURES_KIND) != FEATURES_KIND:
+        raise ValueError(f"{path}: expected a {FEATURES_KIND!r} cache; delete it")
+    x = cached.get("x")
+    if cached.get("key") != key or not isinstance(x, Tensor):
+        raise ValueError(f"{path}: expected features for key {key!r}; delete it")
+    if x.ndim != 2 or len(x) != rows or x.dtype != torch.float32:
+        raise ValueError(
+            f"{path}: expected float32 features of shape ({rows}, D), "
+            f"got {x.dtype} {tuple(x.shape)}; delete it"
+        )
+    return x

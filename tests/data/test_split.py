@@ -5,12 +5,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from alm_opacus.data import DataError
-from alm_opacus.data.split import DEFAULT_SIZES, PARTS, Split, SplitSizes, make_split
+from alm_opacus.data import DataError, dataset_spec
+from alm_opacus.data.split import PARTS, Split, SplitSizes, make_split
 
 
 def test_default_digits_split_is_disjoint_sized_and_covers_the_pool(digits) -> None:  # type: ignore[no-untyped-def]
-    split = make_split(digits, sizes=DEFAULT_SIZES["digits"], seed=0)
+    split = make_split(digits, sizes=dataset_spec("digits").split, seed=0)
     sizes = split.sizes()
     assert sizes["members"] == sizes["nonmembers"] == 150
     assert sizes["attacker"] == 2 * sizes["members"]  # shadow halves match the victim
@@ -21,7 +21,7 @@ def test_default_digits_split_is_disjoint_sized_and_covers_the_pool(digits) -> N
 
 @pytest.mark.parametrize("part", PARTS)
 def test_parts_are_class_stratified(digits, part: str) -> None:  # type: ignore[no-untyped-def]
-    split = make_split(digits, sizes=DEFAULT_SIZES["digits"], seed=3)
+    split = make_split(digits, sizes=dataset_spec("digits").split, seed=3)
     idx = getattr(split, part)
     pool = np.bincount(digits.labels, minlength=10) / len(digits.labels)
     counts = np.bincount(digits.labels[idx], minlength=10)
@@ -32,9 +32,9 @@ def test_parts_are_class_stratified(digits, part: str) -> None:  # type: ignore[
 
 
 def test_split_is_seeded(digits) -> None:  # type: ignore[no-untyped-def]
-    a = make_split(digits, sizes=DEFAULT_SIZES["digits"], seed=1)
-    b = make_split(digits, sizes=DEFAULT_SIZES["digits"], seed=1)
-    c = make_split(digits, sizes=DEFAULT_SIZES["digits"], seed=2)
+    a = make_split(digits, sizes=dataset_spec("digits").split, seed=1)
+    b = make_split(digits, sizes=dataset_spec("digits").split, seed=1)
+    c = make_split(digits, sizes=dataset_spec("digits").split, seed=2)
     assert all(np.array_equal(getattr(a, p), getattr(b, p)) for p in PARTS)
     assert not np.array_equal(a.members, c.members)
 
