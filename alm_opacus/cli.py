@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from alm_opacus.config import RunConfig
-from alm_opacus.data import DataError, available_datasets
+from alm_opacus.data import DataError, available_datasets, dataset_spec, parse_split_sizes
 from alm_opacus.harness import load_plugins, run
-from alm_opacus.heads import HeadConfig
 from alm_opacus.methods import available_methods, default_methods
 from alm_opacus.report.table import format_tradeoff_table
 from alm_opacus.report.tensorboard import dashboard_urls
@@ -108,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--data-root", default=None, help="folder holding the dataset files (not needed for digits)"
     )
     data.add_argument("--split-seed", type=int, default=0, help="seeds the split and pre-training")
+    data.add_argument(
+        "--split", default=None, metavar="PART=N,...",
+        help="split sizes, e.g. members=500,attacker=1000 (parts left out keep the dataset's "
+        "default; parts: members, nonmembers, attacker, public)",
+    )  # fmt: skip
 
     privacy = parser.add_argument_group("protections")
     opt_in = sorted(set(available_methods()) - set(default_methods()))
@@ -150,12 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="neighbour pairs drawn by the sensitivity sampler (default 200)",
     )
     privacy.add_argument(
-        "--head", choices=("linear", "mlp"), default="linear", help="the fine-tuning head"
-    )
+        "--head", choices=("linear", "mlp"), default=None,
+        help="the fine-tuning head (default: the dataset's recipe, docs/recipes.md)",
+    )  # fmt: skip
     privacy.add_argument(
-        "--l2", type=_non_negative_float, default=0.0,
-        help="L2 coefficient of the shared head recipe (0: the overfit default); with "
-        "--sensitivity analytic, the convex head's lambda (0 there means 0.1)",
+        "--l2", type=_non_negative_float, default=None,
+        help="L2 coefficient of the head recipe (default: the dataset's recipe); with "
+        "--sensitivity analytic, also the convex head's lambda",
     )  # fmt: skip
     privacy.add_argument(
         "--accountant", choices=("alm_pld", "prv", "rdp"), default=None,
@@ -299,7 +304,20 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
     if not attacks:
         parser.error("--attacks is empty: expected a comma list of attack names, or 'all'")
     shared = {"sensitivity": args.sensitivity, "m": args.m, "accountant": args.accountant,
-              "queries": args.queries, "analytic_l2": args.l2 if args.l2 > 0 else None}  # fmt: skip
+              "queries": args.queries,
+              "analytic_l2": args.l2 if args.l2 is not None and args.l2 > 0 else None}  # fmt: skip
+    spec = dataset_spec(args.dataset)
+    try:
+        split = None if args.split is None else parse_split_sizes(args.split, default=spec.split)
+    except ValueError as exc:
+        parser.error(str(exc))
+    head = None
+    if args.head is not None or args.l2 is not None:
+        kind = args.head or spec.head.kind
+        l2 = spec.head.l2 if args.l2 is None else args.l2
+        # the dataset's solver where it still applies (Newton needs a convex objective)
+        solver = spec.head.solver if kind == "linear" and l2 > 0 else "adam"
+        head = spec.head.replace(kind=kind, l2=l2, solver=solver)
     options: dict[str, Any] = {k: v for k, v in shared.items() if v is not None}
     options.update(dict(args.opt))
     try:
@@ -310,7 +328,7 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
             out=args.out, cache_dir=args.cache_dir, noise_draws=args.noise_draws,
             options=options, attacks=attacks, resume=args.resume, overwrite=args.overwrite,
             reproducible_noise=args.reproducible_noise,
-            head=HeadConfig(kind=args.head, l2=args.l2), progress=not args.no_progress,
+            head=head, split=split, progress=not args.no_progress,
         )  # fmt: skip
     except ValueError as exc:
         parser.error(str(exc).splitlines()[0])

@@ -11,15 +11,13 @@ from typing import Any
 
 from alm_opacus._validation import check_delta, check_epsilon
 from alm_opacus.attacks import DEFAULT_ATTACKS, available_attacks
-from alm_opacus.data import available_datasets
-from alm_opacus.data.split import DEFAULT_SIZES, SplitSizes
+from alm_opacus.data import DatasetSpec, dataset_spec
+from alm_opacus.data.split import SplitSizes
 from alm_opacus.heads import HeadConfig
 from alm_opacus.methods import method_class, validate_options
-from alm_opacus.ssl.pretrain import DEFAULT_SSL, SSLConfig
+from alm_opacus.ssl.pretrain import SSLConfig
 
-__all__ = ["DEFAULT_EPSILONS", "RESUME_KEYS", "RunConfig", "config_mismatch", "dedupe"]
-
-DEFAULT_EPSILONS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
+__all__ = ["RESUME_KEYS", "RunConfig", "config_mismatch", "dedupe"]
 
 #: The keys of ``config.json`` that decide what a cell's rows hold: a resumed run must agree
 #: on all of them (the grid of methods, epsilons and seeds may grow).
@@ -51,7 +49,7 @@ class RunConfig:
         overwrite: replace a previous run in ``out`` (its caches are kept).
         reproducible_noise: seed release noise from public labels (research only: such
             releases are private only while the seeds stay secret).
-        head: the fine-tuning recipe.
+        head: the fine-tuning recipe (``None``: the dataset's default recipe).
         ssl: the SimCLR recipe (``None``: the dataset's default).
         split: split sizes (``None``: the dataset's default).
         progress: show progress bars.
@@ -74,15 +72,17 @@ class RunConfig:
     resume: bool = False
     overwrite: bool = False
     reproducible_noise: bool = False
-    head: HeadConfig = field(default_factory=HeadConfig)
+    head: HeadConfig | None = None
     ssl: SSLConfig | None = None
     split: SplitSizes | None = None
     progress: bool = True
 
     def __post_init__(self) -> None:
-        if self.dataset not in available_datasets():
-            names = ", ".join(available_datasets())
-            raise ValueError(f"unknown dataset {self.dataset!r}: expected one of {names}")
+        spec = dataset_spec(self.dataset)  # a DataError (a ValueError) naming the known ones
+        if spec.needs_root and self.data_root is None:
+            raise ValueError(
+                f"dataset {self.dataset!r} is read from local files: pass data_root (--data-root)"
+            )
         if not self.methods:
             raise ValueError("methods is empty: expected at least one method name")
         for name in self.methods:
@@ -130,25 +130,27 @@ class RunConfig:
         return dedupe(self.attacks)
 
     @property
+    def spec(self) -> DatasetSpec:
+        """The dataset's registered spec (its defaults)."""
+        return dataset_spec(self.dataset)
+
+    @property
     def grid(self) -> tuple[float, ...]:
         """The epsilons of the grid (the dataset's default when none were given)."""
-        return DEFAULT_EPSILONS if self.epsilons is None else self.epsilons
+        return self.spec.epsilons if self.epsilons is None else self.epsilons
+
+    @property
+    def recipe(self) -> HeadConfig:
+        """The fine-tuning recipe (the dataset's default when none was given)."""
+        return self.spec.head if self.head is None else self.head
 
     @property
     def ssl_config(self) -> SSLConfig:
-        if self.ssl is not None:
-            return self.ssl
-        if self.dataset not in DEFAULT_SSL:
-            raise ValueError(f"dataset {self.dataset!r} has no SimCLR recipe; pass one")
-        return DEFAULT_SSL[self.dataset]
+        return self.spec.ssl if self.ssl is None else self.ssl
 
     @property
     def split_sizes(self) -> SplitSizes:
-        if self.split is not None:
-            return self.split
-        if self.dataset not in DEFAULT_SIZES:
-            raise ValueError(f"no default split sizes for {self.dataset!r}; pass split sizes")
-        return DEFAULT_SIZES[self.dataset]
+        return self.spec.split if self.split is None else self.split
 
     @property
     def cache_path(self) -> Path:
@@ -160,6 +162,7 @@ class RunConfig:
         """Plain data for ``config.json`` (defaults resolved)."""
         out = dataclasses.asdict(self)
         out["epsilons"] = list(self.grid)
+        out["head"] = dataclasses.asdict(self.recipe)
         out["ssl"] = self.ssl_config.to_dict()
         out["split"] = dataclasses.asdict(self.split_sizes)
         return out

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from alm_opacus._validation import default_delta
 from alm_opacus.attacks import AttackConfig, AttackResult, PreparedAttacks
-from alm_opacus.config import DEFAULT_EPSILONS, RunConfig
+from alm_opacus.config import RunConfig
 from alm_opacus.data import load_dataset, to_float
 from alm_opacus.data.split import Split, make_split
 from alm_opacus.errors import InfeasibleRelease
@@ -57,7 +57,6 @@ from alm_opacus.ssl.pretrain import array_digest, config_hash, extract_features,
 from alm_opacus.writer import RocMap, RunWriter, run_settings
 
 __all__ = [
-    "DEFAULT_EPSILONS",
     "PLUGIN_GROUP",
     "Cell",
     "CellOutcome",
@@ -168,8 +167,6 @@ def preflight(config: RunConfig) -> None:
         )
     check_writable_dir(config.cache_path, flag="--cache-dir")
     load_dataset(config.dataset, root=config.data_root)  # missing or corrupt files fail here
-    config.split_sizes  # noqa: B018  (raises for a dataset without defaults)
-    config.ssl_config  # noqa: B018
 
 
 @dataclass(frozen=True)
@@ -217,12 +214,12 @@ class Session:
         images = "images" in kinds
         public_x, public_y = data.part("public")
         context = MethodContext(
-            num_classes=data.num_classes, head=config.head, device=config.device,
+            num_classes=data.num_classes, head=config.recipe, device=config.device,
             public_features=public_x, public_labels=public_y,
             public_images=data.inputs("images", "public") if images else None,
             encoder=data.encoder if images else None, cache_dir=config.cache_path,
             progress=config.progress, dataset=config.dataset,
-            schedule=_schedule(config.dataset),
+            schedule=config.spec.dpsgd.as_tuple(),
             noise=NoisePolicy(reproducible=config.reproducible_noise),
         )  # fmt: skip
         y_in, y_out = data.part("members")[1], data.part("nonmembers")[1]
@@ -266,12 +263,6 @@ class Session:
             trainer = plain_shadow_trainer(self.context)
             self.plain_attacks[seed] = self.evaluation.prepare(trainer, seed=seed)
         return self.plain_attacks[seed]
-
-
-def _schedule(dataset: str) -> tuple[int, int] | None:
-    schedules = {"digits": (30, 75), "cifar10": (20, 256), "cifar100": (20, 256),
-                 "stl10": (20, 256)}  # fmt: skip
-    return schedules.get(dataset)
 
 
 @dataclass

@@ -53,11 +53,11 @@ def test_pretraining_sees_only_the_public_split(tmp_path: Path, monkeypatch) -> 
     monkeypatch.setattr(harness, "pretrain", spy)
     with pytest.raises(Stop):
         harness.prepare(harness.RunConfig(out=str(tmp_path), progress=False))
-    from alm_opacus.data import load_dataset
-    from alm_opacus.data.split import DEFAULT_SIZES, make_split
+    from alm_opacus.data import dataset_spec, load_dataset
+    from alm_opacus.data.split import make_split
 
     dataset = load_dataset("digits")
-    split = make_split(dataset, sizes=DEFAULT_SIZES["digits"], seed=0)
+    split = make_split(dataset, sizes=dataset_spec("digits").split, seed=0)
     assert np.array_equal(seen["images"], dataset.images[split.public])
 
 
@@ -139,15 +139,17 @@ def test_config_file_sets_defaults_and_the_command_line_wins(tmp_path: Path) -> 
 
 
 def test_l2_and_accountant_reach_the_recipe_and_the_methods(tmp_path: Path) -> None:
+    from alm_opacus.data import dataset_spec
     from alm_opacus.methods import method_options
 
     config = parse_config(["--l2", "0.01", "--accountant", "prv", "--out", str(tmp_path)])
-    assert config.head.l2 == 0.01
+    assert config.recipe.l2 == 0.01
     assert config.options["analytic_l2"] == 0.01 and config.options["accountant"] == "prv"
     assert method_options("alm", config.options).analytic_l2 == 0.01  # type: ignore[attr-defined]
     assert method_options("dpsgd", config.options).accountant == "prv"  # type: ignore[attr-defined]
     default = parse_config(["--out", str(tmp_path)])
-    assert default.head.l2 == 0.0 and "analytic_l2" not in default.options
+    assert default.head is None and "analytic_l2" not in default.options
+    assert default.recipe == dataset_spec("digits").head  # the measured default recipe
     assert method_options("dpsgd", default.options).accountant == "alm_pld"  # type: ignore[attr-defined]
 
 
@@ -265,7 +267,7 @@ def test_an_image_method_is_trained_tested_and_attacked_on_images(
         return torch.from_numpy(to_float(ds.images[rows])).reshape(-1, 64).double()
 
     head = train_head(flat("members"), data.part("members")[1], num_classes=10,
-                      config=config.head, seed=0)  # fmt: skip
+                      config=config.recipe, seed=0)  # fmt: skip
     expected = accuracy(head.predict_proba(flat("nonmembers")), data.part("nonmembers")[1])
     probe = [r for r in result.rows if r.method == "pixel-probe"]
     assert probe and probe[0].test_accuracy == pytest.approx(expected, abs=1e-9)

