@@ -24,6 +24,7 @@ from alm_opacus.data import (
 )
 from alm_opacus.data import registry as registry_module
 from alm_opacus.data import spec as spec_module
+from alm_opacus.heads import HeadConfig
 from alm_opacus.ssl import SSLConfig
 
 # The values the four per-dataset dicts held before DatasetSpec (DEFAULT_SIZES in split.py,
@@ -55,7 +56,7 @@ def _loader(*, root: Path | None = None) -> Dataset:
 def _spec(**changes: object) -> DatasetSpec:
     base = dict(name="toy", loader=_loader, split=SplitSizes(members=10, attacker=20),
                 ssl=SSLConfig(), dpsgd=DPSGDSchedule(epochs=1, batch_size=5),
-                epsilons=(1.0, 2.0), needs_root=False)  # fmt: skip
+                epsilons=(1.0, 2.0), needs_root=False, head=HeadConfig())  # fmt: skip
     return DatasetSpec(**{**base, **changes})  # type: ignore[arg-type]
 
 
