@@ -238,6 +238,9 @@ class AttackTarget:
         inputs: what ``predict`` is queried with, row for row the same examples as
             ``features`` (e.g. their images, for a release that fine-tuned the encoder);
             ``None``: the features.
+        claimed_epsilon: the epsilon the release claims, on the replace-one relation the
+            audit tests (``inf`` for no claim). Where the evaluation set cannot produce a
+            bound that large, the results' notes say that it cannot see a violation.
     """
 
     predict: Predictor
@@ -247,6 +250,7 @@ class AttackTarget:
     num_classes: int
     delta: float = 0.0
     inputs: Tensor | None = None
+    claimed_epsilon: float = math.inf
 
     @property
     def queries(self) -> Tensor:
@@ -274,6 +278,11 @@ class AttackTarget:
             raise ValueError(f"inputs must have q={q} rows; got {tuple(self.inputs.shape)}")
         _check_labels(self.labels, self.num_classes)
         check_delta(self.delta)
+        if not self.claimed_epsilon > 0:  # also rejects NaN
+            raise ValueError(
+                f"claimed_epsilon={self.claimed_epsilon!r} is invalid: expected a number > 0 "
+                "(inf for no claim)"
+            )
 
 
 @dataclass(frozen=True)

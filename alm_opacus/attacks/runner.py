@@ -21,6 +21,7 @@ from torch import Tensor
 from alm_opacus.attacks import lira as _lira  # noqa: F401
 from alm_opacus.attacks import metric_attacks as _metric_attacks  # noqa: F401
 from alm_opacus.attacks import shadow as _shadow  # noqa: F401
+from alm_opacus.attacks.aggregate import ceiling_note
 from alm_opacus.attacks.base import (
     AttackConfig,
     AttackerKnowledge,
@@ -129,8 +130,10 @@ class PreparedAttacks:
                 interval_level=self.config.interval_level,
                 interval_resamples=self.config.interval_resamples,
             )
+            note = ceiling_note(result.epsilon_bound, target.claimed_epsilon)
+            notes = result.notes if note is None else (*result.notes, note)
             seconds = time.perf_counter() - t0 + shared
-            results.append(dataclasses.replace(result, seconds=seconds))
+            results.append(dataclasses.replace(result, seconds=seconds, notes=notes))
         return results
 
 

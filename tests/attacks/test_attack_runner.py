@@ -4,6 +4,8 @@ constant release is not, thresholds never see the evaluation set, and the API fa
 from __future__ import annotations
 
 import copy
+import dataclasses
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -379,3 +381,20 @@ def test_clean_attacker_rows_get_a_suffix_and_the_best_row_is_over_all(
     assert best_attack(aggregated).attack == best_attack(both).attack
     with pytest.raises(ValueError, match="finite AUC"):
         best_attack([])
+
+
+def test_a_claim_above_the_ceiling_is_noted_on_every_release(
+    digits: tuple[Tensor, Tensor, np.ndarray],
+) -> None:
+    x, y, perm = digits
+    target, k = _target(x, y, perm), _knowledge(x, y, perm)
+    prepared = prepare_attacks(names=["correctness"], knowledge=k, config=SMALL, seed=0)
+    for claim, noted in [(4.0, True), (1.0, False), (math.inf, False)]:
+        (result,) = prepared.attack(dataclasses.replace(target, claimed_epsilon=claim))
+        # 100 + 100 examples, split-half: 50 + 50 trials cap the bound at
+        # ln((1 - u) / u) with u = 1 - 0.025^(1/50), i.e. 2.570 < 4
+        u = 1 - 0.025 ** (1 / 50)
+        assert result.eps_lower_bound_ceiling == pytest.approx(math.log((1 - u) / u))
+        assert any("cannot see a violation" in n for n in result.notes) == noted, claim
+    with pytest.raises(ValueError, match="claimed_epsilon=0"):
+        dataclasses.replace(target, claimed_epsilon=0.0)
