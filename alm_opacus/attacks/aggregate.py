@@ -55,6 +55,7 @@ MEAN_METRICS: tuple[str, ...] = (
 """The metrics :class:`AggregateResult` averages over draws."""
 
 POOLING = ("pooled", "bonferroni-max")
+_CEILING_NOTE = "eps_lower_bound cannot exceed"
 
 
 def pool_epsilon_bounds(bounds: Sequence[EpsilonBound], *, how: str = "pooled") -> EpsilonBound:
@@ -139,7 +140,7 @@ def ceiling_note(bound: EpsilonBound, claimed_epsilon: float | None) -> str | No
     if bound.ceiling >= claimed_epsilon:
         return None
     return (
-        f"eps_lower_bound cannot exceed {bound.ceiling:.3f} on this evaluation set "
+        f"{_CEILING_NOTE} {bound.ceiling:.3f} on this evaluation set "
         f"({bound.positives} + {bound.negatives} trials at {bound.confidence:.0%}), below the "
         f"claimed epsilon {claimed_epsilon:g}: the audit cannot see a violation of the claim, "
         "so a bound below the claim is no evidence that the claim holds"
@@ -192,7 +193,12 @@ def _aggregate(
     level: float, resamples: int, seed: int,
 ) -> AggregateResult:  # fmt: skip
     values = {c: np.asarray([r.to_row()[c] for r in group], dtype=np.float64) for c in MEAN_METRICS}
-    notes = list(dict.fromkeys(note for r in group for note in r.notes))
+    # the draws' own ceiling notes give way to the pooled bound's (its ceiling is higher)
+    notes = [
+        note
+        for note in dict.fromkeys(note for r in group for note in r.notes)
+        if not note.startswith(_CEILING_NOTE)
+    ]
     if len(group) == 1:
         auc_ci, tpr_ci = group[0].auc_ci, dict(group[0].tpr_ci)
     elif all(r.scores is not None and r.is_member is not None for r in group):

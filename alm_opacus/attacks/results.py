@@ -88,7 +88,8 @@ class AttackResult:
             set), on the balanced evaluation set.
         mia_advantage: ``max |TPR - FPR|`` over the ROC (threshold-free).
         mia_auc: area under the ROC (threshold-free).
-        tpr_at_fpr: TPR at each FPR of :data:`TPR_FPR_LEVELS`.
+        tpr_at_fpr: TPR at each FPR of :data:`TPR_FPR_LEVELS`; NaN where the evaluation set has
+            too few non-members to resolve that FPR (``intervals.tpr_supported``).
         eps_lower_bound: the empirical epsilon lower bound (``epsilon_bound.epsilon``).
         epsilon_bound: how it was obtained.
         roc: the ROC arrays.

@@ -4,6 +4,7 @@ coverage when draws differ; and a ceiling below the claim is said, never passed 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -17,6 +18,7 @@ from alm_opacus.attacks import (
     evaluate_attack,
     pool_epsilon_bounds,
 )
+from alm_opacus.attacks.aggregate import ceiling_note
 
 
 def _ceiling_by_hand(trials: int, confidence: float = 0.95) -> float:
@@ -122,10 +124,15 @@ def test_pooled_bound_keeps_its_coverage_when_draws_differ(epsilon: float) -> No
     fn = rng.binomial(trials, fnrs, size=(reps, fnrs.size)).sum(1)
     # pool_epsilon_bounds bounds the summed counts (tested above): bound them directly
     pooled = [
-        epsilon_lower_bound(false_positives=int(a), negatives=5 * trials,
-                            false_negatives=int(b), positives=5 * trials, delta=0.0)[0]
+        epsilon_lower_bound(
+            false_positives=int(a),
+            negatives=5 * trials,
+            false_negatives=int(b),
+            positives=5 * trials,
+            delta=0.0,
+        )[0]
         for a, b in zip(fp, fn, strict=True)
-    ]  # fmt: skip
+    ]
     assert np.mean(np.asarray(pooled) > epsilon) <= 0.05
     assert np.mean(pooled) > 0.3 * epsilon  # informative, not vacuous
 
@@ -157,3 +164,27 @@ def test_aggregate_reports_the_pooled_bound_and_notes_a_low_ceiling() -> None:
     assert not any("cannot see a violation" in note for note in fine.notes)
     (unclaimed,) = aggregate_results(results, claimed_epsilon=math.inf)
     assert not any("cannot see a violation" in note for note in unclaimed.notes)
+
+
+def test_aggregate_replaces_the_draws_ceiling_notes_by_the_pooled_one() -> None:
+    member = np.r_[np.ones(150, bool), np.zeros(150, bool)]
+    rng = np.random.default_rng(3)
+    results = [
+        evaluate_attack(
+            attack="a",
+            scores=rng.normal(size=300) + member,
+            decisions=np.zeros(300, bool),
+            is_member=member,
+            delta=0.0,
+            seed=1,
+        )
+        for _ in range(5)
+    ]
+    noted = [
+        dataclasses.replace(r, notes=(*r.notes, ceiling_note(r.epsilon_bound, 4.0)))
+        for r in results
+    ]
+    (agg,) = aggregate_results(noted, claimed_epsilon=4.0)  # pooled ceiling 4.617 >= 4
+    assert not any("cannot see a violation" in n for n in agg.notes)
+    (agg,) = aggregate_results(noted, claimed_epsilon=5.0)
+    assert [n for n in agg.notes if "cannot see" in n] == [ceiling_note(agg.epsilon_bound, 5.0)]
