@@ -199,9 +199,7 @@ def _aggregate(
         for note in dict.fromkeys(note for r in group for note in r.notes)
         if not note.startswith(_CEILING_NOTE)
     ]
-    if len(group) == 1:
-        auc_ci, tpr_ci = group[0].auc_ci, dict(group[0].tpr_ci)
-    elif all(r.scores is not None and r.is_member is not None for r in group):
+    if all(r.scores is not None and r.is_member is not None for r in group):
         member = group[0].is_member
         assert member is not None
         if any(not np.array_equal(np.asarray(r.is_member), member) for r in group):
@@ -210,6 +208,8 @@ def _aggregate(
         auc_ci = auc_interval(scores, member, level=level)
         tpr_ci = tpr_intervals(scores, member, levels=TPR_FPR_LEVELS, level=level,
                                resamples=resamples, seed=seed)  # fmt: skip
+    elif len(group) == 1:
+        auc_ci, tpr_ci = group[0].auc_ci, dict(group[0].tpr_ci)
     else:
         auc_ci, tpr_ci = (math.nan, math.nan), {}
         notes.append("no intervals over draws: some results carry no scores")

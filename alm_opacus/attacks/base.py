@@ -143,7 +143,7 @@ class AttackConfig:
     heads_per_seed: int = 16
     shadow_data: ShadowDataSource = ShadowDataSource.REAL
     noise_fraction: float = 0.1
-    shadow_model: ShadowModel = ShadowModel.AUTO
+    shadow_model: ShadowModel = ShadowModel.GBM
     shadow_per_class: bool = False
     attack_pairs: int | None = None
     attack_hidden: int = 32

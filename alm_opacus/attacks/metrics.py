@@ -236,6 +236,7 @@ def evaluate_attack(
     notes: Sequence[str] = (),
     interval_level: float = 0.95,
     interval_resamples: int = 2000,
+    intervals: bool = True,
 ) -> AttackResult:
     """Score one attack on the balanced evaluation set.
 
@@ -256,6 +257,8 @@ def evaluate_attack(
         notes: caveats to carry into the result.
         interval_level: coverage of the AUC and TPR intervals.
         interval_resamples: bootstrap resamples of the TPR intervals.
+        intervals: compute the intervals (``False``: NaN; ``aggregate_results`` computes them
+            from the kept scores, so a caller that aggregates need not pay twice).
 
     Returns:
         The :class:`AttackResult`.
@@ -289,7 +292,7 @@ def evaluate_attack(
         num_nonmembers=int((~m).sum()),
         seconds=float(seconds),
         notes=(*notes, *tpr_notes),
-        auc_ci=auc_interval(s, m, level=interval_level),
+        auc_ci=auc_interval(s, m, level=interval_level) if intervals else (math.nan, math.nan),
         tpr_ci=tpr_intervals(
             s,
             m,
@@ -297,7 +300,9 @@ def evaluate_attack(
             level=interval_level,
             resamples=interval_resamples,
             seed=seed,
-        ),
+        )
+        if intervals
+        else {},
         scores=s,
         is_member=m,
     )

@@ -71,7 +71,9 @@ class PreparedAttacks:
     def names(self) -> list[str]:
         return [a.name for a in self.attacks]
 
-    def attack(self, target: AttackTarget, *, suffix: str = "") -> list[AttackResult]:
+    def attack(
+        self, target: AttackTarget, *, suffix: str = "", intervals: bool = True
+    ) -> list[AttackResult]:
         """Attack one release (its noise drawn once) with every prepared attack.
 
         Args:
@@ -81,6 +83,9 @@ class PreparedAttacks:
                 unprotected head, reused on a protected release). The split of the
                 split-half bound and the bootstrap depend on the attack, not the suffix, so
                 two attackers are compared on the same halves.
+            intervals: compute each result's intervals. A caller that passes the results to
+                ``aggregate_results`` (the harness) may pass ``False``: the aggregate computes
+                them from the results' scores, over all draws at once.
 
         Returns:
             One :class:`AttackResult` per attack, in order. ``seconds`` is the attack's own
@@ -129,6 +134,7 @@ class PreparedAttacks:
                 notes=(*self.notes, *attack.notes),
                 interval_level=self.config.interval_level,
                 interval_resamples=self.config.interval_resamples,
+                intervals=intervals,
             )
             note = ceiling_note(result.epsilon_bound, target.claimed_epsilon)
             notes = result.notes if note is None else (*result.notes, note)
