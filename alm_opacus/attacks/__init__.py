@@ -5,25 +5,34 @@ Typical use, once per attacker (trainer, configuration and seed), then once per 
     prepared = prepare_attacks(names=["loss", "lira-offline"], knowledge=k, seed=0)
     results = prepared.attack(AttackTarget(predict=..., features=..., labels=..., ...))
     rows = [r.to_row() for r in results]
+
+Over the noise draws of one cell: ``aggregate_results(results_of_all_draws,
+claimed_epsilon=...)``; the strongest row: ``best_attack(...)``.
 """
 
 from __future__ import annotations
 
+from alm_opacus.attacks.aggregate import aggregate_results, best_attack, pool_epsilon_bounds
 from alm_opacus.attacks.base import (
     AttackConfig,
     AttackerKnowledge,
     AttackKind,
     AttackTarget,
     EpsilonBoundMethod,
+    LiraLocation,
     Predictor,
     ShadowDataSource,
+    ShadowModel,
     ShadowTrainer,
     ThresholdScope,
 )
+from alm_opacus.attacks.context import ShadowContext
+from alm_opacus.attacks.intervals import auc_interval, tpr_intervals
 from alm_opacus.attacks.metrics import (
     advantage,
     best_threshold,
     clopper_pearson,
+    epsilon_bound_ceiling,
     epsilon_from_rates,
     epsilon_lower_bound,
     evaluate_attack,
@@ -32,24 +41,27 @@ from alm_opacus.attacks.metrics import (
     tpr_at_fpr,
 )
 from alm_opacus.attacks.registry import (
+    PLUGIN_GROUP,
     Attack,
+    AttackPluginError,
     AttackScores,
-    ShadowContext,
     TargetQuery,
     attack_class,
     available_attacks,
+    load_attack_plugins,
     register_attack,
 )
 from alm_opacus.attacks.results import (
+    INTERVAL_COLUMNS,
     METRIC_COLUMNS,
     TPR_FPR_LEVELS,
     AggregateResult,
     AttackResult,
     EpsilonBound,
     RocCurve,
-    aggregate_results,
 )
 from alm_opacus.attacks.runner import (
+    CLEAN_SUFFIX,
     DEFAULT_ATTACKS,
     PreparedAttacks,
     prepare_attacks,
@@ -58,13 +70,17 @@ from alm_opacus.attacks.runner import (
 from alm_opacus.attacks.shadow_data import HeadBank, recipe_trainer
 
 __all__ = [
+    "CLEAN_SUFFIX",
     "DEFAULT_ATTACKS",
+    "INTERVAL_COLUMNS",
     "METRIC_COLUMNS",
+    "PLUGIN_GROUP",
     "TPR_FPR_LEVELS",
     "AggregateResult",
     "Attack",
     "AttackConfig",
     "AttackKind",
+    "AttackPluginError",
     "AttackResult",
     "AttackScores",
     "AttackTarget",
@@ -72,23 +88,30 @@ __all__ = [
     "EpsilonBound",
     "EpsilonBoundMethod",
     "HeadBank",
+    "LiraLocation",
     "Predictor",
     "PreparedAttacks",
     "RocCurve",
     "ShadowContext",
     "ShadowDataSource",
+    "ShadowModel",
     "ShadowTrainer",
     "TargetQuery",
     "ThresholdScope",
     "advantage",
     "aggregate_results",
     "attack_class",
+    "auc_interval",
     "available_attacks",
+    "best_attack",
     "best_threshold",
     "clopper_pearson",
+    "epsilon_bound_ceiling",
     "epsilon_from_rates",
     "epsilon_lower_bound",
     "evaluate_attack",
+    "load_attack_plugins",
+    "pool_epsilon_bounds",
     "prepare_attacks",
     "recipe_trainer",
     "register_attack",
@@ -96,4 +119,5 @@ __all__ = [
     "roc_curve",
     "run_attacks",
     "tpr_at_fpr",
+    "tpr_intervals",
 ]

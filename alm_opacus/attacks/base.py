@@ -37,7 +37,11 @@ FloatArray = npt.NDArray[np.float64]
 
 
 class AttackKind(str, enum.Enum):
-    """The attacks; the values are the stable names used in ``results.csv``'s ``attack``."""
+    """The built-in attacks; the values are their stable names in ``results.csv``'s ``attack``.
+
+    The registry is keyed by name (a string), so packages can add attacks beyond these
+    (``registry.register_attack``, or the ``alm_opacus.attacks`` entry point group).
+    """
 
     SHADOW = "shadow"
     LOSS = "loss"
@@ -55,6 +59,21 @@ class ShadowDataSource(str, enum.Enum):
     REAL = "real"  # the attacker's pool as is
     NOISY = "noisy"  # the pool with a fraction of each row's features reset
     SYNTHETIC = "synthetic"  # Shokri's Algorithm 1 (hill climbing), querying the target
+
+
+class ShadowModel(str, enum.Enum):
+    """The shadow-model attack's classifier (see ``shadow.py``)."""
+
+    MLP = "mlp"  # the ALM appendix's MLP with 5 ReLU hidden layers
+    GBM = "gbm"  # scikit-learn's HistGradientBoostingClassifier
+    AUTO = "auto"  # both, keeping the stronger on shadow examples held out of their training
+
+
+class LiraLocation(str, enum.Enum):
+    """How LiRA estimates the centre of each example's in/out Gaussian over references."""
+
+    MEAN = "mean"  # the maximum-likelihood fit
+    MEDIAN = "median"  # robust to a few outlying references (Carlini et al.'s code uses it)
 
 
 class ThresholdScope(str, enum.Enum):
@@ -79,33 +98,38 @@ class EpsilonBoundMethod(str, enum.Enum):
 
 @dataclass(frozen=True)
 class AttackConfig:
-    """Knobs of the attacks. Defaults follow the papers where they give a value.
+    """Knobs of the attacks. Defaults follow the papers where they give a value, and
+    measurements on the default digits run otherwise (``docs/threat_model.md``).
 
     Attributes:
-        num_shadow: ``k``, shadow heads, each trained on a half of the shadow data.
+        num_shadow: ``k``, shadow heads, each trained on ``n`` rows of the shadow data.
         num_reference: ``N``, LiRA reference heads (even, >= 4). Offline LiRA trains them on
-            halves of the pool; online LiRA on halves of the pool plus the candidates.
+            ``n`` rows of the pool; online LiRA on ``n`` rows of candidates (and pool).
         heads_per_seed: heads trained by one trainer call; each call gets its own
             initialisation seed so that references vary in initialisation too.
         shadow_data: where shadow data comes from (shadow-model and metric attacks; LiRA
             always uses the real pool).
         noise_fraction: for ``NOISY``: the fraction of each row's features reset (Shokri uses
             0.1 and 0.2).
+        shadow_model: the shadow-model attack's classifier (``--shadow-model``).
         shadow_per_class: one attack model per class (Shokri et al. 2017, Sec. IV-D).
-        attack_pairs: balanced in/out pairs that train an attack model (ALM appendix: 2,000).
-            Fewer are used when the shadow data holds fewer; the count is in the result notes.
-        attack_hidden: width of the attack MLP's hidden layers (the ALM appendix gives no
-            width). 32 matches 64 on the default digits head (shadow AUC 0.61-0.62 over 3
-            seeds for both) at half the cost, which --methods all pays 42 times.
+        attack_pairs: balanced in/out pairs that train an attack model. ``None``: 2,000 for
+            the MLP (the ALM appendix) and every balanced pair for gradient boosting. Fewer are
+            used when the shadow data holds fewer; the count is then in the result notes.
+        attack_hidden: width of the attack MLP's hidden layers (the ALM appendix gives none).
         attack_layers: number of ReLU hidden layers (ALM appendix: 5).
         attack_steps: full-batch Adam steps of the attack MLP.
-        attack_lr: Adam learning rate of the attack MLP.
+        attack_lr: Adam learning rate of the attack MLP (ALM appendix: 0.001).
         threshold_scope: per-class or global thresholds for the metric attacks.
-        lira_fixed_variance: LiRA with one pooled variance (in, out) instead of one per example;
-            Carlini et al. (2022, Sec. IV-C) advise it for few references. On by default: with
-            N = 16 it was the stronger variant on digits (online AUC 0.76 vs 0.70).
+        lira_fixed_variance: LiRA with one pooled variance (in, out) instead of one per
+            example; Carlini et al. (2022, Sec. IV-C) advise it for few references. ``None``:
+            per example for online LiRA, pooled for offline LiRA (the stronger of each on the
+            default digits run with 64 references, ``docs/threat_model.md``).
+        lira_location: mean or median of each example's references.
         epsilon_bound: see :class:`EpsilonBoundMethod`.
         confidence: joint confidence of the empirical epsilon lower bound.
+        interval_level: coverage of the AUC and TPR-at-FPR intervals.
+        interval_resamples: bootstrap resamples behind the TPR-at-FPR intervals.
         synth_per_class: records synthesised per class (``SYNTHETIC``).
         synth_k_max: ``k_max`` of Algorithm 1 (None: half the feature dimension).
         synth_k_min: ``k_min`` of Algorithm 1.
@@ -114,21 +138,25 @@ class AttackConfig:
         synth_iter_max: ``iter_max`` of Algorithm 1.
     """
 
-    num_shadow: int = 16
-    num_reference: int = 16
-    heads_per_seed: int = 4
+    num_shadow: int = 64
+    num_reference: int = 64
+    heads_per_seed: int = 16
     shadow_data: ShadowDataSource = ShadowDataSource.REAL
     noise_fraction: float = 0.1
+    shadow_model: ShadowModel = ShadowModel.GBM
     shadow_per_class: bool = False
-    attack_pairs: int = 2000
+    attack_pairs: int | None = None
     attack_hidden: int = 32
     attack_layers: int = 5
     attack_steps: int = 800
     attack_lr: float = 1e-3
     threshold_scope: ThresholdScope = ThresholdScope.PER_CLASS
-    lira_fixed_variance: bool = True
+    lira_fixed_variance: bool | None = None
+    lira_location: LiraLocation = LiraLocation.MEAN
     epsilon_bound: EpsilonBoundMethod = EpsilonBoundMethod.SPLIT_HALF
     confidence: float = 0.95
+    interval_level: float = 0.95
+    interval_resamples: int = 2000
     synth_per_class: int = 50
     synth_k_max: int | None = None
     synth_k_min: int = 1
@@ -137,15 +165,24 @@ class AttackConfig:
     synth_iter_max: int = 300
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shadow_data", ShadowDataSource(self.shadow_data))
-        object.__setattr__(self, "threshold_scope", ThresholdScope(self.threshold_scope))
-        object.__setattr__(self, "epsilon_bound", EpsilonBoundMethod(self.epsilon_bound))
-        for name in ("num_shadow", "heads_per_seed", "attack_pairs", "attack_hidden"):
+        for name, kind in _ENUM_FIELDS.items():
+            value = getattr(self, name)
+            try:
+                object.__setattr__(self, name, kind(value))
+            except ValueError:
+                allowed = [k.value for k in kind]
+                raise ValueError(
+                    f"{name}={value!r} is invalid: expected one of {allowed}"
+                ) from None
+        for name in ("num_shadow", "heads_per_seed", "attack_hidden"):
             _check_int(getattr(self, name), name=name, low=1)
+        if self.attack_pairs is not None:
+            _check_int(self.attack_pairs, name="attack_pairs", low=2)
         for name in ("attack_layers", "attack_steps", "synth_per_class", "synth_k_min"):
             _check_int(getattr(self, name), name=name, low=1)
         for name in ("synth_rej_max", "synth_iter_max"):
             _check_int(getattr(self, name), name=name, low=1)
+        _check_int(self.interval_resamples, name="interval_resamples", low=100)
         _check_int(self.num_reference, name="num_reference", low=4)
         if self.num_reference % 2:
             raise ValueError(
@@ -160,14 +197,24 @@ class AttackConfig:
             )
         if not (math.isfinite(self.attack_lr) and self.attack_lr > 0):
             raise ValueError(f"attack_lr={self.attack_lr!r} is invalid: expected a number > 0")
-        if not 0.5 <= self.confidence < 1:
-            raise ValueError(
-                f"confidence={self.confidence!r} is invalid: expected a number in [0.5, 1)"
-            )
+        for name in ("confidence", "interval_level"):
+            if not 0.5 <= getattr(self, name) < 1:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} is invalid: expected a number in [0.5, 1)"
+                )
         if not 0 <= self.synth_conf_min < 1:
             raise ValueError(
                 f"synth_conf_min={self.synth_conf_min!r} is invalid: expected a number in [0, 1)"
             )
+
+
+_ENUM_FIELDS: dict[str, type[enum.Enum]] = {
+    "shadow_data": ShadowDataSource,
+    "shadow_model": ShadowModel,
+    "threshold_scope": ThresholdScope,
+    "lira_location": LiraLocation,
+    "epsilon_bound": EpsilonBoundMethod,
+}
 
 
 def _check_int(value: object, *, name: str, low: int) -> None:
@@ -191,6 +238,9 @@ class AttackTarget:
         inputs: what ``predict`` is queried with, row for row the same examples as
             ``features`` (e.g. their images, for a release that fine-tuned the encoder);
             ``None``: the features.
+        claimed_epsilon: the epsilon the release claims, on the replace-one relation the
+            audit tests (``inf`` for no claim). Where the evaluation set cannot produce a
+            bound that large, the results' notes say that it cannot see a violation.
     """
 
     predict: Predictor
@@ -200,6 +250,7 @@ class AttackTarget:
     num_classes: int
     delta: float = 0.0
     inputs: Tensor | None = None
+    claimed_epsilon: float = math.inf
 
     @property
     def queries(self) -> Tensor:
@@ -227,6 +278,11 @@ class AttackTarget:
             raise ValueError(f"inputs must have q={q} rows; got {tuple(self.inputs.shape)}")
         _check_labels(self.labels, self.num_classes)
         check_delta(self.delta)
+        if not self.claimed_epsilon > 0:  # also rejects NaN
+            raise ValueError(
+                f"claimed_epsilon={self.claimed_epsilon!r} is invalid: expected a number > 0 "
+                "(inf for no claim)"
+            )
 
 
 @dataclass(frozen=True)
@@ -234,16 +290,19 @@ class AttackerKnowledge:
     """What the attacker owns: a data pool disjoint from the evaluation set, and a trainer.
 
     Attributes:
-        features: (n, d) the attacker's pool (encoded with the public encoder).
-        labels: (n,) its labels.
+        features: (P, d) the attacker's pool (encoded with the public encoder).
+        labels: (P,) its labels.
         trainer: trains heads with the victim's recipe (and, adaptive, its protection).
         num_classes: ``C``.
+        train_size: ``n``, the number of rows the victim trained on (part of its recipe);
+            every shadow and reference head trains on as many. ``None``: half the pool.
     """
 
     features: Tensor
     labels: Tensor
     trainer: ShadowTrainer
     num_classes: int
+    train_size: int | None = None
 
     def __post_init__(self) -> None:
         n = self.features.shape[0] if self.features.ndim == 2 else -1
@@ -254,6 +313,8 @@ class AttackerKnowledge:
             )
         if n < 4:
             raise ValueError(f"the attacker's pool has {n} rows; expected at least 4")
+        if self.train_size is not None:
+            _check_int(self.train_size, name="train_size", low=1)
         _check_labels(self.labels, self.num_classes)
 
 

@@ -23,19 +23,21 @@ the target, and the *other* heads are its references (leave one head out).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from alm_opacus.attacks.base import AttackKind, BoolArray, FloatArray, ThresholdScope
-from alm_opacus.attacks.registry import (
-    Attack,
-    AttackScores,
-    ShadowContext,
-    TargetQuery,
-    register_attack,
+from alm_opacus.attacks.base import (
+    AttackKind,
+    BoolArray,
+    FloatArray,
+    LiraLocation,
+    ThresholdScope,
 )
+from alm_opacus.attacks.context import ShadowContext
+from alm_opacus.attacks.registry import Attack, AttackScores, TargetQuery, register_attack
 from alm_opacus.attacks.scores import logit_confidence
 from alm_opacus.attacks.shadow_data import HeadBank
 from alm_opacus.attacks.thresholds import Threshold
@@ -47,16 +49,21 @@ _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
 def fit_gaussian(
-    samples: FloatArray, mask: BoolArray | None = None
+    samples: FloatArray,
+    mask: BoolArray | None = None,
+    *,
+    location: LiraLocation = LiraLocation.MEAN,
 ) -> tuple[FloatArray, FloatArray]:
-    """Maximum-likelihood normal fit of each row's selected samples.
+    """Normal fit of each row's selected samples.
 
     Args:
         samples: (n, k) values.
         mask: (n, k) which values to use (all when None); every row needs one.
+        location: the centre: the mean (maximum likelihood) or the median.
 
     Returns:
-        ``(mean, std)``, each (n,), with ``std = sqrt(mean((x - mean)^2))`` (``ddof = 0``).
+        ``(centre, std)``, each (n,), with ``std = sqrt(mean((x - mean)^2))`` (``ddof = 0``,
+        the maximum-likelihood spread, as ``scipy.stats.norm.fit``).
 
     Raises:
         ValueError: if a row selects no sample.
@@ -67,6 +74,8 @@ def fit_gaussian(
         raise ValueError(f"{int((count == 0).sum())} rows select no sample to fit")
     mean = np.where(w, samples, 0.0).sum(1) / count
     var = np.where(w, (samples - mean[:, None]) ** 2, 0.0).sum(1) / count
+    if LiraLocation(location) is LiraLocation.MEDIAN:
+        mean = np.nanmedian(np.where(w, samples, np.nan), axis=1)
     return mean, np.sqrt(var)
 
 
@@ -85,12 +94,14 @@ def pooled_std(phi: FloatArray, mask: BoolArray) -> float:
     return max(math.sqrt(sq / max(int(count.sum()), 1)), MIN_STD)
 
 
-def leave_one_out_fit(phi: FloatArray, mask: BoolArray) -> tuple[FloatArray, FloatArray]:
+def leave_one_out_fit(
+    phi: FloatArray, mask: BoolArray, *, location: LiraLocation = LiraLocation.MEAN
+) -> tuple[FloatArray, FloatArray]:
     """For each head ``j`` and example ``i``, the Gaussian of ``phi[h, i]`` over the heads
     ``h != j`` selected by ``mask[h, i]``.
 
     Returns:
-        ``(mean, std)`` of shape (B, n); NaN where fewer than one such head remains.
+        ``(centre, std)`` of shape (B, n); NaN where no such head remains.
     """
     center = phi.mean(0)  # centring first keeps the sum-of-squares formula well conditioned
     x = np.where(mask, phi - center, 0.0)
@@ -99,6 +110,14 @@ def leave_one_out_fit(phi: FloatArray, mask: BoolArray) -> tuple[FloatArray, Flo
     with np.errstate(invalid="ignore", divide="ignore"):
         m = s1j / cj
         var = np.maximum(s2j / cj - m * m, 0.0)
+    if LiraLocation(location) is LiraLocation.MEDIAN:
+        values = np.where(mask, phi, np.nan)
+        m = np.empty_like(phi)
+        with warnings.catch_warnings():  # all-NaN columns (no head left) give NaN, as above
+            warnings.simplefilter("ignore", RuntimeWarning)
+            for j in range(phi.shape[0]):
+                m[j] = np.nanmedian(np.delete(values, j, axis=0), axis=0)
+        return m, np.sqrt(var)
     return m + center, np.sqrt(var)
 
 
@@ -133,8 +152,9 @@ class LiraOfflineAttack(Attack):
         self.bank = bank = context.offline_bank()
         phi = _phi(bank)
         out = ~bank.in_mask
-        self.fixed_std = pooled_std(phi, out) if self.config.lira_fixed_variance else None
-        mean, std = leave_one_out_fit(phi, out)
+        fixed = self.config.lira_fixed_variance
+        self.fixed_std = pooled_std(phi, out) if fixed in (None, True) else None
+        mean, std = leave_one_out_fit(phi, out, location=self.config.lira_location)
         scores = (phi - mean) / _std(std, self.fixed_std)
         self.threshold = _fit_loo_threshold(scores.reshape(-1), bank.in_mask.reshape(-1))
 
@@ -142,7 +162,7 @@ class LiraOfflineAttack(Attack):
         if self.bank is None or self.threshold is None:
             raise RuntimeError("attack 'lira-offline' was scored before fit()")
         ref = logit_confidence(self.bank.predict(query.features), query.labels)  # (N, q), all out
-        mean, std = fit_gaussian(ref.T)
+        mean, std = fit_gaussian(ref.T, location=self.config.lira_location)
         s = (logit_confidence(query.proba, query.labels) - mean) / _std(std, self.fixed_std)
         return AttackScores(scores=s, decisions=self.threshold.apply(s, query.labels))
 
@@ -167,18 +187,23 @@ class LiraOnlineAttack(Attack):
         bank, n_pool = context.online_bank()
         phi = _phi(bank)
         inn, out = bank.in_mask, ~bank.in_mask
-        fixed = self.config.lira_fixed_variance
-        fix_in = pooled_std(phi[:, :n_pool], inn[:, :n_pool]) if fixed else None
-        fix_out = pooled_std(phi[:, :n_pool], out[:, :n_pool]) if fixed else None
-        # thresholds from the pool part only: candidates are the evaluation examples
-        p, pin, pout = phi[:, :n_pool], inn[:, :n_pool], out[:, :n_pool]
-        mi, si = leave_one_out_fit(p, pin)
-        mo, so = leave_one_out_fit(p, pout)
-        loo = gaussian_logpdf(p, mi, _std(si, fix_in)) - gaussian_logpdf(p, mo, _std(so, fix_out))
-        self.threshold = _fit_loo_threshold(loo.reshape(-1), pin.reshape(-1))
+        loc = self.config.lira_location
+        fixed = self.config.lira_fixed_variance is True  # None: per example, online
+        fix_in = pooled_std(phi, inn) if fixed else None
+        fix_out = pooled_std(phi, out) if fixed else None
+        # Thresholds leave one head out: each reference plays the target and the others are
+        # its references, on every row of the bank (the candidates' membership in the
+        # victim is never used, only in the attacker's own heads).
+        mi, si = leave_one_out_fit(phi, inn, location=loc)
+        mo, so = leave_one_out_fit(phi, out, location=loc)
+        with np.errstate(invalid="ignore"):
+            loo = gaussian_logpdf(phi, mi, _std(si, fix_in)) - gaussian_logpdf(
+                phi, mo, _std(so, fix_out)
+            )
+        self.threshold = _fit_loo_threshold(loo.reshape(-1), inn.reshape(-1))
         c_phi = phi[:, n_pool:].T  # (q, N): every reference on every candidate
-        mean_in, std_in = fit_gaussian(c_phi, inn[:, n_pool:].T)
-        mean_out, std_out = fit_gaussian(c_phi, out[:, n_pool:].T)
+        mean_in, std_in = fit_gaussian(c_phi, inn[:, n_pool:].T, location=loc)
+        mean_out, std_out = fit_gaussian(c_phi, out[:, n_pool:].T, location=loc)
         self.fitted = _CandidateFit(
             features=bank.features[n_pool:],
             mean_in=mean_in,

@@ -14,14 +14,8 @@ import numpy as np
 import numpy.typing as npt
 
 from alm_opacus.attacks.base import AttackKind, FloatArray
-from alm_opacus.attacks.registry import (
-    Attack,
-    AttackScores,
-    ShadowContext,
-    TargetQuery,
-    concat_pairs,
-    register_attack,
-)
+from alm_opacus.attacks.context import ShadowContext, concat_pairs
+from alm_opacus.attacks.registry import Attack, AttackScores, TargetQuery, register_attack
 from alm_opacus.attacks.scores import (
     confidence_score,
     correctness_score,

@@ -16,6 +16,7 @@ from scipy import stats
 
 from alm_opacus._validation import check_delta
 from alm_opacus.attacks.base import BoolArray, EpsilonBoundMethod, FloatArray
+from alm_opacus.attacks.intervals import auc_interval, tpr_intervals, tpr_supported
 from alm_opacus.attacks.results import TPR_FPR_LEVELS, AttackResult, EpsilonBound, RocCurve
 
 ArrayLike = npt.ArrayLike
@@ -233,8 +234,14 @@ def evaluate_attack(
     seed: int = 0,
     seconds: float = 0.0,
     notes: Sequence[str] = (),
+    interval_level: float = 0.95,
+    interval_resamples: int = 2000,
+    intervals: bool = True,
 ) -> AttackResult:
     """Score one attack on the balanced evaluation set.
+
+    A TPR at FPR ``alpha`` is NaN (with a note) where the evaluation set has fewer than
+    ``1 / alpha`` non-members (``intervals.tpr_supported``).
 
     Args:
         attack: the attack's name (the ``attack`` column).
@@ -245,9 +252,13 @@ def evaluate_attack(
         delta: the release's claimed delta.
         confidence: joint confidence of the epsilon bound.
         method: how the bound's threshold is kept independent of its counts.
-        seed: seeds the split of ``SPLIT_HALF``.
+        seed: seeds the split of ``SPLIT_HALF`` and the bootstrap of the TPR intervals.
         seconds: time the attack took on this release.
         notes: caveats to carry into the result.
+        interval_level: coverage of the AUC and TPR intervals.
+        interval_resamples: bootstrap resamples of the TPR intervals.
+        intervals: compute the intervals (``False``: NaN; ``aggregate_results`` computes them
+            from the kept scores, so a caller that aggregates need not pay twice).
 
     Returns:
         The :class:`AttackResult`.
@@ -267,20 +278,50 @@ def evaluate_attack(
         )
     else:
         bound = _bound_split_half(s, m, delta=delta, confidence=confidence, seed=seed)
+    tprs, tpr_notes = supported_tprs(roc, nonmembers=int((~m).sum()))
     return AttackResult(
         attack=attack,
         mia_accuracy=float(np.mean(d == m)),
         mia_advantage=advantage(roc),
         mia_auc=roc_auc(roc),
-        tpr_at_fpr={level: tpr_at_fpr(roc, fpr=level) for level in TPR_FPR_LEVELS},
+        tpr_at_fpr=tprs,
         eps_lower_bound=bound.epsilon,
         epsilon_bound=bound,
         roc=roc,
         num_members=int(m.sum()),
         num_nonmembers=int((~m).sum()),
         seconds=float(seconds),
-        notes=tuple(notes),
+        notes=(*notes, *tpr_notes),
+        auc_ci=auc_interval(s, m, level=interval_level) if intervals else (math.nan, math.nan),
+        tpr_ci=tpr_intervals(
+            s,
+            m,
+            levels=TPR_FPR_LEVELS,
+            level=interval_level,
+            resamples=interval_resamples,
+            seed=seed,
+        )
+        if intervals
+        else {},
+        scores=s,
+        is_member=m,
     )
+
+
+def supported_tprs(roc: RocCurve, *, nonmembers: int) -> tuple[dict[float, float], list[str]]:
+    """TPR at each of :data:`TPR_FPR_LEVELS`, NaN where ``nonmembers`` cannot resolve it."""
+    tprs, notes = {}, []
+    for level in TPR_FPR_LEVELS:
+        if tpr_supported(fpr=level, nonmembers=nonmembers):
+            tprs[level] = tpr_at_fpr(roc, fpr=level)
+            continue
+        tprs[level] = math.nan
+        notes.append(
+            f"tpr_at_fpr_{level:g} is NaN: the evaluation set has {nonmembers} non-members "
+            f"and an FPR of {level:g} needs at least {math.ceil(1 / level - 1e-9):,} (with "
+            "fewer, it would be the TPR at zero false positives)"
+        )
+    return tprs, notes
 
 
 def _bound_at_decisions(
@@ -306,7 +347,24 @@ def _bound_at_decisions(
         epsilon=eps, fpr_upper=fpr_u, fnr_upper=fnr_u, false_positives=fp, negatives=neg,
         false_negatives=fn, positives=pos, delta=delta, confidence=confidence,
         threshold=threshold, method=method.value,
+        ceiling=epsilon_bound_ceiling(negatives=neg, positives=pos, delta=delta,
+                                      confidence=confidence),
     )  # fmt: skip
+
+
+def epsilon_bound_ceiling(
+    *, negatives: int, positives: int, delta: float, confidence: float
+) -> float:
+    """The largest :func:`epsilon_lower_bound` that ``negatives`` and ``positives`` trials can
+    give: the bound of perfect decisions (no false positive, no false negative).
+
+    E.g. 75 + 75 trials at 95% (the split-half bound on 150 + 150 examples) cannot exceed
+    2.987 at delta = 0, so they cannot show that a claim of epsilon = 3 or more is violated.
+    """
+    return epsilon_lower_bound(
+        false_positives=0, negatives=negatives, false_negatives=0, positives=positives,
+        delta=delta, confidence=confidence,
+    )[0]  # fmt: skip
 
 
 def _bound_split_half(

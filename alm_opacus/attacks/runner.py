@@ -8,6 +8,7 @@ when the attacker's trainer changes (the adaptive attacker's protection, its eps
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from torch import Tensor
 from alm_opacus.attacks import lira as _lira  # noqa: F401
 from alm_opacus.attacks import metric_attacks as _metric_attacks  # noqa: F401
 from alm_opacus.attacks import shadow as _shadow  # noqa: F401
+from alm_opacus.attacks.aggregate import ceiling_note
 from alm_opacus.attacks.base import (
     AttackConfig,
     AttackerKnowledge,
@@ -28,18 +30,18 @@ from alm_opacus.attacks.base import (
     Predictor,
     ShadowDataSource,
 )
+from alm_opacus.attacks.context import ShadowContext
 from alm_opacus.attacks.metrics import evaluate_attack
-from alm_opacus.attacks.registry import (
-    Attack,
-    ShadowContext,
-    TargetQuery,
-    attack_class,
-    parse_attack_names,
-)
+from alm_opacus.attacks.registry import Attack, TargetQuery, attack_class, parse_attack_names
 from alm_opacus.attacks.results import AttackResult
 from alm_opacus.attacks.shadow_data import subseed, to_numpy
 
 DEFAULT_ATTACKS: tuple[str, ...] = tuple(k.value for k in AttackKind)
+"""The built-in attacks (``available_attacks()`` adds the registered plugins)."""
+
+CLEAN_SUFFIX = "-clean"
+"""Suffix of the rows of the clean-reference attacker (shadow and reference heads trained
+without protection), beside the noise-aware attacker's unsuffixed rows."""
 
 
 @dataclass(frozen=True)
@@ -69,11 +71,21 @@ class PreparedAttacks:
     def names(self) -> list[str]:
         return [a.name for a in self.attacks]
 
-    def attack(self, target: AttackTarget) -> list[AttackResult]:
+    def attack(
+        self, target: AttackTarget, *, suffix: str = "", intervals: bool = True
+    ) -> list[AttackResult]:
         """Attack one release (its noise drawn once) with every prepared attack.
 
         Args:
             target: the release and its balanced evaluation set.
+            suffix: appended to every result's ``attack`` name, to tell attackers apart in
+                one table (e.g. :data:`CLEAN_SUFFIX` for attacks prepared against the
+                unprotected head, reused on a protected release). The split of the
+                split-half bound and the bootstrap depend on the attack, not the suffix, so
+                two attackers are compared on the same halves.
+            intervals: compute each result's intervals. A caller that passes the results to
+                ``aggregate_results`` (the harness) may pass ``False``: the aggregate computes
+                them from the results' scores, over all draws at once.
 
         Returns:
             One :class:`AttackResult` per attack, in order. ``seconds`` is the attack's own
@@ -110,20 +122,24 @@ class PreparedAttacks:
         for attack in self.attacks:
             t0 = time.perf_counter()
             out = attack.score(query)
-            results.append(
-                evaluate_attack(
-                    attack=attack.name,
-                    scores=out.scores,
-                    decisions=out.decisions,
-                    is_member=target.is_member,
-                    delta=target.delta,
-                    confidence=self.config.confidence,
-                    method=self.config.epsilon_bound,
-                    seed=subseed(self.seed, f"split-{attack.name}"),
-                    seconds=time.perf_counter() - t0 + shared,
-                    notes=(*self.notes, *attack.notes),
-                )
+            result = evaluate_attack(
+                attack=attack.name + suffix,
+                scores=out.scores,
+                decisions=out.decisions,
+                is_member=target.is_member,
+                delta=target.delta,
+                confidence=self.config.confidence,
+                method=self.config.epsilon_bound,
+                seed=subseed(self.seed, f"split-{attack.name}"),
+                notes=(*self.notes, *attack.notes),
+                interval_level=self.config.interval_level,
+                interval_resamples=self.config.interval_resamples,
+                intervals=intervals,
             )
+            note = ceiling_note(result.epsilon_bound, target.claimed_epsilon)
+            notes = result.notes if note is None else (*result.notes, note)
+            seconds = time.perf_counter() - t0 + shared
+            results.append(dataclasses.replace(result, seconds=seconds, notes=notes))
         return results
 
 
@@ -141,7 +157,7 @@ def prepare_attacks(
 
     Args:
         names: attack names (see :func:`available_attacks`).
-        knowledge: the attacker's pool and trainer.
+        knowledge: the attacker's pool, trainer and the victim's training-set size.
         config: the attack configuration (default :class:`AttackConfig`).
         seed: the attacker's seed.
         candidate_features: (q, d) the examples whose membership will be asked, *without*
@@ -157,7 +173,7 @@ def prepare_attacks(
             missing input that an asked attack needs, or inconsistent shapes.
     """
     config = AttackConfig() if config is None else config
-    kinds = parse_attack_names(names)
+    keys = parse_attack_names(names)
     candidates = None
     if (candidate_features is None) != (candidate_labels is None):
         raise ValueError("pass both candidate_features and candidate_labels, or neither")
@@ -178,8 +194,8 @@ def prepare_attacks(
         knowledge=knowledge, config=config, seed=seed, candidates=candidates, oracle=oracle
     )
     attacks = []
-    for kind in kinds:
-        attack = attack_class(kind)(config=config, seed=subseed(seed, f"attack-{kind.value}"))
+    for key in keys:
+        attack = attack_class(key)(config=config, seed=subseed(seed, f"attack-{key}"))
         attack.fit(context)
         attacks.append(attack)
     return PreparedAttacks(

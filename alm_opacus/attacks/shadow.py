@@ -1,42 +1,91 @@
-"""Shokri et al. (2017) shadow-model attack, with the attack MLP of the ALM paper's appendix.
+"""Shokri et al. (2017) shadow-model attack, with features in which membership shows.
 
-``k`` shadow heads are trained on halves of the shadow data with the victim's recipe. Each
-(shadow head, example) pair is one training pair for the attack classifier: input = the
-head's probability vector and the one-hot label, target = whether the example was in that
-head's training half. ``attack_pairs`` pairs (ALM appendix: 2,000), balanced in/out, train an
-MLP with ``attack_layers`` ReLU hidden layers (ALM appendix: 5). With ``shadow_per_class`` one
-MLP per class is trained on that class's pairs (Shokri et al. 2017, Sec. IV-D), all at once.
+``k`` shadow heads are trained on ``n`` rows of the shadow data each, with the victim's
+recipe. Each (shadow head, example) pair is one training pair for the attack classifier:
+target = whether the example was in that head's training rows; input = :func:`attack_features`
+of the head's probability vector and the example's label, standardised with the mean and
+spread of the shadow pairs (never of the evaluation set).
+
+The ALM appendix feeds the raw probability vector and the one-hot label. Raw probabilities
+hide the signal: every confident example sits at ``p_y ~ 1`` whether it was trained on or
+not, and the difference is in how close to 1 (``1 - p_y`` of 1e-6 against 1e-3). The
+features are therefore on a log scale: the logit-scaled confidence
+``phi = log(p_y / (1 - p_y))`` (Carlini et al. 2022, Sec. IV-A), ``log p_y`` (the loss), the
+log of the probability vector sorted in decreasing order (the shape of the prediction,
+independent of the class order), and the one-hot label.
+
+Two classifiers (``AttackConfig.shadow_model``):
+
+- ``mlp``: the ALM appendix's MLP with ``attack_layers`` (5) ReLU hidden layers, Adam at
+  ``attack_lr`` (0.001), trained full batch on ``attack_pairs`` (2,000) balanced pairs;
+- ``gbm``: scikit-learn's ``HistGradientBoostingClassifier`` on the same pairs;
+- ``auto``: both are trained on the pairs of three quarters of the shadow examples and scored
+  on the pairs of the held-out quarter (examples the classifiers never saw in any head); the
+  one with the larger held-out AUC is refitted on all pairs. The evaluation set is never used.
+
+With ``shadow_per_class`` one classifier per class is trained on that class's pairs
+(Shokri et al. 2017, Sec. IV-D). The decision is member iff the classifier's log-odds >= 0.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 import torch
+from sklearn.ensemble import HistGradientBoostingClassifier
+from threadpoolctl import threadpool_limits
 from torch import Tensor
 from torch.nn import functional as F
 
-from alm_opacus.attacks.base import AttackKind, BoolArray, FloatArray
-from alm_opacus.attacks.registry import (
-    Attack,
-    AttackScores,
-    ShadowContext,
-    TargetQuery,
-    concat_pairs,
-    register_attack,
-)
+from alm_opacus.attacks.base import AttackConfig, AttackKind, BoolArray, FloatArray, ShadowModel
+from alm_opacus.attacks.context import ShadowContext, concat_pairs
+from alm_opacus.attacks.metrics import roc_auc, roc_curve
+from alm_opacus.attacks.registry import Attack, AttackScores, TargetQuery, register_attack
+from alm_opacus.attacks.scores import logit_confidence, loss_score
 from alm_opacus.attacks.shadow_data import subseed
 
 MlpParams = list[tuple[Tensor, Tensor]]
+Scorer = Callable[[FloatArray], FloatArray]
+"""A fitted classifier: (P, F) standardised features -> (P,) membership log-odds."""
+
+_TINY = float(np.finfo(np.float64).tiny)
+HELD_OUT_FRACTION = 0.25
+"""Share of the shadow examples whose pairs ``auto`` holds out to compare the classifiers."""
 
 
-def attack_inputs(proba: FloatArray, labels: npt.NDArray[np.int64], num_classes: int) -> Tensor:
-    """(P, 2C) float32: the probability vector, then the one-hot label."""
-    onehot = np.eye(num_classes, dtype=np.float32)[labels]
-    return torch.from_numpy(np.concatenate([proba.astype(np.float32), onehot], axis=1))
+def attack_features(proba: FloatArray, labels: npt.NDArray[np.int64]) -> FloatArray:
+    """(P, 2 + 2C) float64: ``phi``, ``log p_y``, log of the sorted probabilities, one-hot.
+
+    ``phi`` and ``log p_y`` are computed as in ``scores.py`` (``1 - p_y`` summed from the other
+    classes), so confident examples stay apart where ``p_y`` rounds to 1.
+    """
+    num_classes = proba.shape[-1]
+    phi = logit_confidence(proba, labels)[:, None]
+    log_py = loss_score(proba, labels)[:, None]
+    ranked = np.log(np.clip(-np.sort(-proba, axis=-1), _TINY, None))
+    onehot = np.eye(num_classes)[labels]
+    return np.concatenate([phi, log_py, ranked, onehot], axis=1)
+
+
+@dataclass(frozen=True)
+class Standardiser:
+    """``(x - mean) / scale`` per column, fitted on shadow pairs only."""
+
+    mean: FloatArray
+    scale: FloatArray
+
+    @classmethod
+    def fit(cls, x: FloatArray) -> Standardiser:
+        scale = x.std(axis=0)
+        return cls(mean=x.mean(axis=0), scale=np.where(scale > 0, scale, 1.0))
+
+    def __call__(self, x: FloatArray) -> FloatArray:
+        return (x - self.mean) / self.scale
 
 
 def init_mlp(sizes: list[int], *, models: int, generator: torch.Generator) -> MlpParams:
@@ -105,57 +154,178 @@ def balanced_pairs(
     return out
 
 
+def fit_mlp(
+    x: FloatArray, y: BoolArray, picks: list[npt.NDArray[np.int64]], *, config: AttackConfig,
+    seed: int,
+) -> list[Scorer]:  # fmt: skip
+    """One MLP per group of pair indices, all trained in one batch."""
+    width = max(1, max(p.size for p in picks))
+    xs = torch.zeros(len(picks), width, x.shape[1])
+    ys = torch.zeros(len(picks), width)
+    weight = torch.zeros(len(picks), width)
+    for m, pick in enumerate(picks):
+        xs[m, : pick.size] = torch.from_numpy(x[pick].astype(np.float32))
+        ys[m, : pick.size] = torch.from_numpy(y[pick].astype(np.float32))
+        weight[m, : pick.size] = 1.0
+    params = train_mlp(
+        xs, ys, weight, hidden=config.attack_hidden, layers=config.attack_layers,
+        steps=config.attack_steps, lr=config.attack_lr, seed=seed,
+    )  # fmt: skip
+
+    def scorer(m: int) -> Scorer:
+        one = [(w[m : m + 1], b[m : m + 1]) for w, b in params]
+
+        def score(z: FloatArray) -> FloatArray:
+            with torch.no_grad():
+                logits = mlp_logits(one, torch.from_numpy(z.astype(np.float32))[None])
+            return logits[0].double().numpy()
+
+        return score
+
+    return [scorer(m) for m in range(len(picks))]
+
+
+def fit_gbm(
+    x: FloatArray, y: BoolArray, picks: list[npt.NDArray[np.int64]], *, config: AttackConfig,
+    seed: int,
+) -> list[Scorer]:  # fmt: skip
+    """One gradient-boosting classifier per group (scikit-learn's defaults, seeded)."""
+    del config
+    scorers: list[Scorer] = []
+    for pick in picks:
+        if np.unique(y[pick]).size < 2:  # a class without in- or out-pairs: no signal
+            scorers.append(_constant)
+            continue
+        model = HistGradientBoostingClassifier(random_state=seed % 2**32)
+        with threadpool_limits(limits=1):  # many small fits: threads cost more than they give
+            model.fit(x[pick], y[pick])
+        scorers.append(_decision(model))
+    return scorers
+
+
+def _constant(z: FloatArray) -> FloatArray:
+    return np.zeros(len(z))
+
+
+def _decision(model: HistGradientBoostingClassifier) -> Scorer:
+    def score(z: FloatArray) -> FloatArray:
+        with threadpool_limits(limits=1):
+            return np.asarray(model.decision_function(z), dtype=np.float64)
+
+    return score
+
+
+_FITTERS: dict[ShadowModel, Callable[..., list[Scorer]]] = {
+    ShadowModel.MLP: fit_mlp,
+    ShadowModel.GBM: fit_gbm,
+}
+_DEFAULT_PAIRS: dict[ShadowModel, int] = {
+    ShadowModel.MLP: 2000,  # the ALM appendix; full-batch MLP cost grows with the pairs
+    ShadowModel.GBM: 2**62,  # every balanced pair: boosting gains from them at little cost
+}
+
+
+def pair_count(config: AttackConfig, model: ShadowModel) -> int:
+    """Balanced pairs (per attack model) that train ``model``."""
+    return config.attack_pairs if config.attack_pairs is not None else _DEFAULT_PAIRS[model]
+
+
+def _groups(labels: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], per_class: bool,
+            num_classes: int) -> list[npt.NDArray[np.int64]]:  # fmt: skip
+    if not per_class:
+        return [rows]
+    return [rows[labels[rows] == k] for k in range(num_classes)]
+
+
 @register_attack(AttackKind.SHADOW)
 class ShadowModelAttack(Attack):
-    """The shadow-model attack. Decision: the attack MLP's membership probability >= 1/2."""
+    """The shadow-model attack. Decision: the classifier's log-odds >= 0.
 
-    params: MlpParams | None = None
-    num_classes: int = 0
+    After ``fit``, ``chosen`` is the classifier used and ``held_out_auc`` the held-out AUC of
+    each classifier compared (``auto`` only).
+    """
+
+    scorers: list[Scorer] | None = None
+    standardise: Standardiser | None = None
+    chosen: ShadowModel | None = None
+    held_out_auc: dict[str, float] | None = None
 
     def fit(self, context: ShadowContext) -> None:
         cfg = self.config
-        proba, labels, is_member = concat_pairs(context.shadow_bank())
-        self.num_classes = c = context.num_classes
-        groups = (
-            [np.flatnonzero(labels == k) for k in range(c)]
-            if cfg.shadow_per_class
-            else [np.arange(labels.size)]
-        )
-        picks = balanced_pairs(
-            is_member, groups=groups, size=cfg.attack_pairs, seed=subseed(self.seed, "pairs")
-        )
-        width = max(1, max(p.size for p in picks))
-        x = torch.zeros(len(picks), width, 2 * c)
-        y = torch.zeros(len(picks), width)
-        weight = torch.zeros(len(picks), width)
-        for m, pick in enumerate(picks):
-            x[m, : pick.size] = attack_inputs(proba[pick], labels[pick], c)
-            y[m, : pick.size] = torch.from_numpy(is_member[pick].astype(np.float32))
-            weight[m, : pick.size] = 1.0
-        sizes = [int(p.size) for p in picks]
-        if min(sizes) < cfg.attack_pairs:
-            scope = "per class (min over classes)" if cfg.shadow_per_class else "in total"
-            self.notes = (
-                f"attack MLP trained on {min(sizes)} balanced pairs {scope}, fewer than "
-                f"attack_pairs={cfg.attack_pairs}: the shadow data holds no more",
+        bank = context.shadow_bank()
+        proba, labels, is_member = concat_pairs(bank)
+        feats = attack_features(proba, labels)
+        self.standardise = Standardiser.fit(feats)
+        x = self.standardise(feats)
+        c = context.num_classes
+        all_rows = np.arange(labels.size)
+        notes: list[str] = []
+        chosen = cfg.shadow_model
+        if chosen is ShadowModel.AUTO:
+            chosen = self._select(
+                x, labels, is_member, num_examples=bank.in_mask.shape[1], num_classes=c
             )
-        self.params = train_mlp(
-            x,
-            y,
-            weight,
-            hidden=cfg.attack_hidden,
-            layers=cfg.attack_layers,
-            steps=cfg.attack_steps,
-            lr=cfg.attack_lr,
-            seed=subseed(self.seed, "mlp"),
+            notes.append(
+                f"shadow model 'auto' chose {chosen.value!r}: held-out shadow AUC "
+                + ", ".join(f"{k} {v:.3f}" for k, v in (self.held_out_auc or {}).items())
+            )
+        wanted = pair_count(cfg, chosen)
+        picks = balanced_pairs(
+            is_member, groups=_groups(labels, all_rows, cfg.shadow_per_class, c),
+            size=wanted, seed=subseed(self.seed, "pairs"),
+        )  # fmt: skip
+        sizes = [int(p.size) for p in picks]
+        if cfg.attack_pairs is not None and min(sizes) < cfg.attack_pairs:
+            scope = "per class (min over classes)" if cfg.shadow_per_class else "in total"
+            notes.append(
+                f"attack model trained on {min(sizes)} balanced pairs {scope}, fewer than "
+                f"attack_pairs={cfg.attack_pairs}: the shadow data holds no more"
+            )
+        self.chosen = chosen
+        self.scorers = _FITTERS[chosen](
+            x, is_member, picks, config=cfg, seed=subseed(self.seed, chosen.value)
         )
+        self.notes = tuple(notes)
+
+    def _select(
+        self, x: FloatArray, labels: npt.NDArray[np.int64], is_member: BoolArray, *,
+        num_examples: int, num_classes: int,
+    ) -> ShadowModel:  # fmt: skip
+        """Compare the classifiers on the pairs of held-out shadow *examples*."""
+        cfg = self.config
+        rng = np.random.default_rng(subseed(self.seed, "held-out"))
+        held = np.zeros(num_examples, dtype=bool)
+        held[rng.permutation(num_examples)[: max(1, round(HELD_OUT_FRACTION * num_examples))]] = 1
+        pair_held = np.tile(held, x.shape[0] // num_examples)
+        train_rows, test_rows = np.flatnonzero(~pair_held), np.flatnonzero(pair_held)
+        groups = _groups(labels, train_rows, cfg.shadow_per_class, num_classes)
+        self.held_out_auc = {}
+        for kind, fitter in _FITTERS.items():
+            picks = balanced_pairs(is_member, groups=groups, size=pair_count(cfg, kind),
+                                   seed=subseed(self.seed, "held-out-pairs"))  # fmt: skip
+            scorers = fitter(x, is_member, picks, config=cfg, seed=subseed(self.seed, kind.value))
+            s = _apply(scorers, x[test_rows], labels[test_rows], cfg.shadow_per_class)
+            roc = roc_curve(scores=s, is_member=is_member[test_rows])
+            self.held_out_auc[kind.value] = roc_auc(roc)
+        best = max(self.held_out_auc, key=lambda k: self.held_out_auc[k])  # type: ignore[index]
+        return ShadowModel(best)
 
     def score(self, query: TargetQuery) -> AttackScores:
-        if self.params is None:
+        if self.scorers is None or self.standardise is None:
             raise RuntimeError("attack 'shadow' was scored before fit()")
-        x = attack_inputs(query.proba, query.labels, self.num_classes)
-        with torch.no_grad():
-            logits = mlp_logits(self.params, x.unsqueeze(0).expand(len(self.params[0][0]), -1, -1))
-        rows = query.labels if self.config.shadow_per_class else np.zeros_like(query.labels)
-        s = logits.double().numpy()[rows, np.arange(rows.size)]
+        x = self.standardise(attack_features(query.proba, query.labels))
+        s = _apply(self.scorers, x, query.labels, self.config.shadow_per_class)
         return AttackScores(scores=s, decisions=s >= 0.0)
+
+
+def _apply(
+    scorers: list[Scorer], x: FloatArray, labels: npt.NDArray[np.int64], per_class: bool
+) -> FloatArray:
+    if not per_class:
+        return scorers[0](x)
+    out = np.zeros(labels.size)
+    for k, scorer in enumerate(scorers):
+        rows = np.flatnonzero(labels == k)
+        if rows.size:
+            out[rows] = scorer(x[rows])
+    return out

@@ -27,30 +27,32 @@ def subseed(seed: int, tag: str) -> int:
     return int(state.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
 
-def balanced_masks(num_heads: int, num_rows: int, *, rng: np.random.Generator) -> BoolArray:
-    """(B, n) masks in which every row is in exactly half of the heads.
+def sized_masks(num_heads: int, num_rows: int, *, size: int, rng: np.random.Generator) -> BoolArray:
+    """(B, n) masks: every head takes exactly ``size`` rows, every row is in as many heads as
+    the others up to one.
 
-    As in Carlini et al. (2022, Sec. VI-A), membership is balanced per *example*, so that every
-    example has ``B/2`` in- and ``B/2`` out-heads for its per-example Gaussians; each head then
-    holds about half the rows. With odd ``B`` a random half of the rows gets the extra head.
+    Heads are filled in turn with the rows used least so far (random among ties), so the
+    row counts never differ by more than one. With ``size = n / 2`` and ``B`` even, heads come
+    in complementary pairs and every row is in exactly ``B / 2`` heads: Carlini et al.'s
+    (2022, Sec. VI-A) balanced assignment, which gives every example ``B/2`` in- and ``B/2``
+    out-heads for its per-example Gaussians. Equal head sizes also let a batched trainer
+    (DP-SGD's) train all heads of a call at once.
 
     Raises:
-        ValueError: if ``num_heads < 1`` or ``num_rows < 2``.
+        ValueError: unless ``num_heads >= 1`` and ``1 <= size < num_rows``.
     """
-    if num_heads < 1 or num_rows < 2:
-        raise ValueError(f"num_heads={num_heads!r}, num_rows={num_rows!r}: expected >= 1 and >= 2")
-    if num_heads == 1:
-        mask = np.zeros((1, num_rows), dtype=bool)
-        mask[0, rng.permutation(num_rows)[: num_rows // 2]] = True
-        return mask
-    ranks = np.argsort(rng.random((num_heads, num_rows)), axis=0).argsort(axis=0)
-    quota = np.full(num_rows, num_heads // 2)
-    if num_heads % 2:
-        quota[rng.permutation(num_rows)[: num_rows // 2]] += 1
-    masks = ranks < quota
-    # a head must train on something: move one row into any empty head (tiny pools only)
-    for h in np.flatnonzero(~masks.any(1)):
-        masks[h, rng.integers(num_rows)] = True
+    if num_heads < 1 or not 1 <= size < num_rows:
+        raise ValueError(
+            f"num_heads={num_heads!r}, num_rows={num_rows!r}, size={size!r}: expected "
+            "num_heads >= 1 and 1 <= size < num_rows"
+        )
+    used = np.zeros(num_rows)
+    masks = np.zeros((num_heads, num_rows), dtype=bool)
+    for head in range(num_heads):
+        # a uniform jitter below 1 breaks ties at random and never reorders distinct counts
+        pick = np.argpartition(used + 0.5 * rng.random(num_rows), size - 1)[:size]
+        masks[head, pick] = True
+        used[pick] += 1
     return masks
 
 
@@ -91,19 +93,26 @@ def train_bank(
     *,
     features: Tensor,
     labels: Tensor,
-    num_heads: int,
+    masks: BoolArray,
     trainer: ShadowTrainer,
     heads_per_seed: int,
     seed: int,
 ) -> HeadBank:
-    """Train ``num_heads`` heads on balanced halves of ``(features, labels)``.
+    """Train one head per row of ``masks`` (B, n) on the rows of ``(features, labels)`` it
+    selects (see :func:`sized_masks`).
 
     The trainer is called once per group of ``heads_per_seed`` heads, with a fresh seed each
     time: heads of one call share their initialisation (see ``heads.train_heads``), so groups
     make the references vary in initialisation as the victim's does from theirs.
+
+    Raises:
+        ValueError: if ``masks`` is not (B, n) bool, or the trainer's output has a bad shape.
     """
-    rng = np.random.default_rng(subseed(seed, "bank-masks"))
-    masks = balanced_masks(num_heads, features.shape[0], rng=rng)
+    num_heads = int(masks.shape[0])
+    if masks.ndim != 2 or masks.shape[1] != features.shape[0] or masks.dtype != np.bool_:
+        raise ValueError(
+            f"masks must be a bool array (B, {features.shape[0]}); got {masks.shape} {masks.dtype}"
+        )
     predictors = []
     for start in range(0, num_heads, heads_per_seed):
         chunk = torch.from_numpy(masks[start : start + heads_per_seed]).to(features.device)

@@ -4,6 +4,7 @@ empirical epsilon lower bound under mechanisms whose epsilon is known exactly.""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -14,6 +15,7 @@ from scipy import stats
 from sklearn import metrics as skm
 
 from alm_opacus.attacks import (
+    INTERVAL_COLUMNS,
     METRIC_COLUMNS,
     AttackResult,
     EpsilonBoundMethod,
@@ -163,6 +165,7 @@ def test_evaluate_attack_bound_is_sound_for_randomized_response(
             delta=0.0,
             method=method,
             seed=seed,
+            interval_resamples=100,  # intervals are not under test here
         )
         bounds.append(result.eps_lower_bound)
     b = np.asarray(bounds)
@@ -180,6 +183,7 @@ def test_split_half_bound_has_few_false_alarms_without_signal() -> None:
             is_member=member,
             delta=0.0,
             seed=s,
+            interval_resamples=100,
         ).eps_lower_bound
         for s in range(200)
     ]
@@ -220,7 +224,7 @@ def test_result_rows_round_trip_and_aggregate() -> None:
             )
         )
     row = results[0].to_row()
-    assert list(row) == ["attack", *METRIC_COLUMNS]
+    assert list(row) == ["attack", *METRIC_COLUMNS, *INTERVAL_COLUMNS]
     assert list(METRIC_COLUMNS) == [
         "mia_accuracy",
         "mia_advantage",
@@ -229,15 +233,23 @@ def test_result_rows_round_trip_and_aggregate() -> None:
         "tpr_at_fpr_0.01",
         "eps_lower_bound",
     ]
-    back = AttackResult.from_dict(results[0].to_dict())
-    assert back.to_row() == row
+    # 60 non-members cannot resolve an FPR of 0.1%: NaN, and a note says why
+    assert math.isnan(row["tpr_at_fpr_0.001"]) and math.isnan(row["tpr_at_fpr_0.001_ci_low"])
+    assert any("60 non-members" in note and "1,000" in note for note in results[0].notes)
+    assert row["mia_auc_ci_low"] < row["mia_auc"] < row["mia_auc_ci_high"]
+    back = AttackResult.from_dict(json.loads(json.dumps(results[0].to_dict())))
+    np.testing.assert_equal(back.to_row(), row)  # assert_equal treats NaN as equal to NaN
     np.testing.assert_array_equal(back.roc.tpr, results[0].roc.tpr)
+    np.testing.assert_array_equal(back.scores, results[0].scores)
+    assert back.tpr_ci == results[0].tpr_ci or np.isnan(back.tpr_ci[0.001]).all()
     (agg,) = aggregate_results(results)
     aucs = np.array([r.mia_auc for r in results])
     assert agg.num_draws == 3
     assert agg.mean["mia_auc"] == pytest.approx(aucs.mean())
     assert agg.std["mia_auc"] == pytest.approx(aucs.std(ddof=1))
-    assert agg.to_row()["mia_auc_std"] == pytest.approx(aucs.std(ddof=1))
+    agg_row = agg.to_row()
+    assert agg_row["mia_auc_std"] == pytest.approx(aucs.std(ddof=1))
+    assert set(INTERVAL_COLUMNS) <= set(agg_row) and set(METRIC_COLUMNS) <= set(agg_row)
     assert math.isnan(aggregate_results(results[:1])[0].std["mia_auc"])
 
 

@@ -4,6 +4,8 @@ constant release is not, thresholds never see the evaluation set, and the API fa
 from __future__ import annotations
 
 import copy
+import dataclasses
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -13,13 +15,17 @@ import torch
 from torch import Tensor
 
 from alm_opacus.attacks import (
+    CLEAN_SUFFIX,
     AttackConfig,
     AttackerKnowledge,
     AttackKind,
     AttackTarget,
     PreparedAttacks,
+    ShadowContext,
     ShadowDataSource,
+    aggregate_results,
     available_attacks,
+    best_attack,
     prepare_attacks,
     recipe_trainer,
     run_attacks,
@@ -287,9 +293,13 @@ def test_a_release_queried_with_other_inputs_gets_them_and_the_banks_keep_featur
         return t.predict(queries.reshape(len(queries), -1) / 2.0)
 
     same = AttackTarget(
-        predict=predict, features=t.features, labels=t.labels, is_member=t.is_member,
-        num_classes=10, inputs=images,
-    )  # fmt: skip
+        predict=predict,
+        features=t.features,
+        labels=t.labels,
+        is_member=t.is_member,
+        num_classes=10,
+        inputs=images,
+    )
     results = setup.prepared.attack(same)
     assert len(seen) == 1 and seen[0] is images
     # the same probabilities, so the same scores as querying with the features
@@ -300,6 +310,91 @@ def test_a_release_queried_with_other_inputs_gets_them_and_the_banks_keep_featur
         run_attacks(target=same, knowledge=setup.knowledge, config=synthetic, seed=0)
     with pytest.raises(ValueError, match="inputs must have q=200 rows"):
         AttackTarget(
-            predict=predict, features=t.features, labels=t.labels, is_member=t.is_member,
-            num_classes=10, inputs=images[:5],
-        )  # fmt: skip
+            predict=predict,
+            features=t.features,
+            labels=t.labels,
+            is_member=t.is_member,
+            num_classes=10,
+            inputs=images[:5],
+        )
+
+
+@pytest.mark.parametrize("train_size", [None, 60, 150])
+def test_every_bank_trains_heads_on_the_victims_number_of_rows(
+    digits: tuple[Tensor, Tensor, np.ndarray], train_size: int | None
+) -> None:
+    x, y, perm = digits
+    k = _knowledge(x, y, perm)  # a pool of 200 rows
+    k = AttackerKnowledge(
+        features=k.features,
+        labels=k.labels,
+        trainer=k.trainer,
+        num_classes=10,
+        train_size=train_size,
+    )
+    cand = x[perm[: 2 * MEMBERS]], y[perm[: 2 * MEMBERS]]  # 200 candidates
+    context = ShadowContext(
+        knowledge=k,
+        config=AttackConfig(num_shadow=4, num_reference=8, heads_per_seed=8),
+        seed=0,
+        candidates=cand,
+    )
+    n = 100 if train_size is None else train_size  # None: half the pool
+    shadow, (online, pool_rows) = context.shadow_bank(), context.online_bank()
+    assert (shadow.in_mask.sum(1) == min(n, 100)).all()
+    # online: min(n, q/2) candidates per head, the rest from the pool (up to half of it)
+    from_candidates = online.in_mask[:, pool_rows:].sum(1)
+    assert (from_candidates == min(n, 100)).all()
+    assert (online.in_mask.sum(1) == min(n, 200)).all()
+    assert pool_rows == (200 if n > 100 else 0)
+    # every candidate is in as many references as the others, up to one: half of them (4 of
+    # 8) when heads hold half the candidates, 8 * 60 / 200 = 2.4 when they hold 60
+    share = online.in_mask[:, pool_rows:].sum(0)
+    assert share.max() - share.min() <= 1
+    assert share.mean() == pytest.approx(8 * min(n, 100) / 200)
+    capped = [note for note in context.notes if "fewer than the victim's" in note]
+    assert bool(capped) == (n > 100)
+
+
+def test_clean_attacker_rows_get_a_suffix_and_the_best_row_is_over_all(
+    digits: tuple[Tensor, Tensor, np.ndarray],
+) -> None:
+    x, y, perm = digits
+    target, k = _target(x, y, perm), _knowledge(x, y, perm)
+    cand = target.features, target.labels
+    prepared = prepare_attacks(
+        names=["loss", "lira-online"],
+        knowledge=k,
+        config=SMALL,
+        seed=0,
+        candidate_features=cand[0],
+        candidate_labels=cand[1],
+    )
+    plain = prepared.attack(target)
+    clean = prepared.attack(target, suffix=CLEAN_SUFFIX)
+    assert [r.attack for r in clean] == ["loss-clean", "lira-online-clean"]
+    for a, b in zip(plain, clean, strict=True):  # same attacker, same split: same numbers
+        assert a.to_row() | {"attack": b.attack} == b.to_row()
+    both = plain + clean
+    assert best_attack(both) is max(both, key=lambda r: r.mia_auc)
+    aggregated = aggregate_results(both)
+    assert best_attack(aggregated).attack == best_attack(both).attack
+    with pytest.raises(ValueError, match="finite AUC"):
+        best_attack([])
+
+
+def test_a_claim_above_the_ceiling_is_noted_on_every_release(
+    digits: tuple[Tensor, Tensor, np.ndarray],
+) -> None:
+    x, y, perm = digits
+    target, k = _target(x, y, perm), _knowledge(x, y, perm)
+    prepared = prepare_attacks(names=["correctness"], knowledge=k, config=SMALL, seed=0)
+    for claim, noted in [(4.0, True), (1.0, False), (math.inf, False)]:
+        (result,) = prepared.attack(dataclasses.replace(target, claimed_epsilon=claim))
+        # 100 + 100 examples, split-half: 50 + 50 trials cap the bound at
+        # ln((1 - u) / u) with u = 1 - 0.025^(1/50), i.e. 2.570 < 4
+        u = 1 - 0.025 ** (1 / 50)
+        assert result.eps_lower_bound_ceiling == pytest.approx(math.log((1 - u) / u))
+        assert any("cannot see a violation" in n for n in result.notes) == noted, claim
+    with pytest.raises(ValueError, match="claimed_epsilon=0"):
+        dataclasses.replace(target, claimed_epsilon=0.0)

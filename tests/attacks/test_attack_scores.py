@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from alm_opacus.attacks import ThresholdScope
+from alm_opacus.attacks import LiraLocation, ThresholdScope
 from alm_opacus.attacks.lira import fit_gaussian, gaussian_logpdf, leave_one_out_fit, pooled_std
 from alm_opacus.attacks.scores import (
     confidence_score,
@@ -19,7 +19,7 @@ from alm_opacus.attacks.scores import (
     loss_score,
     modified_entropy_score,
 )
-from alm_opacus.attacks.shadow_data import balanced_masks, reset_features
+from alm_opacus.attacks.shadow_data import reset_features, sized_masks
 from alm_opacus.attacks.thresholds import Threshold
 
 
@@ -110,7 +110,7 @@ def test_leave_one_out_fit_matches_brute_force() -> None:
     rng = np.random.default_rng(5)
     b, n = 8, 30
     phi = rng.normal(50.0, 2.0, size=(b, n))  # a large mean tests the centring
-    mask = balanced_masks(b, n, rng=rng)
+    mask = sized_masks(b, n, size=n // 2, rng=rng)
     mean, std = leave_one_out_fit(phi, mask)
     for j in range(b):
         for i in range(n):
@@ -122,16 +122,37 @@ def test_leave_one_out_fit_matches_brute_force() -> None:
     assert pooled_std(phi, mask) == pytest.approx(np.sqrt(np.mean(np.concatenate(dev) ** 2)))
 
 
-@pytest.mark.parametrize("b", [1, 2, 5, 16])
-def test_balanced_masks_put_every_example_in_half_the_heads(b: int) -> None:
-    masks = balanced_masks(b, 101, rng=np.random.default_rng(0))
-    assert masks.shape == (b, 101)
+@pytest.mark.parametrize("b", [1, 2, 5, 16, 64])
+@pytest.mark.parametrize("n,size", [(101, 50), (300, 150), (600, 150), (40, 30)])
+def test_sized_masks_fix_head_sizes_and_balance_examples(b: int, n: int, size: int) -> None:
+    masks = sized_masks(b, n, size=size, rng=np.random.default_rng(0))
+    assert masks.shape == (b, n) and masks.dtype == np.bool_
+    assert (masks.sum(1) == size).all()  # every head exactly `size` rows
     per_example = masks.sum(0)
-    if b == 1:
-        assert per_example.sum() == 50
-    else:
-        assert set(per_example.tolist()) <= {b // 2, (b + 1) // 2}
-        assert np.all(np.abs(masks.sum(1) - 101 / 2) < 30)
+    assert per_example.max() - per_example.min() <= 1  # examples balanced to one head
+    assert per_example.sum() == b * size
+    if 2 * size == n and b % 2 == 0:  # Carlini et al.'s design: in exactly half the heads
+        assert (per_example == b // 2).all()
+
+
+def test_sized_masks_reject_sizes_that_leave_no_out_rows() -> None:
+    with pytest.raises(ValueError, match="size=10"):
+        sized_masks(4, 10, size=10, rng=np.random.default_rng(0))
+    with pytest.raises(ValueError, match="size=0"):
+        sized_masks(4, 10, size=0, rng=np.random.default_rng(0))
+
+
+def test_leave_one_out_median_matches_a_direct_loop() -> None:
+    rng = np.random.default_rng(6)
+    b, n = 9, 12
+    phi = rng.normal(size=(b, n))
+    mask = rng.random((b, n)) < 0.5
+    mask[:2] = True  # every example keeps at least one head after leaving one out
+    centre, _ = leave_one_out_fit(phi, mask, location=LiraLocation.MEDIAN)
+    for j in range(b):
+        for i in range(n):
+            others = [h for h in range(b) if h != j and mask[h, i]]
+            assert centre[j, i] == pytest.approx(np.median(phi[others, i]), rel=1e-12)
 
 
 def test_reset_features_resets_the_asked_fraction_from_the_marginals() -> None:

@@ -1,0 +1,126 @@
+"""The shadow-model attack: its features, both classifiers, and ``auto``'s choice on held-out
+shadow examples (issue 14, item 1), on an overfit digits head (raw 64-pixel features)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from alm_opacus.attacks import (
+    AttackConfig,
+    AttackerKnowledge,
+    AttackTarget,
+    ShadowContext,
+    ShadowModel,
+    recipe_trainer,
+)
+from alm_opacus.attacks.context import concat_pairs
+from alm_opacus.attacks.metrics import roc_auc, roc_curve
+from alm_opacus.attacks.registry import TargetQuery
+from alm_opacus.attacks.shadow import ShadowModelAttack, Standardiser, attack_features
+from alm_opacus.data import load_dataset
+from alm_opacus.heads import HeadConfig, train_head
+
+RECIPE = HeadConfig(kind="linear", steps=300, lr=0.1)
+MEMBERS = 100
+
+
+@pytest.fixture(scope="module")
+def setup() -> tuple[ShadowContext, AttackTarget]:
+    torch.set_num_threads(1)
+    ds = load_dataset("digits")
+    x = torch.from_numpy(ds.images.reshape(len(ds.images), -1)).double()
+    y = torch.from_numpy(ds.labels)
+    perm = np.random.default_rng(1).permutation(len(y))
+    mem, non, pool = perm[:MEMBERS], perm[MEMBERS : 2 * MEMBERS], perm[2 * MEMBERS : 4 * MEMBERS]
+    head = train_head(x[mem], y[mem], num_classes=10, config=RECIPE, seed=5)
+    ev = np.r_[mem, non]
+    target = AttackTarget(
+        predict=head.predict_proba,
+        features=x[ev],
+        labels=y[ev],
+        is_member=np.r_[np.ones(MEMBERS, bool), np.zeros(MEMBERS, bool)],
+        num_classes=10,
+    )
+    k = AttackerKnowledge(
+        features=x[pool],
+        labels=y[pool],
+        num_classes=10,
+        train_size=MEMBERS,
+        trainer=recipe_trainer(config=RECIPE, num_classes=10),
+    )
+    context = ShadowContext(knowledge=k, config=AttackConfig(num_shadow=16), seed=0)
+    return context, target
+
+
+def test_features_are_log_scaled_confidence_sorted_probabilities_and_label() -> None:
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(7, 4)) * 5
+    p = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    y = rng.integers(0, 4, 7)
+    f = attack_features(p, y)
+    py = p[np.arange(7), y]
+    np.testing.assert_allclose(f[:, 0], np.log(py / (1 - py)), rtol=1e-8)
+    np.testing.assert_allclose(f[:, 1], np.log(py), rtol=1e-10)
+    np.testing.assert_allclose(f[:, 2:6], np.log(np.sort(p, 1)[:, ::-1]), rtol=1e-12)
+    np.testing.assert_array_equal(f[:, 6:], np.eye(4)[y])
+    # near p_y = 1 the features still tell 1 - 1e-6 from 1 - 1e-3 apart (raw p_y cannot)
+    sure = np.array([[1 - 1e-6, 1e-6, 0, 0], [1 - 1e-3, 1e-3, 0, 0]])
+    g = attack_features(sure, np.zeros(2, np.int64))
+    assert g[0, 0] - g[1, 0] == pytest.approx(np.log(1e3), rel=1e-3)
+    z = Standardiser.fit(f)(f)
+    np.testing.assert_allclose(z[:, :6].mean(0), 0, atol=1e-12)
+
+
+def _auc(attack: ShadowModelAttack, target: AttackTarget) -> float:
+    query = TargetQuery(
+        proba=target.predict(target.features).double().numpy(),
+        labels=target.labels.numpy().astype(np.int64),
+        features=target.features,
+    )
+    return roc_auc(roc_curve(scores=attack.score(query).scores, is_member=target.is_member))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", [ShadowModel.MLP, ShadowModel.GBM])
+@pytest.mark.parametrize("per_class", [False, True])
+def test_both_classifiers_find_an_overfit_head(
+    setup: tuple[ShadowContext, AttackTarget], model: ShadowModel, per_class: bool
+) -> None:
+    context, target = setup
+    config = AttackConfig(
+        num_shadow=16, shadow_model=model, attack_steps=300, shadow_per_class=per_class
+    )
+    context.config = config
+    attack = ShadowModelAttack(config=config, seed=0)
+    attack.fit(context)
+    assert attack.chosen is model
+    assert _auc(attack, target) > 0.6
+    # the standardiser is the shadow pairs' own: z-scores of the shadow features
+    proba, labels, _ = concat_pairs(context.shadow_bank())
+    assert attack.standardise is not None
+    np.testing.assert_allclose(attack.standardise.mean, attack_features(proba, labels).mean(0))
+
+
+@pytest.mark.slow
+def test_auto_keeps_the_classifier_with_the_larger_held_out_auc(
+    setup: tuple[ShadowContext, AttackTarget],
+) -> None:
+    context, _ = setup
+    config = AttackConfig(num_shadow=16, shadow_model="auto", attack_steps=300)  # type: ignore[arg-type]
+    context.config = config
+    attack = ShadowModelAttack(config=config, seed=0)
+    attack.fit(context)
+    assert attack.held_out_auc is not None and set(attack.held_out_auc) == {"mlp", "gbm"}
+    best = max(attack.held_out_auc, key=attack.held_out_auc.__getitem__)
+    assert attack.chosen is ShadowModel(best)
+    assert any(f"chose {best!r}" in note for note in attack.notes)
+    assert all(0.5 < auc < 1.0 for auc in attack.held_out_auc.values())
+
+
+def test_config_rejects_an_unknown_shadow_model() -> None:
+    with pytest.raises(ValueError, match=r"shadow_model='svm' is invalid: expected one of"):
+        AttackConfig(shadow_model="svm")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="attack_pairs=1"):
+        AttackConfig(attack_pairs=1)
