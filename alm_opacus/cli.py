@@ -185,6 +185,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     attack = parser.add_argument_group("attacks")
     attack.add_argument("--attacks", default="all", help="comma list of attack names, or 'all'")
+    attack.add_argument(
+        "--shadow-model", choices=("gbm", "mlp", "auto"), default=None,
+        help="the shadow attack's classifier: gradient boosting (default; strongest on held-out "
+        "shadow data, docs/threat_model.md), the ALM appendix's 5-layer MLP, or auto",
+    )  # fmt: skip
+    attack.add_argument(
+        "--num-reference", type=_positive_int("--num-reference"), default=None,
+        help="LiRA reference heads (default 64)",
+    )  # fmt: skip
 
     runopts = parser.add_argument_group("run")
     runopts.add_argument(
@@ -327,6 +336,9 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
             seeds=tuple(args.seeds), split_seed=args.split_seed, device=args.device,
             out=args.out, cache_dir=args.cache_dir, noise_draws=args.noise_draws,
             options=options, attacks=attacks, resume=args.resume, overwrite=args.overwrite,
+            attack_options={k: v for k, v in (("shadow_model", args.shadow_model),
+                                               ("num_reference", args.num_reference))
+                            if v is not None},
             reproducible_noise=args.reproducible_noise,
             head=head, split=split, progress=not args.no_progress,
         )  # fmt: skip

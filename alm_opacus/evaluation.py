@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from alm_opacus.attacks import (
+    CLEAN_SUFFIX,
     AttackConfig,
     AttackerKnowledge,
     AttackResult,
@@ -26,10 +27,6 @@ from alm_opacus.methods import Release, ShadowTrainer
 from alm_opacus.report.results import ResultRow
 
 __all__ = ["CLEAN_SUFFIX", "Evaluation", "cell_rows", "infeasible_row", "torch_threads"]
-
-#: Attack rows of the clean-reference attacker (plain shadow heads) against a release whose
-#: own adaptive attacker imitates its noise: an attacker chooses its best strategy.
-CLEAN_SUFFIX = "-clean"
 
 
 @contextlib.contextmanager
@@ -59,7 +56,8 @@ class Evaluation:
     def prepare(self, trainer: ShadowTrainer, *, seed: int) -> PreparedAttacks:
         """Fit every attack on the attacker's side, before any release is seen."""
         knowledge = AttackerKnowledge(features=self.pool[0], labels=self.pool[1], trainer=trainer,
-                                      num_classes=self.num_classes)  # fmt: skip
+                                      num_classes=self.num_classes,
+                                      train_size=int(self.is_member.sum()))  # fmt: skip
         with torch_threads(1):
             return prepare_attacks(
                 names=self.names, knowledge=knowledge, seed=seed, config=self.config,
@@ -77,9 +75,8 @@ class Evaluation:
             is_member=self.is_member, num_classes=self.num_classes,
             delta=release.statement.delta, inputs=inputs,
         )  # fmt: skip
-        with torch_threads(1):
-            results = prepared.attack(target)
-        return [replace(r, attack=r.attack + suffix) for r in results] if suffix else results
+        with torch_threads(1):  # intervals are computed once per cell, from the kept scores
+            return prepared.attack(target, suffix=suffix, intervals=False)
 
 
 def _num(value: float | None) -> float:
@@ -136,7 +133,8 @@ def cell_rows(
     if not results:
         return [base]
     out = []
-    for agg in aggregate_results(results):
+    claimed = base.epsilon_replace_one if math.isfinite(base.epsilon_replace_one) else None
+    for agg in aggregate_results(results, claimed_epsilon=claimed, seed=seed):
         mean, std = agg.mean, agg.std
         extra: dict[str, Any] = {
             k.replace(".", "_"): v

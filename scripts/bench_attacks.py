@@ -46,7 +46,7 @@ from alm_opacus.attacks import (
 from alm_opacus.attacks.shadow import ShadowModelAttack
 from alm_opacus.harness import RunConfig, prepare, torch_threads
 from alm_opacus.heads import train_head
-from alm_opacus.methods import Method, MethodContext, Release, create_method
+from alm_opacus.methods import Method, MethodContext, Release, create_method, plain_shadow_trainer
 
 TARGET_SECONDS = 5.0
 
@@ -77,7 +77,7 @@ class _Bench:
         )
         self.context = MethodContext(
             num_classes=self.data.num_classes,
-            head=RunConfig().head,
+            head=RunConfig().recipe,
             cache_dir=Path(self.cache_dir) if self.cache_dir else None,
         )
         (self.x_in, self.y_in), (x_out, y_out) = (
@@ -98,8 +98,8 @@ class _Bench:
         return method, release
 
     def attacker(self, method: Method, release: Release, epsilon: float) -> PreparedAttacks:
-        trainer = method.shadow_trainer(
-            release=release, epsilon=epsilon, delta=self.data.delta, context=self.context
+        trainer = (
+            plain_shadow_trainer(self.context) if release.attacker is None else release.attacker()
         )
         pool = self.data.part("attacker")
         knowledge = AttackerKnowledge(
@@ -198,7 +198,9 @@ def _victim(split_seed: int, seed: int, cache_dir: str | None) -> dict[str, Any]
         )
     )
     (x_in, y_in), (x_out, y_out) = data.part("members"), data.part("nonmembers")
-    head = train_head(x_in, y_in, num_classes=data.num_classes, config=RunConfig().head, seed=seed)
+    head = train_head(
+        x_in, y_in, num_classes=data.num_classes, config=RunConfig().recipe, seed=seed
+    )
     features, labels = torch.cat([x_in, x_out]), torch.cat([y_in, y_out])
     with torch.no_grad():
         proba = head.predict_proba(features).double().numpy()
@@ -210,7 +212,7 @@ def _victim(split_seed: int, seed: int, cache_dir: str | None) -> dict[str, Any]
             proba=proba, labels=labels.numpy().astype(np.int64), features=features
         ),
         "member": np.r_[np.ones(len(y_in), bool), np.zeros(len(y_out), bool)],
-        "trainer": recipe_trainer(config=RunConfig().head, num_classes=data.num_classes),
+        "trainer": recipe_trainer(config=RunConfig().recipe, num_classes=data.num_classes),
     }
 
 
