@@ -6,7 +6,6 @@ import contextlib
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 import torch
@@ -135,27 +134,18 @@ def cell_rows(
     out = []
     claimed = base.epsilon_replace_one if math.isfinite(base.epsilon_replace_one) else None
     for agg in aggregate_results(results, claimed_epsilon=claimed, seed=seed):
-        mean, std = agg.mean, agg.std
-        extra: dict[str, Any] = {
-            k.replace(".", "_"): v
-            for k, v in agg.to_row().items()
-            if k.replace(".", "_") in _OPTIONAL_ATTACK_COLUMNS
-        }
-        out.append(replace(
-            base, attack=agg.attack, mia_accuracy=mean["mia_accuracy"],
-            mia_advantage=mean["mia_advantage"], mia_auc=mean["mia_auc"],
-            tpr_at_fpr_0_001=mean["tpr_at_fpr_0.001"], tpr_at_fpr_0_01=mean["tpr_at_fpr_0.01"],
-            eps_lower_bound=mean["eps_lower_bound"], mia_auc_std=std["mia_auc"],
-            mia_accuracy_std=std["mia_accuracy"], **extra,
-        ))  # fmt: skip
+        values = {k.replace(".", "_"): v for k, v in agg.to_row().items()}
+        out.append(replace(base, **{k: values[k] for k in _ATTACK_FIELDS if k in values}))
     return out
 
 
-#: Columns an attack aggregate may provide beyond the design page's (intervals, ceiling).
-_OPTIONAL_ATTACK_COLUMNS = frozenset({
-    "mia_auc_ci_low", "mia_auc_ci_high", "tpr_at_fpr_0_001_ci_low", "tpr_at_fpr_0_001_ci_high",
-    "tpr_at_fpr_0_01_ci_low", "tpr_at_fpr_0_01_ci_high", "eps_lower_bound_ceiling",
-})  # fmt: skip
+#: The row fields an attack aggregate fills (its pooled bound, means, spreads, intervals).
+_ATTACK_FIELDS = (
+    "attack", "mia_accuracy", "mia_advantage", "mia_auc", "tpr_at_fpr_0_001", "tpr_at_fpr_0_01",
+    "eps_lower_bound", "mia_auc_std", "mia_accuracy_std", "mia_auc_ci_low", "mia_auc_ci_high",
+    "tpr_at_fpr_0_001_ci_low", "tpr_at_fpr_0_001_ci_high", "tpr_at_fpr_0_01_ci_low",
+    "tpr_at_fpr_0_01_ci_high", "eps_lower_bound_ceiling",
+)  # fmt: skip
 
 
 def infeasible_row(*, dataset: str, method: str, epsilon: float, seed: int, delta: float,
