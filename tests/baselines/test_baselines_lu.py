@@ -366,3 +366,29 @@ def test_bad_options_are_named():
     ):
         with pytest.raises(ValueError, match=match):
             create_method("lu", options)
+
+
+def test_closed_form_gradient_equals_autograd() -> None:
+    """The training step's gradient against autograd of the objective it claims to minimise:
+    one evaluation (no trajectory), so float64 agreement to ~1e-12 is what the sums allow."""
+    import torch
+    from torch.nn import functional as F
+
+    from baselines.lu.net import LuConfig, _gradients, convexified_loss
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(30, 7, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 4, (30,), generator=g)
+    masks = torch.rand(3, 30, generator=g) < 0.7
+    w1 = torch.randn(3, 5, 7, generator=g, dtype=torch.float64).requires_grad_(True)
+    w2 = torch.randn(3, 4, 5, generator=g, dtype=torch.float64).requires_grad_(True)
+    config = LuConfig(hidden=5, alpha=2.0, l2=0.01)
+    z = torch.matmul(torch.sigmoid(torch.matmul(x, w1.transpose(-1, -2))), w2.transpose(-1, -2))
+    ce = F.cross_entropy(z.transpose(1, 2), y.expand(3, -1), reduction="none")
+    reg = w1.pow(2).flatten(1).sum(1) + w2.pow(2).flatten(1).sum(1)
+    (convexified_loss(ce, masks, alpha=2.0) + 2 * 0.01 * reg).sum().backward()
+    onehot = F.one_hot(y.expand(3, -1), 4).to(torch.float64)
+    with torch.no_grad():
+        g1, g2 = _gradients(w1, w2, x, onehot, masks, config=config)
+    assert torch.allclose(g1, w1.grad, rtol=1e-10, atol=1e-12)
+    assert torch.allclose(g2, w2.grad, rtol=1e-10, atol=1e-12)
