@@ -158,6 +158,11 @@ def train_lu_nets(
         "fc2.weight": w2.to(device).unsqueeze(0).repeat(n_heads, 1, 1).requires_grad_(True),
     }
     targets = labels.to(device=device, dtype=torch.long).unsqueeze(0).expand(n_heads, -1)
+    sizes = m.sum(1)
+    if bool((sizes == sizes[0]).all()):  # equal sizes: compute on each head's own rows only
+        rows = torch.argsort((~m).to(torch.int8), dim=1, stable=True)[:, : int(sizes[0])]
+        x, targets = x[rows], torch.gather(targets, 1, rows)  # (B, k, d), (B, k)
+        m = torch.ones_like(rows, dtype=torch.bool)
     with single_thread():
         _adam_on_the_ball(params, x, targets, m, config=config, radius=config.radius(num_classes))
     return {k: v.detach() for k, v in params.items()}
