@@ -384,10 +384,14 @@ def run(
         stack.enter_context(torch_threads(CELL_THREADS))
         cells = [c for c in plan_cells(config) if c.key not in writer.done]
         bar = tqdm(cells, desc="cells", unit="cell", disable=not config.progress or not cells)
-        for cell in bar:
-            bar.set_postfix_str(f"{cell.method} eps={cell.epsilon:g} seed={cell.seed}")
-            if on_cell is not None:
-                on_cell(cell)
-            writer.add(run_cell(cell, session))
+        try:
+            for cell in bar:
+                bar.set_postfix_str(f"{cell.method} eps={cell.epsilon:g} seed={cell.seed}")
+                if on_cell is not None:
+                    on_cell(cell)
+                writer.add(run_cell(cell, session))
+        except KeyboardInterrupt:
+            writer.interrupted()
+            raise
         writer.finish(force=bool(cells))
     return RunResult(rows=writer.rows, out=out, seconds=time.perf_counter() - start)

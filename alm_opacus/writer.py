@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import math
 import platform
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
 __all__ = ["RocKey", "RocMap", "RunWriter", "run_settings"]
 
 RocKey = tuple[str, float, str]
+#: Seconds between live rewrites of ``tb/`` while cells finish; results.csv, rocs.json and
+#: config.json are rewritten after every cell, and tb/ at the end and on an interruption.
+TENSORBOARD_REFRESH_S = 20.0
 RocMap = dict[RocKey, tuple[list[float], list[float]]]
 
 
@@ -66,6 +70,7 @@ class RunWriter:
         if resume:
             self._load_previous()
         self.done = {row.cell() for row in self.rows}
+        self._board_written = -math.inf
         self._write_config()
 
     def _load_previous(self) -> None:
@@ -92,6 +97,11 @@ class RunWriter:
         write_results(self.out / "results.csv", self.rows)
         _save_rocs(self.out / "rocs.json", self.rocs)
         self._write_config()
+        if time.monotonic() - self._board_written > TENSORBOARD_REFRESH_S:
+            self._write_tensorboard(images=False)
+
+    def interrupted(self) -> None:
+        """Bring ``tb/`` up to the finished cells (results.csv already is), after a Ctrl-C."""
         self._write_tensorboard(images=False)
 
     def finish(self, *, force: bool) -> None:
@@ -111,6 +121,7 @@ class RunWriter:
         write_tensorboard(self.rows, self.out / "tb", epsilons=self.settings["epsilons"],
                           hparams=_hparams(self.settings),
                           images=self.out / "plots" if images else None)  # fmt: skip
+        self._board_written = time.monotonic()
 
 
 def _hparams(settings: dict[str, Any]) -> dict[str, object]:
