@@ -183,9 +183,14 @@ class Cell:
         return cell_key(self.method, self.epsilon, self.seed)
 
 
+def baseline_methods(config: RunConfig) -> list[str]:
+    """The run's unprotected baselines: those it names, else ``none`` (always run)."""
+    return [m for m in config.methods if method_class(m).baseline] or ["none"]
+
+
 def plan_cells(config: RunConfig) -> list[Cell]:
     """The grid, baseline first in each seed (every utility loss is measured against it)."""
-    baselines = [m for m in config.methods if method_class(m).baseline] or ["none"]
+    baselines = baseline_methods(config)
     others = [m for m in config.methods if m not in baselines]
     cells = []
     for seed in config.seeds:
@@ -378,8 +383,9 @@ def run(
         data = prepare(config)
         data.split.save(out / "split.json")
         session = Session.open(config, data)
-        for row in writer.rows:
-            if row.method in config.methods and method_class(row.method).baseline:
+        baselines = baseline_methods(config)
+        for row in writer.rows:  # a resumed run measures utility against its finished baseline
+            if row.method in baselines:
                 session.reference[row.seed] = row.test_accuracy
         stack.enter_context(torch_threads(CELL_THREADS))
         cells = [c for c in plan_cells(config) if c.key not in writer.done]

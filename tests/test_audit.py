@@ -12,6 +12,7 @@ import torch
 
 from alm_opacus.attacks import epsilon_lower_bound
 from alm_opacus.data.split import SplitSizes
+from alm_opacus.evaluation import CLEAN_SUFFIX
 from alm_opacus.harness import RunConfig, run
 from alm_opacus.mechanisms import create_mechanism, make_generator
 from alm_opacus.ssl import SSLConfig
@@ -72,7 +73,11 @@ def test_harness_audit_over_20_seeds_never_exceeds_the_claim(tmp_path: Path) -> 
     torch.manual_seed(0)
     rows = run(config).rows
     audited = [r for r in rows if r.guarantee in ("pure-dp", "approx-dp")]
-    assert len(audited) == 20 * 3 * 2 * 3
+    # Each attack is run twice per release: with shadows that know the noise, and "-clean".
+    assert len(audited) == 20 * 3 * 2 * 3 * 2
+    assert {r.attack for r in audited} == {
+        a + suffix for a in ("loss", "confidence", "lira-offline") for suffix in ("", CLEAN_SUFFIX)
+    }
     violations = [(r.method, r.epsilon, r.seed, r.attack, r.eps_lower_bound) for r in audited
                   if r.eps_lower_bound > r.epsilon]  # fmt: skip
     assert not violations

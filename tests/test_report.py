@@ -83,7 +83,8 @@ def test_plots_and_table(small_run) -> None:  # type: ignore[no-untyped-def]
 @pytest.mark.slow
 def test_rows_aggregate_noise_draws(small_run) -> None:  # type: ignore[no-untyped-def]
     rows = [r for r in small_run.rows if r.method == "alm"]
-    assert {r.attack for r in rows} == {"loss", "lira-offline"}
+    # Each attack is run by a noise-aware attacker and by one with clean references.
+    assert {r.attack for r in rows} == {"loss", "lira-offline", "loss-clean", "lira-offline-clean"}
     for r in rows:
         assert r.noise_draws == 2 and r.guarantee == "random-dp"
         assert not math.isnan(r.test_accuracy_std) and not math.isnan(r.mia_auc_std)
@@ -94,23 +95,25 @@ def test_rows_aggregate_noise_draws(small_run) -> None:  # type: ignore[no-untyp
 def test_interrupted_run_resumes_to_the_same_table(
     tmp_path: Path, shared_cache: Path, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
-    run(_small(tmp_path / "whole", shared_cache))
+    # Seeded noise, so that the resumed cells can be compared with the whole run's.
+    run(_small(tmp_path / "whole", shared_cache, reproducible_noise=True))
     calls = {"n": 0}
     real = harness.Evaluation.attack
 
     def dies(self, prepared, release, **kwargs):  # type: ignore[no-untyped-def]
         calls["n"] += 1
-        if calls["n"] == 4:  # none, then alm at epsilon 1 (2 draws), then dies in epsilon 10
+        # none (1 call), alm at epsilon 1 (2 draws x noise-aware and clean), dies in epsilon 10
+        if calls["n"] == 6:
             raise KeyboardInterrupt
         return real(self, prepared, release, **kwargs)
 
     monkeypatch.setattr(harness.Evaluation, "attack", dies)
     with pytest.raises(KeyboardInterrupt):
-        run(_small(tmp_path / "cut", shared_cache))
+        run(_small(tmp_path / "cut", shared_cache, reproducible_noise=True))
     partial = read_results(tmp_path / "cut" / "results.csv")  # a valid file, finished cells only
     assert {(r.method, r.epsilon) for r in partial} == {("none", math.inf), ("alm", 1.0)}
     monkeypatch.setattr(harness.Evaluation, "attack", real)
-    run(_small(tmp_path / "cut", shared_cache, resume=True))
+    run(_small(tmp_path / "cut", shared_cache, resume=True, reproducible_noise=True))
     # Compare what each run wrote: finished cells of the cut run were read back from its file.
     resumed = read_results(tmp_path / "cut" / "results.csv")
     whole_rows = read_results(tmp_path / "whole" / "results.csv")

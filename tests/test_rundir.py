@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 from pathlib import Path
 
@@ -73,7 +74,7 @@ def test_resume_with_another_config_names_the_keys(finished, tmp_path, shared_ca
     out = _copy(finished, tmp_path / "run")
     before = (out / "config.json").read_text()
     assert _run(out, shared_cache, "--resume", "--l2", "0.001", "--noise-draws", "2") == 2
-    _one_line_error(capsys, "head.l2 (0.0 vs 0.001)")
+    _one_line_error(capsys, "head.l2 (0.0001 vs 0.001)")
     assert (out / "config.json").read_text() == before
 
 
@@ -91,12 +92,15 @@ def test_resume_after_an_interruption_gives_the_same_table(finished, tmp_path, s
 
     with pytest.raises(KeyboardInterrupt):
         harness.run(config, on_cell=stop_at_third)
-    assert len(read_results(out / "results.csv")) == 2  # two finished cells, nothing partial
+    # Two finished cells, nothing partial (alm's cell has a noise-aware and a clean row).
+    partial = read_results(out / "results.csv")
+    assert sorted((r.method, r.epsilon, r.attack) for r in partial) == [
+        ("alm", 1.0, "loss"), ("alm", 1.0, "loss-clean"), ("none", math.inf, "loss")]  # fmt: skip
     resumed = harness.run(RunConfig(**{**config.__dict__, "resume": True}))
     straight = tmp_path / "straight"
     harness.run(RunConfig(**{**config.__dict__, "out": str(straight)}))
     assert _table(out) == _table(straight)
-    assert len(resumed.rows) == 3
+    assert len(resumed.rows) == 1 + 2 + 2
     settings = json.loads((out / "config.json").read_text())
     assert settings["epsilons"] == [1.0, 2.0]
 
@@ -157,7 +161,7 @@ def test_a_truncated_results_table_is_named_on_resume(finished, tmp_path, shared
     text = (out / "results.csv").read_text()
     (out / "results.csv").write_text(text[: len(text) - 40])  # cut mid-row
     assert _run(out, shared_cache, "--resume") == 2
-    _one_line_error(capsys, "results.csv: line 3")
+    _one_line_error(capsys, "results.csv: line 4")  # header, none, alm, alm-clean (cut)
 
 
 @pytest.mark.slow

@@ -74,7 +74,11 @@ def test_direct_replace_one_matches_dp_accounting_by_hand():
     ).self_compose(500)  # fmt: skip
     history = [(1.2, 0.02, 500)]
     ours = epsilon_replace_one(history=history, delta=delta, value_discretization_interval=h)
-    assert ours == pytest.approx(by_hand.get_epsilon_for_delta(delta), rel=1e-9)
+    # Both compose the same discretised PLD by FFT; the order of the float operations may
+    # differ (1.3e-9 relative seen on an AMD EPYC). The epsilon is read where the tail mass is
+    # ~delta = 1e-6 of the total, so FFT rounding (~1e-13 of the largest mass) moves it by up
+    # to ~1e-7 relative: assert that, far below the grid's own resolution h = 1e-4.
+    assert ours == pytest.approx(by_hand.get_epsilon_for_delta(delta), rel=1e-6)
     # The automatic grid (~1e-4·ε) answers within 0.5% of the fixed one.
     assert epsilon_replace_one(history=history, delta=delta) == pytest.approx(ours, rel=5e-3)
 
