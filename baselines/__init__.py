@@ -1,5 +1,6 @@
-"""Baselines to compare post-training protections with: ``dpsgd``, ``lu``, ``dperm`` and the
-opt-in ``dpsgd-full``.
+"""Baselines to compare post-training protections with: ``dpsgd`` (and its logistic and
+Laplace variants ``dpsgd-alm``, ``dpsgd-laplace``), ``lu``, ``dperm`` and the opt-in
+``dpsgd-full``.
 
 Importing this package registers them into ``alm_opacus``'s method registry (the harness
 imports it through the ``alm_opacus.methods`` entry point group; ``alm_opacus`` never
@@ -26,7 +27,7 @@ __all__ = [
     "tuning_grids",
 ]
 
-METHODS = ("dpsgd", "lu", "dperm", "dpsgd-full")
+METHODS = ("dpsgd", "dpsgd-alm", "dpsgd-laplace", "lu", "dperm", "dpsgd-full")
 
 TUNING_GRIDS: dict[str, tuple[dict[str, Any], ...]] = {
     name: method_class(name).tuning_grid for name in METHODS

@@ -1,5 +1,6 @@
-"""``dpsgd``: DP-SGD (Abadi et al. 2016, Algorithm 1) on the head, through Opacus; and the
-opt-in ``dpsgd-full`` (encoder and head together).
+"""``dpsgd``: DP-SGD (Abadi et al. 2016, Algorithm 1) on the head, through Opacus; its
+logistic and Laplace variants ``dpsgd-alm`` and ``dpsgd-laplace``; and the opt-in
+``dpsgd-full`` (encoder and head together).
 
 Modules:
 
@@ -11,6 +12,7 @@ Modules:
   :class:`TrainingBackend`), :func:`fit_private` and :func:`train_dpsgd_head`;
 * :mod:`~baselines.dpsgd.batched`: the batched re-implementation for the adaptive attacker;
 * :mod:`~baselines.dpsgd.method`: the ``dpsgd`` method (tuning, release, statement);
+* :mod:`~baselines.dpsgd.mechanisms`: ``dpsgd-alm`` and ``dpsgd-laplace``;
 * :mod:`~baselines.dpsgd.full`: ``dpsgd-full``.
 """
 
@@ -32,6 +34,7 @@ from baselines.dpsgd.config import (
     TUNING_GRID,
     DPSGDConfig,
     DPSGDOptions,
+    DPSGDRecipeOptions,
     check_accountant,
     default_schedule,
     sample_rate_for,
@@ -60,20 +63,31 @@ from baselines.dpsgd.loop import (
     run_opacus,
     train_dpsgd_head,
 )
+from baselines.dpsgd.mechanisms import (
+    ALM_TRAINING,
+    DPSGDALMMethod,
+    DPSGDLaplaceMethod,
+    DPSGDMechanismMethod,
+)
 from baselines.dpsgd.method import DPSGDMethod, OpacusFit, dpsgd_statement
 
 __all__ = [
     "ACCOUNTANTS",
+    "ALM_TRAINING",
     "DEFAULT_ACCOUNTANT",
     "FULL_TUNING_GRID",
     "OPACUS",
     "SIGMA_CACHE_FILE",
     "TUNING_GRID",
+    "DPSGDALMMethod",
     "DPSGDConfig",
     "DPSGDFullMethod",
     "DPSGDFullRun",
+    "DPSGDLaplaceMethod",
+    "DPSGDMechanismMethod",
     "DPSGDMethod",
     "DPSGDOptions",
+    "DPSGDRecipeOptions",
     "DPSGDRun",
     "EngineFactory",
     "GeneratorFactory",

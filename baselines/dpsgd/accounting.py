@@ -1,10 +1,11 @@
 """DP-SGD accounting: the noise multiplier for a target, its cache, and the check after training.
 
-sigma is a deterministic function of (epsilon, delta, sample rate, epochs, accountant) and the
-Opacus version, so it is searched once per key and reused: within a run through a
-:class:`SigmaCache` held in the run's memo (``context.memo``; never a module-level cache),
-and across runs through ``<cache_dir>/dpsgd_noise_multipliers.json``. Each training run still
-checks the accountant's epsilon afterwards (:func:`checked_epsilon`).
+sigma is a deterministic function of (epsilon, delta, sample rate, epochs, accountant, noise
+mechanism, noised dimension) and the Opacus version, so it is searched once per key and
+reused: within a run through a :class:`SigmaCache` held in the run's memo (``context.memo``;
+never a module-level cache), and across runs through
+``<cache_dir>/dpsgd_noise_multipliers.json``. Each training run still checks the
+accountant's epsilon afterwards (:func:`checked_epsilon`).
 """
 
 from __future__ import annotations
@@ -21,12 +22,16 @@ from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
 
 import alm_opacus  # noqa: F401  (registers the "alm_pld" accountant into Opacus)
+from alm_opacus.accounting import PipelineAccountant
 from alm_opacus.io import atomic_write_json
 from alm_opacus.methods import InfeasibleRelease, MethodContext
+from alm_opacus.training import noise_multiplier_for, training_mechanism
 from baselines.dpsgd.config import check_accountant, steps_per_epoch
 
 __all__ = [
+    "GAUSSIAN",
     "SIGMA_CACHE_FILE",
+    "NoiseStep",
     "SigmaCache",
     "accountant_epsilon",
     "checked_epsilon",
@@ -35,7 +40,14 @@ __all__ = [
 ]
 
 SIGMA_CACHE_FILE = "dpsgd_noise_multipliers.json"
-_Key = tuple[float, float, float, int, str]
+#: The mechanism of Opacus's own DP-SGD steps (kept in an accountant's ``history``).
+GAUSSIAN = "gaussian"
+#: A logistic or Laplace step entry of the ``alm_pld`` accountant (its ``noise_steps``):
+#: ``(mechanism, noise_multiplier, sample_rate, steps, dim)``.
+NoiseStep = tuple[str, float, float, int, int | None]
+# (epsilon, delta, sample rate, epochs, accountant, mechanism, dim): the mechanism and the
+# noised dimension are part of the key, so a logistic sigma never answers a Gaussian query.
+_Key = tuple[float, float, float, int, str, str, int | None]
 
 
 @contextmanager
@@ -83,27 +95,59 @@ class SigmaCache:
         return len(self._sigmas)
 
     def cached(
-        self, *, epsilon: float, delta: float, sample_rate: float, epochs: int, accountant: str
+        self,
+        *,
+        epsilon: float,
+        delta: float,
+        sample_rate: float,
+        epochs: int,
+        accountant: str,
+        mechanism: str = GAUSSIAN,
+        dim: int | None = None,
     ) -> float | None:
         """The noise multiplier for this key, or None if not yet known."""
-        return self._sigmas.get(_key(epsilon, delta, sample_rate, epochs, accountant))
+        key = _key(epsilon, delta, sample_rate, epochs, accountant, mechanism, dim)
+        return self._sigmas.get(key)
 
     def noise_multiplier(
-        self, *, epsilon: float, delta: float, sample_rate: float, epochs: int, accountant: str
+        self,
+        *,
+        epsilon: float,
+        delta: float,
+        sample_rate: float,
+        epochs: int,
+        accountant: str,
+        mechanism: str = GAUSSIAN,
+        dim: int | None = None,
     ) -> tuple[float, bool]:
         """sigma for ``epochs`` of Opacus's Poisson loader at ``sample_rate``, and whether it
         was known already.
 
-        Opacus's own search (``get_noise_multiplier``, which ``make_private_with_epsilon``
-        calls with ``epochs``), given ``epochs`` where Opacus counts the steps right, else the
-        true step count (:func:`epochs_match_steps`). A new value is saved to the cache file.
+        Gaussian: Opacus's own search (``get_noise_multiplier``, which
+        ``make_private_with_epsilon`` calls with ``epochs``), given ``epochs`` where Opacus
+        counts the steps right, else the true step count (:func:`epochs_match_steps`).
+        Logistic (``alm``) and Laplace: ``alm_opacus.training.noise_multiplier_for`` (the
+        ``alm_pld`` accountant's search, ``find_noise_multiplier``) over the
+        ``epochs * int(1 / q)`` steps the loader runs, with the ``dim`` noised coordinates
+        the optimizer's hook records. A new value is saved to the cache file.
+
+        Args:
+            mechanism: the steps' noise, ``"gaussian"``, ``"alm"`` or ``"laplace"``.
+            dim: noised coordinates per step (the optimizer's ``noise_dim``); only
+                non-Gaussian profiles depend on it.
 
         Raises:
             InfeasibleRelease: when no noise multiplier reaches the target.
+            ValueError: for a non-Gaussian mechanism with an accountant other than
+                ``alm_pld``.
         """
-        key = _key(epsilon, delta, sample_rate, epochs, accountant)
+        key = _key(epsilon, delta, sample_rate, epochs, accountant, mechanism, dim)
         if key in self._sigmas:
             return self._sigmas[key], True
+        if key[5] != GAUSSIAN:
+            self._sigmas[key] = _mechanism_sigma(key)
+            self._save()
+            return self._sigmas[key], False
         by: dict[str, int] = (
             {"epochs": epochs}
             if epochs_match_steps(sample_rate, epochs)
@@ -128,13 +172,24 @@ class SigmaCache:
         self._save()
         return self._sigmas[key], False
 
-    def spent(self, history: Sequence[Sequence[float]], *, delta: float, accountant: str) -> float:
-        """The accountant's epsilon at ``delta`` for an Opacus ``history`` of
-        ``(noise_multiplier, sample_rate, steps)`` (deterministic: computed once per key)."""
+    def spent(
+        self,
+        history: Sequence[Sequence[float]],
+        *,
+        delta: float,
+        accountant: str,
+        noise_steps: Sequence[NoiseStep] = (),
+    ) -> float:
+        """The accountant's epsilon at ``delta`` for an Opacus ``history`` of Gaussian
+        ``(noise_multiplier, sample_rate, steps)`` and the ``alm_pld`` accountant's logistic
+        or Laplace ``noise_steps`` (deterministic: computed once per key)."""
         entries = tuple((float(s), float(q), int(t)) for s, q, t in history)
-        key = (entries, float(delta), accountant)
+        others = _noise_steps(noise_steps)
+        key = (entries, others, float(delta), accountant)
         if key not in self._spent:
-            self._spent[key] = _epsilon_of(entries, delta=delta, accountant=accountant)
+            self._spent[key] = _epsilon_of(
+                entries, delta=delta, accountant=accountant, noise_steps=others
+            )
         return self._spent[key]
 
     def _path(self) -> Path | None:
@@ -148,9 +203,15 @@ class SigmaCache:
             return
         for e in entries if isinstance(entries, list) else []:
             if isinstance(e, dict) and e.get("opacus") == opacus.__version__:
-                try:
+                try:  # entries written before mechanisms were keyed are Gaussian
                     key = _key(
-                        e["epsilon"], e["delta"], e["sample_rate"], e["epochs"], e["accountant"]
+                        e["epsilon"],
+                        e["delta"],
+                        e["sample_rate"],
+                        e["epochs"],
+                        e["accountant"],
+                        e.get("mechanism", GAUSSIAN),
+                        e.get("dim"),
                     )
                     self._sigmas.setdefault(key, float(e["noise_multiplier"]))
                 except (KeyError, TypeError, ValueError):
@@ -163,7 +224,7 @@ class SigmaCache:
         if path is None:
             return
         self._load()
-        fields = ("epsilon", "delta", "sample_rate", "epochs", "accountant")
+        fields = ("epsilon", "delta", "sample_rate", "epochs", "accountant", "mechanism", "dim")
         entries = [
             {
                 "opacus": opacus.__version__,
@@ -179,8 +240,43 @@ class SigmaCache:
             pass
 
 
-def _key(epsilon: Any, delta: Any, sample_rate: Any, epochs: Any, accountant: Any) -> _Key:
-    return (float(epsilon), float(delta), float(sample_rate), int(epochs), str(accountant))
+def _key(
+    epsilon: Any,
+    delta: Any,
+    sample_rate: Any,
+    epochs: Any,
+    accountant: Any,
+    mechanism: Any = GAUSSIAN,
+    dim: Any = None,
+) -> _Key:
+    name = training_mechanism(str(mechanism)).name
+    # Gaussian profiles are the same in every dimension: dim is not part of their key.
+    d = None if dim is None or name == GAUSSIAN else int(dim)
+    return (float(epsilon), float(delta), float(sample_rate), int(epochs), str(accountant), name, d)
+
+
+def _mechanism_sigma(key: _Key) -> float:
+    """sigma of a logistic or Laplace key, by the ``alm_pld`` accountant's own search."""
+    epsilon, delta, q, epochs, accountant, mechanism, dim = key
+    with quiet_opacus():
+        return float(
+            noise_multiplier_for(
+                accountant=create_accountant(check_accountant(accountant)),
+                target_epsilon=epsilon,
+                target_delta=delta,
+                sample_rate=q,
+                steps=epochs * steps_per_epoch(q),
+                noise_mechanism=mechanism,
+                dim=dim,
+            )
+        )
+
+
+def _noise_steps(noise_steps: Sequence[NoiseStep]) -> tuple[NoiseStep, ...]:
+    return tuple(
+        (str(m), float(s), float(q), int(t), None if d is None else int(d))
+        for m, s, q, t, d in noise_steps
+    )
 
 
 def accountant_epsilon(
@@ -191,10 +287,23 @@ def accountant_epsilon(
 
 
 def _epsilon_of(
-    history: Sequence[tuple[float, float, int]], *, delta: float, accountant: str
+    history: Sequence[tuple[float, float, int]],
+    *,
+    delta: float,
+    accountant: str,
+    noise_steps: Sequence[NoiseStep] = (),
 ) -> float:
     acc = create_accountant(check_accountant(accountant))
     acc.history = list(history)
+    if noise_steps and not isinstance(acc, PipelineAccountant):
+        raise ValueError(
+            f"accountant={accountant!r} accounts for Gaussian steps only; logistic or Laplace "
+            "steps need accountant='alm_pld'"
+        )
+    for mechanism, sigma, q, steps, dim in noise_steps:
+        acc.step(
+            noise_multiplier=sigma, sample_rate=q, mechanism=mechanism, dim=dim, num_steps=steps
+        )
     with quiet_opacus():
         return float(acc.get_epsilon(delta=delta))
 
@@ -206,21 +315,26 @@ def checked_epsilon(
     delta: float,
     accountant: str,
     cache: SigmaCache | None = None,
+    noise_steps: Sequence[NoiseStep] = (),
 ) -> tuple[float, int]:
     """The accountant's epsilon at ``delta`` after training, and the steps it counted.
 
     Args:
-        history: the engine accountant's ``(noise_multiplier, sample_rate, steps)`` entries.
+        history: the engine accountant's Gaussian ``(noise_multiplier, sample_rate, steps)``
+            entries.
         epsilon: the target.
         delta: the target delta.
         accountant: the accountant's name.
         cache: reuses the value for an identical history (default: computed afresh).
+        noise_steps: the ``alm_pld`` accountant's logistic or Laplace steps.
 
     Raises:
         RuntimeError: if it exceeds the target ``epsilon`` (the model is never released).
     """
-    spent = (cache or SigmaCache()).spent(history, delta=delta, accountant=accountant)
-    steps = sum(int(h[2]) for h in history)
+    spent = (cache or SigmaCache()).spent(
+        history, delta=delta, accountant=accountant, noise_steps=noise_steps
+    )
+    steps = sum(int(h[2]) for h in history) + sum(int(s[3]) for s in noise_steps)
     if not spent <= epsilon:
         raise RuntimeError(
             f"the {accountant} accountant reports epsilon={spent:.6g} > target {epsilon:g} "

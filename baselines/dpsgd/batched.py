@@ -2,7 +2,10 @@
 
 The victim trains through Opacus (:mod:`baselines.dpsgd.loop`); the attacker needs dozens of
 heads trained the same way, which this batched re-implementation of Opacus's algorithm gives
-in one loop (equal to Opacus's run to 1e-12 at sigma = 0 and q = 1; tested).
+in one loop (equal to Opacus's run to 1e-12 at sigma = 0 and q = 1; tested). The noise
+mechanism is a parameter: Gaussian with L2 clipping (``dpsgd``), or logistic / Laplace with
+L1 clipping and noise from ``alm_opacus.mechanisms`` (``dpsgd-alm``, ``dpsgd-laplace``, as
+``alm_opacus.training.MechanismDPOptimizer`` does).
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from alm_opacus.heads import HeadConfig, Params, clip_features
+from alm_opacus.mechanisms import AdditiveNoiseMechanism
 from alm_opacus.methods import Predict, ShadowTrainer
+from alm_opacus.training import training_mechanism
+from alm_opacus.training.optimizer import CLIP_NORM_ORDERS
 from baselines._common import derive_seed, single_thread
 from baselines.dpsgd.config import DPSGDConfig, sample_rate_for, steps_per_epoch
 from baselines.dpsgd.loop import init_params
@@ -38,6 +44,7 @@ def dpsgd_linear_heads(
     sigma: float,
     seed: int,
     sample_rate: float | None = None,
+    mechanism: str = "gaussian",
 ) -> Params:
     """DP-SGD on ``B = len(masks)`` linear heads at once: Opacus's algorithm, batched.
 
@@ -46,8 +53,11 @@ def dpsgd_linear_heads(
     Poisson sampling at ``1 / ceil(n_b / batch_size)``, flat clipping with Opacus's factor
     ``min(1, C / (||g_i|| + 1e-6))``, noise ``N(0, (sigma C)^2)`` on the clipped sum, and
     division by Opacus's expected batch size ``int(n_b q)``. For a linear head the
-    per-example gradient is the rank-one ``(p_i - e_{y_i}) x~_i^T``, so its norm is
-    ``||p_i - e_{y_i}|| ||x~_i||`` and no per-example tensor is formed. Used for the
+    per-example gradient is the rank-one ``(p_i - e_{y_i}) x~_i^T``, so its L1 or L2 norm is
+    ``||p_i - e_{y_i}|| ||x~_i||`` in that norm (an outer product's entrywise Lp norm is the
+    product of its factors' Lp norms) and no per-example tensor is formed. With ``alm`` or
+    ``laplace`` the clipping is in L1 and the noise is that mechanism's at scale ``sigma C``
+    (``MechanismDPOptimizer``'s step). Used for the
     adaptive attacker's shadow heads (cheap), not for the victim (which runs Opacus).
 
     Args:
@@ -61,20 +71,23 @@ def dpsgd_linear_heads(
         seed: seeds initialisation (shared), Poisson sampling and noise.
         sample_rate: Poisson rate q; default ``1 / ceil(n_b / batch_size)`` as Opacus derives
             it. Steps are ``epochs * int(1 / q)``.
+        mechanism: ``"gaussian"`` (L2 clipping), ``"alm"`` or ``"laplace"`` (L1 clipping).
 
     Returns:
         ``{"fc.weight": (B, C, d), "fc.bias": (B, C)}``.
 
     Raises:
-        ValueError: for a non-linear head or masks of unequal sizes.
+        ValueError: for a non-linear head, masks of unequal sizes or an unknown mechanism.
     """
+    noise_law = training_mechanism(mechanism)
+    order = CLIP_NORM_ORDERS[noise_law.norm]
     if head.kind != "linear":
         raise ValueError(f"head.kind={head.kind!r}: the batched DP-SGD supports 'linear' only")
     n_b = _check_masks(masks, int(features.shape[0]))
     n_heads, (n, d), dev, dt = masks.shape[0], features.shape, features.device, torch.float64
     x = clip_features(features.to(dt), head.clip_radius)
     xt = torch.cat([x, x.new_ones(n, 1)], dim=1)  # (n, d+1)
-    xnorm = xt.norm(dim=1)  # (n,)
+    xnorm = xt.norm(order, dim=1)  # (n,)
     onehot = F.one_hot(labels.long(), num_classes).to(dt).t()  # (C, n)
     init = init_params(d=d, num_classes=num_classes, head=head.replace(dtype="float64"), seed=seed)
     w = torch.cat([init["fc.weight"], init["fc.bias"].unsqueeze(1)], dim=1)
@@ -84,14 +97,25 @@ def dpsgd_linear_heads(
     g = torch.Generator(device=dev).manual_seed(derive_seed("shadow-dpsgd", seed))
     member = masks.to(device=dev, dtype=torch.bool)
     clip = config.max_grad_norm
+    scale = sigma * clip
     for _ in range(config.epochs * steps_per_epoch(q)):
         batch = (torch.rand(n_heads, n, generator=g, device=dev, dtype=dt) < q) & member
         r = torch.softmax(torch.matmul(w, xt.t()), dim=1) - onehot  # (B, C, n)
-        factor = (clip / (r.norm(dim=1) * xnorm + 1e-6)).clamp(max=1.0) * batch  # (B, n)
+        factor = (clip / (r.norm(order, dim=1) * xnorm + 1e-6)).clamp(max=1.0) * batch  # (B, n)
         grad = torch.matmul(r * factor.unsqueeze(1), xt)  # (B, C, d+1)
-        noise = torch.randn(w.shape, generator=g, device=dev, dtype=dt)
-        w = w - config.lr * (grad + sigma * clip * noise) / expected
+        w = w - config.lr * (grad + _noise(noise_law, w.shape, scale=scale, generator=g)) / expected
     return {"fc.weight": w[..., :d].contiguous(), "fc.bias": w[..., d].contiguous()}
+
+
+def _noise(
+    law: AdditiveNoiseMechanism, shape: torch.Size, *, scale: float, generator: torch.Generator
+) -> Tensor:
+    if law.name == "gaussian":  # torch's normal sampler, as the shadows have always drawn it
+        dev = generator.device
+        return scale * torch.randn(shape, generator=generator, device=dev, dtype=torch.float64)
+    if scale == 0.0:  # sigma = 0 (tests): the mechanism's sampler needs a positive scale
+        return torch.zeros(shape, dtype=torch.float64, device=generator.device)
+    return law.sample(tuple(shape), scale=scale, generator=generator).to(generator.device)
 
 
 def _grouped_heads(
@@ -105,6 +129,7 @@ def _grouped_heads(
     config: DPSGDConfig,
     sigma: float,
     sample_rate: float,
+    mechanism: str,
 ) -> Params:
     # Heads are grouped by size only because the batched trainer needs equal sizes.
     sizes = masks.sum(1)
@@ -122,6 +147,7 @@ def _grouped_heads(
                 sigma=sigma,
                 seed=seed,
                 sample_rate=sample_rate,
+                mechanism=mechanism,
             )
         parts.append((rows, params))
     out = {
@@ -135,15 +161,24 @@ def _grouped_heads(
 
 
 def dpsgd_shadow_trainer(
-    *, head: HeadConfig, num_classes: int, config: DPSGDConfig, sigma: float, sample_rate: float
+    *,
+    head: HeadConfig,
+    num_classes: int,
+    config: DPSGDConfig,
+    sigma: float,
+    sample_rate: float,
+    mechanism: str = "gaussian",
 ) -> ShadowTrainer:
     """The adaptive attacker of a DP-SGD head: shadow heads trained with the victim's recipe,
-    noise multiplier, Poisson rate and step count (a shadow set of the members' size is then
-    trained exactly like the victim; other sizes keep the victim's per-step noise and rate).
+    noise mechanism, noise multiplier, Poisson rate and step count (a shadow set of the
+    members' size is then trained exactly like the victim; other sizes keep the victim's
+    per-step noise and rate).
 
     Raises:
-        ValueError: for a non-linear head (use the plain attacker there).
+        ValueError: for a non-linear head (use the plain attacker there) or an unknown
+            mechanism.
     """
+    training_mechanism(mechanism)  # a bad name fails here, not in the attack
     if head.kind != "linear":
         raise ValueError(f"head.kind={head.kind!r}: the DP-SGD shadow trainer is for 'linear'")
 
@@ -158,6 +193,7 @@ def dpsgd_shadow_trainer(
             config=config,
             sigma=sigma,
             sample_rate=sample_rate,
+            mechanism=mechanism,
         )
 
         def predict(x: Tensor) -> Tensor:

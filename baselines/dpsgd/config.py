@@ -16,6 +16,7 @@ __all__ = [
     "AccountantName",
     "DPSGDConfig",
     "DPSGDOptions",
+    "DPSGDRecipeOptions",
     "check_accountant",
     "default_schedule",
     "sample_rate_for",
@@ -84,11 +85,11 @@ class DPSGDConfig:
 
 
 @dataclass(frozen=True)
-class DPSGDOptions(MethodOptions):
-    """Options of ``dpsgd`` and ``dpsgd-full`` (scoped keys ``dpsgd.lr``, ``dpsgd-full.lr``).
+class DPSGDRecipeOptions(MethodOptions):
+    """The recipe options every DP-SGD method shares (``dpsgd-alm``, ``dpsgd-laplace``: all
+    their options, since only the ``alm_pld`` accountant accounts for their noise).
 
     Attributes:
-        accountant: ``"alm_pld"`` (this project's PLD accountant), ``"prv"`` or ``"rdp"``.
         tune: tune lr and clip on public data at each epsilon (false: the grid's last entry).
         lr: fixes the learning rate (with ``clip`` too, tuning is skipped).
         clip: fixes the clipping norm ``C``.
@@ -96,7 +97,6 @@ class DPSGDOptions(MethodOptions):
         batch_size: overrides the dataset's expected batch size.
     """
 
-    accountant: AccountantName = DEFAULT_ACCOUNTANT
     tune: bool = True
     lr: float | None = None
     clip: float | None = None
@@ -104,7 +104,6 @@ class DPSGDOptions(MethodOptions):
     batch_size: int | None = None
 
     def __post_init__(self) -> None:
-        check_accountant(self.accountant)
         for name in ("lr", "clip"):
             if getattr(self, name) is not None:
                 check_positive(getattr(self, name), name=name)
@@ -129,6 +128,22 @@ class DPSGDOptions(MethodOptions):
             DPSGDConfig(lr=lr, max_grad_norm=clip, epochs=epochs, batch_size=batch)
             for lr, clip in dict.fromkeys(points)
         ]
+
+
+@dataclass(frozen=True)
+class DPSGDOptions(DPSGDRecipeOptions):
+    """Options of ``dpsgd`` and ``dpsgd-full`` (scoped keys ``dpsgd.lr``, ``dpsgd-full.lr``):
+    the recipe's (:class:`DPSGDRecipeOptions`) and the accountant.
+
+    Attributes:
+        accountant: ``"alm_pld"`` (this project's PLD accountant), ``"prv"`` or ``"rdp"``.
+    """
+
+    accountant: AccountantName = DEFAULT_ACCOUNTANT
+
+    def __post_init__(self) -> None:
+        check_accountant(self.accountant)
+        super().__post_init__()
 
 
 def default_schedule(*, n: int, schedule: tuple[int, int] | None = None) -> tuple[int, int]:

@@ -245,7 +245,7 @@ class DPSGDFullMethod(DPSGDMethod):
             config=config,
             epsilon=epsilon,
             delta=delta,
-            accountant=self.options.accountant,
+            accountant=self.accountant,
             seed=seed,
             noise_seed=noise_seed,
             device=context.device,

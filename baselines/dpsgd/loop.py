@@ -2,8 +2,8 @@
 
 Structure (so that the engine can be swapped, e.g. for ``alm_opacus.training``'s):
 
-* a :class:`TrainingBackend` names the privacy engine factory (``accountant ->`` an engine
-  with Opacus's ``make_private(module=, optimizer=, data_loader=, noise_multiplier=,
+* a :class:`TrainingBackend` names the privacy engine factory (``(accountant, *, seeded) ->``
+  an engine with Opacus's ``make_private(module=, optimizer=, data_loader=, noise_multiplier=,
   max_grad_norm=, poisson_sampling=True, noise_generator=)``), the generators it is given
   (``(noise_seed, device) -> (Poisson generator, noise generator)``, ``None`` letting the
   engine draw its own), and what the statement says of secure runs; :data:`OPACUS` is
@@ -31,8 +31,15 @@ from alm_opacus._hashing import derive_seed
 from alm_opacus._validation import check_delta, check_epsilon, check_features_labels
 from alm_opacus.heads import Head, HeadConfig, Params, clip_features, linear_init
 from alm_opacus.methods import TrainingNoise
+from alm_opacus.training import training_mechanism
 from baselines._common import single_thread
-from baselines.dpsgd.accounting import SigmaCache, checked_epsilon, quiet_opacus
+from baselines.dpsgd.accounting import (
+    GAUSSIAN,
+    NoiseStep,
+    SigmaCache,
+    checked_epsilon,
+    quiet_opacus,
+)
 from baselines.dpsgd.config import (
     DEFAULT_ACCOUNTANT,
     DPSGDConfig,
@@ -79,16 +86,22 @@ class PrivateEngine(Protocol):
     def make_private(self, **kwargs: Any) -> Any: ...
 
 
-#: ``factory(accountant name) -> engine``.
-EngineFactory = Callable[[str], PrivateEngine]
+class EngineFactory(Protocol):
+    """``factory(accountant name, *, seeded) -> engine``; ``seeded``: the run passes seeded
+    generators (an engine with a secure mode must then be made without it)."""
+
+    def __call__(self, accountant: str, *, seeded: bool) -> PrivateEngine: ...
+
+
 #: ``factory(noise_seed, device) -> (Poisson sampling generator, noise generator)``.
 GeneratorFactory = Callable[
     [int | None, torch.device], tuple[torch.Generator | None, torch.Generator | None]
 ]
 
 
-def opacus_engine(accountant: str) -> PrivateEngine:
-    """Opacus's own engine with ``accountant`` (``secure_mode`` off: it needs torchcsprng)."""
+def opacus_engine(accountant: str, *, seeded: bool = False) -> PrivateEngine:
+    """Opacus's own engine with ``accountant`` (``secure_mode`` off: it needs torchcsprng;
+    ``seeded`` therefore changes nothing)."""
     with quiet_opacus():
         return PrivacyEngine(accountant=accountant)
 
@@ -144,15 +157,27 @@ class OpacusTraining:
 
     Attributes:
         module: the model, trained in place (not Opacus's wrapper).
-        history: the engine accountant's ``(noise_multiplier, sample_rate, steps)`` entries.
+        history: the engine accountant's Gaussian ``(noise_multiplier, sample_rate, steps)``
+            entries.
         noise_multiplier: sigma as the optimizer used it.
         seconds: wall time of the training.
+        noise_steps: the ``alm_pld`` accountant's logistic or Laplace steps.
+        mechanism: the noise the optimizer drew (its ``noise_mechanism``; Opacus's own
+            optimizer has none and draws Gaussian noise).
+        clipping_norm: the norm it clipped in (``"l1"`` or ``"l2"``).
+        noise_dim: the coordinates it noised per step.
+        optimizer: its class name.
     """
 
     module: nn.Module
     history: tuple[tuple[float, float, int], ...]
     noise_multiplier: float
     seconds: float
+    noise_steps: tuple[NoiseStep, ...] = ()
+    mechanism: str = GAUSSIAN
+    clipping_norm: str = "l2"
+    noise_dim: int | None = None
+    optimizer: str = ""
 
 
 def run_opacus(
@@ -170,8 +195,10 @@ def run_opacus(
     """The Opacus training loop: ``model`` (trained in place) on inputs ``x``, labels ``y``.
 
     Poisson sampling at ``1 / ceil(n / batch_size)``, flat clipping to ``max_grad_norm``,
-    Gaussian noise ``N(0, (sigma C)^2)`` on the clipped sum, plain SGD, ``epochs`` passes of
-    the loader. ``noise_multiplier`` is used as given (see :func:`fit_private` for the
+    noise of scale ``sigma C`` on the clipped sum (Opacus's engine: Gaussian; the noise
+    mechanism and its clipping norm are the engine's, e.g. ``alm_opacus.training``'s with
+    ``private_kwargs={"noise_mechanism": "alm"}``), plain SGD, ``epochs`` passes of the
+    loader. ``noise_multiplier`` is used as given (see :func:`fit_private` for the
     calibration; tests pass 0 to compare with the batched re-implementation).
 
     Args:
@@ -187,7 +214,7 @@ def run_opacus(
     poisson, noise = backend.generators(noise_seed, x.device)
     loader = DataLoader(TensorDataset(x, y), batch_size=config.batch_size, generator=poisson)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    private_engine = backend.engine(accountant)
+    private_engine = backend.engine(accountant, seeded=noise_seed is not None)
     start = time.perf_counter()
     with quiet_opacus(), single_thread():
         private, dp_opt, dp_loader = private_engine.make_private(
@@ -206,12 +233,25 @@ def run_opacus(
                 dp_opt.zero_grad(set_to_none=True)
                 F.cross_entropy(private(xb), yb).backward()
                 dp_opt.step()
-    history = tuple((float(s), float(q), int(t)) for s, q, t in private_engine.accountant.history)
+    seconds = time.perf_counter() - start
+    acc = private_engine.accountant
+    history = tuple((float(s), float(q), int(t)) for s, q, t in acc.history)
+    noise_steps = tuple(
+        (str(e["mechanism"]), float(e["noise_multiplier"]), float(e["sample_rate"]),
+         int(e["num_steps"]), e["dim"])
+        for e in getattr(acc, "noise_steps", ())
+    )  # fmt: skip
     return OpacusTraining(
         module=model,
         history=history,
         noise_multiplier=float(dp_opt.noise_multiplier),
-        seconds=time.perf_counter() - start,
+        seconds=seconds,
+        noise_steps=noise_steps,
+        # Opacus's DPOptimizer has none of these attributes: it clips in L2, adds Gaussian noise
+        mechanism=str(getattr(dp_opt, "noise_mechanism", GAUSSIAN)),
+        clipping_norm=str(getattr(dp_opt, "clipping_norm", "l2")),
+        noise_dim=getattr(dp_opt, "noise_dim", None),
+        optimizer=type(dp_opt).__name__,
     )
 
 
@@ -230,6 +270,11 @@ class OpacusRun:
         noise_note: what the statement says of where the randomness came from.
         seconds: wall time, split into ``calibration`` (sigma), ``training`` and
             ``accounting``.
+        mechanism: the per-step noise (``gaussian``, ``alm``, ``laplace``).
+        clipping_norm: the norm of the per-example clipping (``l2``; ``l1`` for ``alm`` and
+            ``laplace``).
+        noise_dim: noised coordinates per step (``None``: not recorded, Opacus's optimizer).
+        optimizer: the class of the optimizer that ran.
     """
 
     noise_multiplier: float
@@ -241,9 +286,13 @@ class OpacusRun:
     seeded: bool
     noise_note: str
     seconds: dict[str, float] = field(default_factory=dict)
+    mechanism: str = GAUSSIAN
+    clipping_norm: str = "l2"
+    noise_dim: int | None = None
+    optimizer: str = ""
 
     def training(self, *, clip_norm: float) -> TrainingNoise:
-        """The release's ``training`` record (Gaussian noise, L2 clipping to ``clip_norm``)."""
+        """The release's ``training`` record (the run's noise, clipping to ``clip_norm``)."""
         return TrainingNoise(
             noise_multiplier=self.noise_multiplier,
             clip_norm=clip_norm,
@@ -251,7 +300,16 @@ class OpacusRun:
             steps=self.steps,
             accountant=self.accountant,
             epsilon_spent=self.epsilon_spent,
+            clip_norm_kind=self.clipping_norm,
+            mechanism=self.mechanism,
         )
+
+    def noise_std(self, *, clip_norm: float) -> float:
+        """Standard deviation of one noise coordinate per step, the mechanism's at scale
+        ``sigma * clip_norm`` (Gaussian: sigma C; logistic: sigma C pi / sqrt(3); Laplace:
+        sigma C sqrt(2))."""
+        scale = self.noise_multiplier * clip_norm
+        return training_mechanism(self.mechanism).std(scale) if scale > 0 else 0.0
 
     def to_info(self) -> dict[str, Any]:
         """JSON-able diagnostics (for ``Release.info``)."""
@@ -262,6 +320,10 @@ class OpacusRun:
             "accountant": self.accountant,
             "epsilon_spent": self.epsilon_spent,
             "sigma_cached": self.from_cache,
+            "noise_mechanism": self.mechanism,
+            "clipping_norm": self.clipping_norm,
+            "noise_dim": self.noise_dim,
+            "optimizer": self.optimizer,
             "seconds": dict(self.seconds),
         }
 
@@ -285,24 +347,41 @@ def fit_private(
     noise_seed: int | None,
     sigmas: SigmaCache | None = None,
     backend: TrainingBackend = OPACUS,
+    mechanism: str = GAUSSIAN,
 ) -> OpacusRun:
     """Calibrate sigma for (epsilon, delta), train ``model`` in place, check the accountant.
 
-    sigma is Opacus's own search for the loader's sample rate and the steps it runs (the
-    value ``make_private_with_epsilon`` finds), taken from ``sigmas`` when known.
+    sigma is the accountant's search for the loader's sample rate and the steps it runs
+    (Gaussian: Opacus's, the value ``make_private_with_epsilon`` finds; logistic and Laplace:
+    ``alm_pld``'s for the model's trainable coordinates), taken from ``sigmas`` when known.
+
+    Args:
+        mechanism: the per-step noise; other than ``"gaussian"`` it goes to ``make_private``
+            as ``noise_mechanism`` (the backend's engine must take it, e.g.
+            ``alm_opacus.training``'s) and needs ``accountant="alm_pld"``.
 
     Raises:
-        ValueError: on bad budgets or an unknown accountant.
-        RuntimeError: if the accountant reports more than ``epsilon`` (never released).
+        ValueError: on bad budgets, an unknown accountant or mechanism.
+        RuntimeError: if the accountant reports more than ``epsilon``, or the optimizer drew
+            other noise than ``mechanism`` (never released).
     """
     epsilon = check_epsilon(epsilon)
     delta = check_delta(delta, allow_zero=False)
     accountant = check_accountant(accountant)
     cache = sigmas if sigmas is not None else SigmaCache()
     start = time.perf_counter()
+    mechanism = training_mechanism(mechanism).name
     q = sample_rate_for(n=len(y), batch_size=config.batch_size)
+    # The noised coordinates, as the optimizer's hook records them (its noise_dim).
+    dim = sum(p.numel() for p in model.parameters() if p.requires_grad)
     sigma, known = cache.noise_multiplier(
-        epsilon=epsilon, delta=delta, sample_rate=q, epochs=config.epochs, accountant=accountant
+        epsilon=epsilon,
+        delta=delta,
+        sample_rate=q,
+        epochs=config.epochs,
+        accountant=accountant,
+        mechanism=mechanism,
+        dim=dim,
     )
     calibration = time.perf_counter() - start
     run = run_opacus(
@@ -314,14 +393,28 @@ def fit_private(
         accountant=accountant,
         noise_seed=noise_seed,
         backend=backend,
+        # Opacus's make_private swallows unknown keywords: the mechanism is checked below.
+        private_kwargs=None if mechanism == GAUSSIAN else {"noise_mechanism": mechanism},
     )
+    if run.mechanism != mechanism:
+        raise RuntimeError(
+            f"the optimizer {run.optimizer} drew {run.mechanism!r} noise, expected "
+            f"{mechanism!r}: the backend's engine does not take noise_mechanism; refusing to "
+            "release"
+        )
     start = time.perf_counter()
     spent, steps = checked_epsilon(
-        run.history, epsilon=epsilon, delta=delta, accountant=accountant, cache=cache
+        run.history,
+        epsilon=epsilon,
+        delta=delta,
+        accountant=accountant,
+        cache=cache,
+        noise_steps=run.noise_steps,
     )
+    rates = [h[1] for h in run.history] + [s[2] for s in run.noise_steps]
     return OpacusRun(
         noise_multiplier=run.noise_multiplier,
-        sample_rate=float(run.history[0][1]),
+        sample_rate=float(rates[0]),
         steps=steps,
         epsilon_spent=spent,
         accountant=accountant,
@@ -333,6 +426,10 @@ def fit_private(
             "training": run.seconds,
             "accounting": time.perf_counter() - start,
         },
+        mechanism=run.mechanism,
+        clipping_norm=run.clipping_norm,
+        noise_dim=run.noise_dim,
+        optimizer=run.optimizer,
     )
 
 
@@ -387,6 +484,7 @@ def train_dpsgd_head(
     device: str = "cpu",
     sigmas: SigmaCache | None = None,
     backend: TrainingBackend = OPACUS,
+    mechanism: str = GAUSSIAN,
 ) -> DPSGDRun:
     """Train one head with DP-SGD through Opacus, at (epsilon, delta).
 
@@ -406,6 +504,7 @@ def train_dpsgd_head(
         device: torch device.
         sigmas: the run's noise multipliers (default: a fresh cache).
         backend: the engine and its generators (default: Opacus's).
+        mechanism: the per-step noise (see :func:`fit_private`).
 
     Returns:
         The run; ``epsilon_spent <= epsilon``.
@@ -433,6 +532,7 @@ def train_dpsgd_head(
         noise_seed=noise_seed,
         sigmas=sigmas,
         backend=backend,
+        mechanism=mechanism,
     )
     released = Head(in_features=d, num_classes=num_classes, config=head).to(device)
     released.load_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()})

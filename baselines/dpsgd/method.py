@@ -8,7 +8,7 @@ add/remove-one neighbours, with the accountant named beside every epsilon.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from torch import Tensor, nn
 
@@ -31,10 +31,21 @@ from baselines._common import (
 )
 from baselines.dpsgd.accounting import SigmaCache
 from baselines.dpsgd.batched import dpsgd_shadow_trainer
-from baselines.dpsgd.config import TUNING_GRID, DPSGDConfig, DPSGDOptions, default_schedule
-from baselines.dpsgd.loop import OpacusRun, train_dpsgd_head
+from baselines.dpsgd.config import (
+    TUNING_GRID,
+    DPSGDConfig,
+    DPSGDOptions,
+    DPSGDRecipeOptions,
+    default_schedule,
+)
+from baselines.dpsgd.loop import OPACUS, OpacusRun, TrainingBackend, train_dpsgd_head
 
-__all__ = ["DPSGDMethod", "OpacusFit", "dpsgd_statement"]
+__all__ = ["GAUSSIAN_FLOAT_NOTE", "DPSGDMethod", "OpacusFit", "dpsgd_statement"]
+
+#: What the statement says of floating-point Gaussian noise.
+GAUSSIAN_FLOAT_NOTE = (
+    "floating-point Gaussian noise (Mironov 2012): the guarantee is for the ideal mechanism"
+)
 
 
 @dataclass(frozen=True)
@@ -66,9 +77,11 @@ def dpsgd_statement(
     delta: float,
     mechanism: str,
     notes: tuple[str, ...] = (),
+    float_note: str = GAUSSIAN_FLOAT_NOTE,
 ) -> PrivacyStatement:
     """The statement of a DP-SGD release: (target epsilon, delta)-DP under add/remove-one
-    neighbours, by the named accountant; the clipping norm is the per-step sensitivity.
+    neighbours, by the named accountant; the clipping norm, in the norm the run clipped in
+    (L2 for Gaussian noise, L1 for logistic and Laplace), is the per-step sensitivity.
 
     Args:
         run: the run's accounting.
@@ -77,6 +90,7 @@ def dpsgd_statement(
         delta: the target delta.
         mechanism: e.g. ``"dp-sgd"``.
         notes: extra notes.
+        float_note: what is (not) claimed of the floating-point noise.
     """
     acc = run.accountant
     return PrivacyStatement(
@@ -87,7 +101,7 @@ def dpsgd_statement(
         noise_scale=run.noise_multiplier,
         sensitivity=SensitivityInfo(
             value=config.max_grad_norm,
-            norm="l2",
+            norm=run.clipping_norm,
             source=SensitivitySource.ANALYTIC,
             adjacency="remove-one",
         ),
@@ -100,8 +114,7 @@ def dpsgd_statement(
             "each step; replace-one neighbours get only the group bound (2 epsilon, "
             "(1 + e^epsilon) delta)",
             run.noise_note,
-            "floating-point Gaussian noise (Mironov 2012): the guarantee is for the ideal "
-            "mechanism",
+            float_note,
             *notes,
         ),
         neighbouring="add-remove",
@@ -112,16 +125,32 @@ def dpsgd_statement(
 
 
 @register_method("dpsgd")
-class DPSGDMethod(Method[DPSGDOptions, _Prepared]):
-    """DP-SGD head training through Opacus, one independent run per (epsilon, draw)."""
+class DPSGDMethod(Method[DPSGDRecipeOptions, _Prepared]):
+    """DP-SGD head training through Opacus, one independent run per (epsilon, draw).
+
+    Subclasses change the noise through the class attributes ``noise_mechanism`` (and the
+    ``backend`` whose engine draws it), the statement's ``mechanism``, ``notes`` and
+    ``float_note``, and the accountant through :attr:`accountant`.
+    """
 
     name: ClassVar[str] = "dpsgd"
-    Options = DPSGDOptions
+    Options: ClassVar[type[DPSGDRecipeOptions]] = DPSGDOptions
     tuning_grid: ClassVar[tuple[dict[str, Any], ...]] = TUNING_GRID
     post_training: ClassVar[bool] = False
     mechanism: ClassVar[str] = "dp-sgd"
     #: Extra notes for the statement.
     notes: ClassVar[tuple[str, ...]] = ()
+    #: The per-step noise (``alm_opacus.training.TRAINING_MECHANISMS``).
+    noise_mechanism: ClassVar[str] = "gaussian"
+    #: The engine that trains (it must draw ``noise_mechanism``) and its generators.
+    backend: ClassVar[TrainingBackend] = OPACUS
+    #: What the statement says of the floating-point noise.
+    float_note: ClassVar[str] = GAUSSIAN_FLOAT_NOTE
+
+    @property
+    def accountant(self) -> str:
+        """The accountant of this method's runs: ``dpsgd``'s ``accountant`` option."""
+        return cast(DPSGDOptions, self.options).accountant
 
     def prepare(
         self, *, features: Tensor, labels: Tensor, seed: int, context: MethodContext
@@ -149,7 +178,7 @@ class DPSGDMethod(Method[DPSGDOptions, _Prepared]):
         candidates = opts.candidates(self.tuning_grid, schedule=prepared.schedule)
         return choose(
             prepared.tuned,
-            (float(epsilon), float(delta), opts.accountant),
+            (float(epsilon), float(delta), self.accountant),
             candidates,
             default=candidates[-1],
             describe=_describe,
@@ -222,6 +251,7 @@ class DPSGDMethod(Method[DPSGDOptions, _Prepared]):
                 delta=delta,
                 mechanism=self.mechanism,
                 notes=self.notes,
+                float_note=self.float_note,
             ),
             predict_proba=fit.predict_proba,
             module=fit.module,
@@ -229,7 +259,7 @@ class DPSGDMethod(Method[DPSGDOptions, _Prepared]):
             attacker=attacker,
             attacker_note=note,
             training=run.training(clip_norm=config.max_grad_norm),
-            noise_std=run.noise_multiplier * config.max_grad_norm,
+            noise_std=run.noise_std(clip_norm=config.max_grad_norm),
             info={"tuning": tuning.to_info(), **run.to_info()},
         )
 
@@ -254,11 +284,13 @@ class DPSGDMethod(Method[DPSGDOptions, _Prepared]):
             config=config,
             epsilon=epsilon,
             delta=delta,
-            accountant=self.options.accountant,
+            accountant=self.accountant,
             seed=seed,
             noise_seed=noise_seed,
             device=context.device,
             sigmas=SigmaCache.of(context),
+            backend=self.backend,
+            mechanism=self.noise_mechanism,
         )
         head = run.head
         return OpacusFit(
@@ -276,11 +308,17 @@ class DPSGDMethod(Method[DPSGDOptions, _Prepared]):
                 "plain: shadow heads trained without DP (DP-SGD shadows of MLP heads are too slow)"
             )
         head, num_classes = context.head, context.num_classes
-        sigma, rate = run.noise_multiplier, run.sample_rate
+        sigma, rate, mechanism = run.noise_multiplier, run.sample_rate, run.mechanism
         return (
             lambda: dpsgd_shadow_trainer(
-                head=head, num_classes=num_classes, config=config, sigma=sigma, sample_rate=rate
+                head=head,
+                num_classes=num_classes,
+                config=config,
+                sigma=sigma,
+                sample_rate=rate,
+                mechanism=mechanism,
             ),
-            "adaptive: shadow heads trained with the victim's DP-SGD recipe, noise multiplier, "
-            "Poisson rate and steps (batched re-implementation of Opacus's algorithm)",
+            f"adaptive: shadow heads trained with the victim's DP-SGD recipe, {mechanism} noise "
+            f"({run.clipping_norm.upper()} clipping), noise multiplier, Poisson rate and steps "
+            "(batched re-implementation of Opacus's algorithm)",
         )
