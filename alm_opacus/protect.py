@@ -348,9 +348,10 @@ def statement_for(
                 "(exact Gaussian profile); it is proven only for epsilon < 1; use 'gaussian'"
             )
         claimed_delta = max(claimed_delta, actual)
+        stated = "the delta stated" if actual >= delta else f"within the requested {delta:g}"
         notes.append(
             f"textbook Gaussian sigma is proven only for epsilon < 1; at epsilon={epsilon:g} "
-            f"it achieves delta={actual:.3g} (exact Gaussian profile), which is the delta stated"
+            f"it achieves delta={actual:.3g} (exact Gaussian profile), {stated}"
         )
     common: dict[str, Any] = {"mechanism": mechanism.name, "noise_scale": float(scale),
                               "sensitivity": sensitivity, "noise": noise}  # fmt: skip

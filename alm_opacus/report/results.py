@@ -35,8 +35,8 @@ class Column(str, enum.Enum):
     GUARANTEE = "guarantee"
     #: the sensitivity the noise is calibrated to; for DP-SGD the per-step clipping norm
     SENSITIVITY = "sensitivity"
-    #: the statement's noise scale (absolute for post-training mechanisms; for DP-SGD rows
-    #: the unitless multiplier, as before: read ``noise_multiplier`` and ``noise_std``)
+    #: the statement's noise scale, absolute (b, s or sigma of the noise; for DP-SGD the
+    #: per-step scale sigma * C, with sigma in ``noise_multiplier``)
     NOISE_SCALE = "noise_scale"
     SEED = "seed"
     TEST_ACCURACY = "test_accuracy"

@@ -98,7 +98,8 @@ def dpsgd_statement(
         delta=float(delta),
         guarantee=Guarantee.APPROX_DP,
         mechanism=f"{mechanism} (opacus, {acc} accountant)",
-        noise_scale=run.noise_multiplier,
+        # absolute, as every statement's: sigma * C is the std of each step's noise
+        noise_scale=run.noise_multiplier * config.max_grad_norm,
         sensitivity=SensitivityInfo(
             value=config.max_grad_norm,
             norm=run.clipping_norm,
