@@ -125,6 +125,46 @@ def choose(results: list[dict[str, Any]]) -> str:
     return min(pool, key=lambda r: (r["alm_epsilon_for_loss_0.1"], -r["best_auc"]))["recipe"]
 
 
+def render(args: argparse.Namespace, results: list[dict[str, Any]], chosen: str) -> str:
+    """The measurements as a markdown table, with the command that reproduces them."""
+    only = "" if args.only is None else f" --only {args.only}"
+    lines = [
+        f"Measured by `python scripts/choose_recipe.py --dataset {args.dataset} --draws "
+        f"{args.draws}{only} --markdown docs/recipes.md` (split seed 0; AUC: best of loss and "
+        "online LiRA; sensitivities sampled from the public split, m = 200; epsilon: the "
+        "smallest of a grid 10^(k/4) at which the mean utility loss over the noise draws is "
+        "<= 0.1):",
+        "",
+        "| recipe | test acc | best AUC | grad norm | L1 sens. | L2 sens. | alm epsilon | "
+        "gaussian epsilon |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        mark = "**" if r["recipe"] == chosen else ""
+        lines.append(
+            f"| {mark}{r['recipe']}{mark} | {r['test_accuracy']:.3f} | {r['best_auc']:.3f} | "
+            f"{r['grad_norm']:.1e} | {r['sensitivity_l1']:.4g} | {r['sensitivity_l2']:.4g} | "
+            f"{r['alm_epsilon_for_loss_0.1']:.4g} | {r['gaussian_epsilon_for_loss_0.1']:.4g} |"
+        )
+    lines += ["", f"Chosen by the criterion: **{chosen}**."]
+    return "\n".join(lines)
+
+
+def write_block(path: Path, *, dataset: str, block: str) -> None:
+    """Replace ``dataset``'s marked block in ``path`` (atomically), appending it if absent."""
+    begin, end = f"<!-- recipes:{dataset}:begin -->", f"<!-- recipes:{dataset}:end -->"
+    text = path.read_text() if path.exists() else ""
+    new = f"{begin}\n{block}\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + new + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip("\n") + f"\n\n## {dataset}\n\n{new}\n"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="digits")
@@ -132,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draws", type=int, default=5)
     parser.add_argument("--only", default=None, help="comma list of candidate names")
     parser.add_argument("--out", default=None, help="write the measurements as JSON here")
+    parser.add_argument(
+        "--markdown", type=Path, default=None,
+        help="replace this dataset's block between <!-- recipes:DATASET:begin/end --> markers",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     load_plugins()
     torch.set_num_threads(1)
@@ -148,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)  # fmt: skip
     chosen = choose(results)
     print(f"chosen: {chosen}")
+    if args.markdown is not None:
+        write_block(args.markdown, dataset=args.dataset, block=render(args, results, chosen))
     if args.out:
         Path(args.out).write_text(
             json.dumps({"dataset": args.dataset, "chosen": chosen, "candidates": results}, indent=2)
