@@ -193,6 +193,95 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+@dataclass(frozen=True)
+class _Data:
+    """One dataset's parts: members, non-members, the public tuning and validation parts."""
+
+    name: str
+    members: tuple[Tensor, Tensor]
+    nonmembers: tuple[Tensor, Tensor]
+    tune: tuple[Tensor, Tensor]
+    validation: tuple[Tensor, Tensor]
+    num_classes: int
+    delta: float
+    epochs: int
+    batch: int
+    tune_batch: int
+
+
+def _load(name: str, cache_dir: str) -> _Data:
+    data = prepare(RunConfig(dataset=name, cache_dir=cache_dir, progress=False, out="runs/answer"))
+    epochs, batch = dataset_spec(name).dpsgd.as_tuple()
+    x_pub, y_pub = data.part("public")
+    n = len(data.part("members")[1])
+    tr, va = public_tuning_split(len(y_pub), n_members=n, seed=derive_seed("answer", name))
+    return _Data(
+        name=name, members=data.part("members"), nonmembers=data.part("nonmembers"),
+        tune=(x_pub[tr], y_pub[tr]), validation=(x_pub[va], y_pub[va]),
+        num_classes=data.num_classes, delta=data.delta, epochs=epochs, batch=batch,
+        # Same Poisson rate on the tuning part as on the members (same sigma).
+        tune_batch=max(1, round(batch * len(tr) / n)),
+    )  # fmt: skip
+
+
+def _cell(
+    data: _Data,
+    *,
+    head: str,
+    hidden: int | None,
+    params: int,
+    mech: str,
+    eps: float,
+    sigmas: SigmaCache,
+    draws: int,
+    tuning_draws: int,
+) -> Row:
+    """Tune (lr, clip) on the public parts, then train ``draws`` times on the members."""
+    config = HeadConfig(kind="linear") if hidden is None else HeadConfig(kind="mlp", hidden=hidden)
+
+    def fit(
+        xy: tuple[Tensor, Tensor], cfg: DPSGDConfig, noise_seed: int | None, seed: int
+    ) -> torch.nn.Module:
+        return train_dpsgd_head(
+            xy[0], xy[1], num_classes=data.num_classes, head=config, config=cfg, epsilon=eps,
+            delta=data.delta, accountant="alm_pld", seed=seed, noise_seed=noise_seed,
+            sigmas=sigmas, backend=ALM_TRAINING, mechanism=mech,
+        ).head  # fmt: skip
+
+    def score(cfg: DPSGDConfig) -> float:
+        tuned = DPSGDConfig(cfg.lr, cfg.max_grad_norm, data.epochs, data.tune_batch)
+        accs = []
+        for t in range(tuning_draws):
+            s = derive_seed("answer-tune", data.name, head, mech, eps, t)
+            model = fit(data.tune, tuned, s, s)  # public data: seeded noise
+            with torch.no_grad():
+                pred = model(data.validation[0]).argmax(1)
+            accs.append(float((pred == data.validation[1]).double().mean()))
+        return statistics.mean(accs)
+
+    candidates = [
+        DPSGDConfig(lr=lr, max_grad_norm=c, epochs=data.epochs, batch_size=data.batch)
+        for lr in LR_GRID
+        for c in clip_grid(mech, params)
+    ]
+    chosen, _ = select_on_public(candidates, score)
+    results = []
+    for draw in range(draws):
+        model = fit(data.members, chosen, None, derive_seed("answer-init", data.name, head, draw))
+        results.append(_loss_auc_and_accuracy(model, *data.members, *data.nonmembers))
+    n = len(data.members[1])
+    sigma = sigmas.cached(
+        epsilon=eps, delta=data.delta, sample_rate=1.0 / -(-n // data.batch), epochs=data.epochs,
+        accountant="alm_pld", mechanism=mech, dim=params,
+    )  # fmt: skip
+    return Row(
+        dataset=data.name, head=head, params=params, mechanism=mech, epsilon=eps,
+        sigma=float("nan") if sigma is None else sigma, lr=chosen.lr, clip=chosen.max_grad_norm,
+        accuracy=statistics.median(r[0] for r in results),
+        auc=statistics.median(r[1] for r in results),
+    )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     torch.set_num_threads(1)
@@ -201,24 +290,14 @@ def main(argv: list[str] | None = None) -> int:
     heads = [None if h == "linear" else int(h) for h in args.heads.split(",")]
     for ds in args.datasets.split(","):
         start = time.perf_counter()
-        data = prepare(
-            RunConfig(dataset=ds, cache_dir=args.cache_dir, progress=False, out="runs/answer")
-        )
-        epochs, batch = dataset_spec(ds).dpsgd.as_tuple()
-        (x_in, y_in), (x_out, y_out) = data.part("members"), data.part("nonmembers")
-        x_pub, y_pub = data.part("public")
-        n, d, k = len(y_in), int(x_in.shape[1]), data.num_classes
-        tr, va = public_tuning_split(len(y_pub), n_members=n, seed=derive_seed("answer", ds))
-        # Same Poisson rate on the tuning part as on the members (same sigma).
-        tune_batch = max(1, round(batch * len(tr) / n))
-        print(f"{ds}: n={n} d={d} delta={data.delta:g} schedule={epochs}x{batch} "
-              f"public tuning {len(tr)}+{len(va)} (batch {tune_batch}); "
-              f"features {time.perf_counter() - start:.0f}s", file=sys.stderr)  # fmt: skip
+        data = _load(ds, args.cache_dir)
+        (n, d), k = data.members[0].shape, data.num_classes
+        print(f"{ds}: n={n} d={d} delta={data.delta:g} schedule={data.epochs}x{data.batch} "
+              f"public tuning {len(data.tune[1])}+{len(data.validation[1])} (batch "
+              f"{data.tune_batch}); features {time.perf_counter() - start:.0f}s",
+              file=sys.stderr)  # fmt: skip
         for hidden in heads:
             name = "linear" if hidden is None else f"mlp-{hidden}"
-            config = HeadConfig(kind="linear") if hidden is None else HeadConfig(
-                kind="mlp", hidden=hidden
-            )  # fmt: skip
             params = head_params(d=d, num_classes=k, hidden=hidden)
             if params > args.max_params:
                 print(f"  {name} ({params}) skipped: over --max-params", file=sys.stderr)
@@ -226,49 +305,9 @@ def main(argv: list[str] | None = None) -> int:
             for mech in args.mechanisms.split(","):
                 for eps in (float(e) for e in args.epsilons.split(",")):
                     t0 = time.perf_counter()
-
-                    def fit(
-                        x: Tensor, y: Tensor, cfg: DPSGDConfig, noise_seed: int | None, seed: int
-                    ) -> torch.nn.Module:
-                        return train_dpsgd_head(
-                            x, y, num_classes=k, head=config, config=cfg, epsilon=eps,
-                            delta=data.delta, accountant="alm_pld", seed=seed,
-                            noise_seed=noise_seed, sigmas=sigmas, backend=ALM_TRAINING,
-                            mechanism=mech,
-                        ).head  # fmt: skip
-
-                    def score(cfg: DPSGDConfig) -> float:
-                        tuned = DPSGDConfig(cfg.lr, cfg.max_grad_norm, epochs, tune_batch)
-                        accs = []
-                        for t in range(args.tuning_draws):
-                            s = derive_seed("answer-tune", ds, name, mech, eps, t)
-                            head = fit(x_pub[tr], y_pub[tr], tuned, s, s)
-                            with torch.no_grad():
-                                pred = head(x_pub[va]).argmax(1)
-                            accs.append(float((pred == y_pub[va]).double().mean()))
-                        return statistics.mean(accs)
-
-                    candidates = [
-                        DPSGDConfig(lr=lr, max_grad_norm=c, epochs=epochs, batch_size=batch)
-                        for lr in LR_GRID
-                        for c in clip_grid(mech, params)
-                    ]
-                    chosen, _ = select_on_public(candidates, score)
-                    results = []
-                    for draw in range(args.draws):
-                        seed = derive_seed("answer-init", ds, name, draw)
-                        head = fit(x_in, y_in, chosen, None, seed)  # secure noise
-                        results.append(_loss_auc_and_accuracy(head, x_in, y_in, x_out, y_out))
-                    sigma = sigmas.cached(
-                        epsilon=eps, delta=data.delta, sample_rate=1.0 / -(-n // batch),
-                        epochs=epochs, accountant="alm_pld", mechanism=mech, dim=params,
-                    )  # fmt: skip
-                    row = Row(
-                        dataset=ds, head=name, params=params, mechanism=mech, epsilon=eps,
-                        sigma=float("nan") if sigma is None else sigma, lr=chosen.lr,
-                        clip=chosen.max_grad_norm,
-                        accuracy=statistics.median(r[0] for r in results),
-                        auc=statistics.median(r[1] for r in results),
+                    row = _cell(
+                        data, head=name, hidden=hidden, params=params, mech=mech, eps=eps,
+                        sigmas=sigmas, draws=args.draws, tuning_draws=args.tuning_draws,
                     )  # fmt: skip
                     rows.append(row)
                     print(f"  {name} ({params}) {mech} eps={eps:g}: acc={row.accuracy:.3f} "
