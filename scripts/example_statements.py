@@ -2,8 +2,9 @@
 """Print one real `PrivacyStatement` of every kind the library issues, as releases make them.
 
 Runs the harness on the embedded ``digits`` at epsilon = 1 (one noise draw, no attacks) for
-every registered method, once per post-training sensitivity source, and protects a small head
-through the engine with a caller-supplied bound. With ``--write docs/guarantees.md`` the
+every registered method, once per post-training sensitivity source; ``lu`` on a two-class
+task (odd against even digits); and protects a small head through the engine with a
+caller-supplied bound. With ``--write docs/guarantees.md`` the
 statements replace the block between the ``<!-- statements:begin/end -->`` markers, so the
 examples in the docs are generated, never hand-written.
 
@@ -22,7 +23,8 @@ import torch
 
 import alm_opacus.harness as harness
 from alm_opacus.config import RunConfig
-from alm_opacus.methods import available_methods
+from alm_opacus.data import dataset_spec
+from alm_opacus.methods import MethodContext, available_methods, create_method
 from alm_opacus.protect import PostTrainingPrivacyEngine
 
 BEGIN, END = "<!-- statements:begin -->", "<!-- statements:end -->"
@@ -50,6 +52,21 @@ def harness_statements(*, cache: Path, out: Path) -> dict[str, str]:
     return found
 
 
+def per_query_statement(*, cache: Path, out: Path) -> str:
+    """``lu`` on a two-class task (odd against even digits): the only per-query case."""
+    data = harness.prepare(RunConfig(out=str(out / "binary"), cache_dir=str(cache),
+                                     progress=False))  # fmt: skip
+    x, y = data.part("members")
+    public_x, public_y = data.part("public")
+    context = MethodContext(num_classes=2, head=dataset_spec("digits").head,
+                            public_features=public_x, public_labels=public_y % 2)  # fmt: skip
+    method = create_method("lu")
+    prepared = method.prepare(features=x, labels=y % 2, seed=0, context=context)
+    release = method.release(prepared, features=x, labels=y % 2, epsilon=1.0, delta=1e-5,
+                             seed=0, draw=0, context=context)  # fmt: skip
+    return str(release.statement)
+
+
 def caller_statement() -> str:
     """A head protected through the engine with a bare number as its sensitivity."""
     head = torch.nn.Linear(4, 3)
@@ -75,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     harness.load_plugins()  # the baselines register through the entry point
     with tempfile.TemporaryDirectory() as tmp:
         statements = harness_statements(cache=args.cache_dir, out=Path(tmp))
+        statements["lu, two classes (per-query)"] = per_query_statement(
+            cache=args.cache_dir, out=Path(tmp)
+        )
     statements["engine with a bare number (caller)"] = caller_statement()
     block = render(statements)
     if args.write is None:
