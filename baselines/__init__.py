@@ -42,4 +42,8 @@ def tuning_grids() -> dict[str, Any]:
         "selection": "highest accuracy on a public validation split, at the target epsilon; "
         "trained on a public subset of the members' size; never on members or attack data",
         "grids": {name: [dict(c) for c in grid] for name, grid in TUNING_GRIDS.items()},
+        "notes": {
+            name: "max_grad_norm is scaled by sqrt(p), p the head's trainable numbers (L1 clip)"
+            for name in ("dpsgd-alm", "dpsgd-laplace")
+        },
     }

@@ -1,8 +1,9 @@
 """``dpsgd-alm`` and ``dpsgd-laplace``: ``dpsgd`` with logistic or Laplace noise.
 
-The same recipe, tuning grid (:data:`~baselines.dpsgd.config.TUNING_GRID`, chosen on public
-data), schedule and attacks as ``dpsgd``; what differs is one DP-SGD step (Abadi et al.
-2016, Algorithm 1, with another noise):
+The same recipe, tuning budget (:data:`~baselines.dpsgd.config.TUNING_GRID`'s learning rates,
+its clips scaled by sqrt(p) to the L1 scale; chosen on public data), schedule and attacks as
+``dpsgd``; what differs is one DP-SGD step (Abadi et al. 2016, Algorithm 1, with another
+noise):
 
 * the engine is ``alm_opacus.training.PrivacyEngine`` with ``noise_mechanism="alm"`` or
   ``"laplace"``: per-example clipping in L1 (the norm of the logistic and Laplace
@@ -18,15 +19,16 @@ data), schedule and attacks as ``dpsgd``; what differs is one DP-SGD step (Abadi
 
 from __future__ import annotations
 
-from typing import ClassVar
+import math
+from typing import Any, ClassVar
 
 import torch
 
 from alm_opacus.accounting import ACCOUNTANT_NAME
-from alm_opacus.methods import register_method
+from alm_opacus.methods import MethodContext, register_method
 from alm_opacus.training import PrivacyEngine
 from baselines.dpsgd.config import DPSGDRecipeOptions
-from baselines.dpsgd.loop import PrivateEngine, TrainingBackend, opacus_generators
+from baselines.dpsgd.loop import PrivateEngine, TrainingBackend, init_params, opacus_generators
 from baselines.dpsgd.method import DPSGDMethod
 
 __all__ = [
@@ -84,6 +86,19 @@ class DPSGDMechanismMethod(DPSGDMethod):
     def accountant(self) -> str:
         """``alm_pld``: the only accountant of logistic and Laplace steps."""
         return ACCOUNTANT_NAME
+
+    def grid(self, prepared: Any, *, context: MethodContext) -> tuple[dict[str, Any], ...]:
+        """``dpsgd``'s grid with each clip scaled by sqrt(p), p the head's trainable numbers.
+
+        The same budget (4 configurations), on the L1 scale: a dense gradient of L2 norm c
+        has L1 norm up to sqrt(p) c, so the scaled L1 clip cuts about as much of a gradient
+        as ``dpsgd``'s L2 clip does; unscaled, every example is clipped far below its norm and
+        the step is as if the learning rate were divided by about sqrt(p).
+        """
+        params = init_params(d=int(prepared.features.shape[1]), num_classes=context.num_classes,
+                             head=context.head, seed=0)  # fmt: skip
+        scale = math.sqrt(sum(int(t.numel()) for t in params.values()))
+        return tuple({**c, "max_grad_norm": c["max_grad_norm"] * scale} for c in self.tuning_grid)
 
 
 @register_method("dpsgd-alm")

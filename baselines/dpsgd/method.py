@@ -176,7 +176,8 @@ class DPSGDMethod(Method[DPSGDRecipeOptions, _Prepared]):
     ) -> tuple[DPSGDConfig, TuningResult]:
         """The configuration for this epsilon, tuned on public data once per run."""
         opts = self.options
-        candidates = opts.candidates(self.tuning_grid, schedule=prepared.schedule)
+        grid = self.grid(prepared, context=context)
+        candidates = opts.candidates(grid, schedule=prepared.schedule)
         return choose(
             prepared.tuned,
             (float(epsilon), float(delta), self.accountant),
@@ -190,6 +191,10 @@ class DPSGDMethod(Method[DPSGDRecipeOptions, _Prepared]):
                 prepared, config, epsilon=epsilon, delta=delta, context=context
             ),
         )
+
+    def grid(self, prepared: _Prepared, *, context: MethodContext) -> tuple[dict[str, Any], ...]:
+        """The configurations this method tries (``tuning_grid``; subclasses may rescale)."""
+        return self.tuning_grid
 
     def _score(
         self,

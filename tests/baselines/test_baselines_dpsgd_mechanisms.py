@@ -89,6 +89,25 @@ def test_both_are_registered_in_all_and_planned_beside_dpsgd(tmp_path: Path) -> 
     assert {"dpsgd", "dpsgd-alm", "dpsgd-laplace"} <= planned
 
 
+@pytest.mark.parametrize("name", sorted(MECHANISMS))
+def test_l1_grid_is_dpsgds_with_clips_scaled_by_sqrt_p(name: str, tiny) -> None:  # type: ignore[no-untyped-def]
+    # Same budget (4 configurations, same learning rates); clips on the L1 scale: the
+    # linear head on 8 features and 3 classes has p = 3 * (8 + 1) = 27 trainable numbers.
+    x, y = tiny
+    ctx = _context(tiny)
+    method = create_method(name)
+    prepared = method.prepare(features=x[:40], labels=y[:40], seed=0, context=ctx)
+    grid = method.grid(prepared, context=ctx)  # type: ignore[attr-defined]
+    assert [c["lr"] for c in grid] == [c["lr"] for c in TUNING_GRID]
+    assert [c["max_grad_norm"] for c in grid] == pytest.approx(
+        [c["max_grad_norm"] * math.sqrt(27) for c in TUNING_GRID], rel=1e-15
+    )
+    # dpsgd's own grid is unscaled
+    dpsgd = create_method("dpsgd")
+    assert dpsgd.grid(dpsgd.prepare(features=x[:40], labels=y[:40], seed=0, context=ctx),  # type: ignore[attr-defined]
+                      context=ctx) == TUNING_GRID  # fmt: skip
+
+
 def test_shared_accountant_option_leaves_them_on_alm_pld() -> None:
     # --accountant rdp is dpsgd's; alm_pld is the only accountant of logistic/Laplace steps
     values = {"accountant": "rdp", "dpsgd-alm.lr": 2.0}
