@@ -40,6 +40,20 @@ def _umask() -> int:
     return mask
 
 
+def replace_marked(text: str, *, begin: str, end: str, block: str) -> str:
+    """``text`` with everything between the markers ``begin`` and ``end`` replaced by
+    ``block`` (generated sections of the docs).
+
+    Raises:
+        ValueError: unless each marker occurs exactly once, ``begin`` first.
+    """
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise ValueError(f"expected one {begin} followed by one {end}")
+    head, rest = text.split(begin)
+    _, tail = rest.split(end)
+    return f"{head}{begin}\n{block.strip()}\n{end}{tail}"
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` to ``path`` atomically."""
     with atomic_open(path, "w") as handle:

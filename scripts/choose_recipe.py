@@ -35,6 +35,7 @@ import torch
 from alm_opacus.config import RunConfig
 from alm_opacus.harness import Cell, Session, load_plugins, prepare, run_cell
 from alm_opacus.heads import HeadConfig, accuracy, head_objective
+from alm_opacus.io import atomic_write_text, replace_marked
 from alm_opacus.mechanisms import create_mechanism, make_generator
 
 GRID = tuple(float(10**k) for k in np.arange(-1, 5.01, 0.25))
@@ -154,15 +155,11 @@ def write_block(path: Path, *, dataset: str, block: str) -> None:
     """Replace ``dataset``'s marked block in ``path`` (atomically), appending it if absent."""
     begin, end = f"<!-- recipes:{dataset}:begin -->", f"<!-- recipes:{dataset}:end -->"
     text = path.read_text() if path.exists() else ""
-    new = f"{begin}\n{block}\n{end}"
     if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        text = head + new + rest.split(end, 1)[1]
+        text = replace_marked(text, begin=begin, end=end, block=block)
     else:
-        text = text.rstrip("\n") + f"\n\n## {dataset}\n\n{new}\n"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+        text = text.rstrip("\n") + f"\n\n## {dataset}\n\n{begin}\n{block}\n{end}\n"
+    atomic_write_text(path, text)
 
 
 def main(argv: list[str] | None = None) -> int:

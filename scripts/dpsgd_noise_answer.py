@@ -18,7 +18,6 @@ non-members and the median AUC of the loss attack (members against non-members):
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
@@ -36,12 +35,12 @@ from alm_opacus.config import RunConfig
 from alm_opacus.data import dataset_spec
 from alm_opacus.harness import prepare
 from alm_opacus.heads import HeadConfig
-from alm_opacus.io import atomic_write_text
+from alm_opacus.io import atomic_write_text, replace_marked
 from baselines._common import derive_seed
 from baselines.dpsgd.accounting import SigmaCache
-from baselines.dpsgd.config import DPSGDConfig
-from baselines.dpsgd.loop import train_dpsgd_head
-from baselines.dpsgd.mechanisms import ALM_TRAINING
+from baselines.dpsgd.config import TUNING_GRID, DPSGDConfig
+from baselines.dpsgd.loop import head_size, train_dpsgd_head
+from baselines.dpsgd.mechanisms import ALM_TRAINING, l1_clip
 
 __all__ = [
     "BEGIN",
@@ -58,30 +57,29 @@ __all__ = [
 ]
 
 MECHANISMS = ("gaussian", "alm", "laplace")
-#: The tuning grid (lr x clip), four configurations for every mechanism.
-LR_GRID = (1.0, 4.0)
-#: L2 clips: per-example gradients of these heads on the SimCLR features have L2 norm of
-#: order 1 (the ``dpsgd`` baseline's grid, ``baselines.dpsgd.config.TUNING_GRID``).
-L2_CLIP_GRID = (0.5, 1.0)
+#: The tuning grid (lr x clip), four configurations for every mechanism: the ``dpsgd``
+#: baseline's (``baselines.dpsgd.config.TUNING_GRID``); per-example gradients of these heads on
+#: the SimCLR features have L2 norm of order 1.
+LR_GRID = tuple(dict.fromkeys(c["lr"] for c in TUNING_GRID))
+L2_CLIP_GRID = tuple(dict.fromkeys(c["max_grad_norm"] for c in TUNING_GRID))
 BEGIN = "<!-- answer:begin -->"
 END = "<!-- answer:end -->"
 
 
 def head_params(*, d: int, num_classes: int, hidden: int | None) -> int:
-    """Trainable parameters of the head: linear (``hidden=None``) ``d C + C``; one hidden
-    layer of width ``h``: ``d h + h + h C + C``."""
-    if hidden is None:
-        return d * num_classes + num_classes
-    return d * hidden + hidden + hidden * num_classes + num_classes
+    """Trainable parameters of the head: linear (``hidden=None``) or one hidden layer of
+    width ``hidden`` (:func:`baselines.dpsgd.loop.head_size`)."""
+    head = HeadConfig() if hidden is None else HeadConfig(kind="mlp", hidden=hidden)
+    return head_size(d=d, num_classes=num_classes, head=head)
 
 
 def clip_grid(mechanism: str, params: int) -> tuple[float, ...]:
     """The clipping bounds tried for ``mechanism``: :data:`L2_CLIP_GRID` for Gaussian (L2
-    clipping); times ``sqrt(params)`` for the L1 mechanisms, since a dense gradient of L2
-    norm ``c`` in ``params`` coordinates has L1 norm up to ``sqrt(params) c``: the scaled bound
-    clips about as much of the gradient as the L2 one does."""
-    scale = 1.0 if mechanism == "gaussian" else math.sqrt(params)
-    return tuple(c * scale for c in L2_CLIP_GRID)
+    clipping); moved to the L1 scale for the L1 mechanisms (:func:`l1_clip`, as the
+    ``dpsgd-alm`` and ``dpsgd-laplace`` methods tune)."""
+    if mechanism == "gaussian":
+        return L2_CLIP_GRID
+    return tuple(l1_clip(c, params=params) for c in L2_CLIP_GRID)
 
 
 def public_tuning_split(
@@ -148,11 +146,7 @@ def replace_block(text: str, block: str) -> str:
     Raises:
         ValueError: unless each marker occurs exactly once, BEGIN first.
     """
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise ValueError(f"expected one {BEGIN} followed by one {END}")
-    head, rest = text.split(BEGIN)
-    _, tail = rest.split(END)
-    return f"{head}{BEGIN}\n{block.strip()}\n{END}{tail}"
+    return replace_marked(text, begin=BEGIN, end=END, block=block)
 
 
 def _loss_auc_and_accuracy(

@@ -459,6 +459,14 @@ class HeadNet(nn.Module):
         return out
 
 
+def head_size(*, d: int, num_classes: int, head: HeadConfig) -> int:
+    """The trainable numbers of :func:`init_params`' head, weights and biases (what the
+    optimizer noises): ``(d + 1) C`` for a linear head, ``(d + 1) H + (H + 1) C`` for an MLP."""
+    if head.kind == "linear":
+        return (d + 1) * num_classes
+    return (d + 1) * head.hidden + (head.hidden + 1) * num_classes
+
+
 def init_params(*, d: int, num_classes: int, head: HeadConfig, seed: int) -> Params:
     """The head's initialisation (``alm_opacus.heads.linear_init``), from a seeded generator."""
     sizes = (

@@ -28,7 +28,7 @@ from alm_opacus.accounting import ACCOUNTANT_NAME
 from alm_opacus.methods import MethodContext, register_method
 from alm_opacus.training import PrivacyEngine
 from baselines.dpsgd.config import DPSGDRecipeOptions
-from baselines.dpsgd.loop import PrivateEngine, TrainingBackend, init_params, opacus_generators
+from baselines.dpsgd.loop import PrivateEngine, TrainingBackend, head_size, opacus_generators
 from baselines.dpsgd.method import DPSGDMethod
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "DPSGDMechanismMethod",
     "alm_engine",
     "alm_generators",
+    "l1_clip",
 ]
 
 #: What the statement says of secure runs through ``alm_opacus.training``'s engine.
@@ -75,6 +76,12 @@ _FLOAT_NOTE = (
 )
 
 
+def l1_clip(clip: float, *, params: int) -> float:
+    """An L2 clip moved to the L1 scale of a ``params``-coordinate gradient: a dense gradient
+    of L2 norm ``c`` has L1 norm up to ``sqrt(params) c``, so the result cuts about as much."""
+    return clip * math.sqrt(params)
+
+
 class DPSGDMechanismMethod(DPSGDMethod):
     """``dpsgd`` with the noise of ``noise_mechanism``, through ``alm_opacus.training``'s
     engine and the ``alm_pld`` accountant (its options: the recipe's, no accountant)."""
@@ -95,10 +102,12 @@ class DPSGDMechanismMethod(DPSGDMethod):
         as ``dpsgd``'s L2 clip does; unscaled, every example is clipped far below its norm and
         the step is as if the learning rate were divided by about sqrt(p).
         """
-        params = init_params(d=int(prepared.features.shape[1]), num_classes=context.num_classes,
-                             head=context.head, seed=0)  # fmt: skip
-        scale = math.sqrt(sum(int(t.numel()) for t in params.values()))
-        return tuple({**c, "max_grad_norm": c["max_grad_norm"] * scale} for c in self.tuning_grid)
+        params = head_size(d=int(prepared.features.shape[1]), num_classes=context.num_classes,
+                           head=context.head)  # fmt: skip
+        return tuple(
+            {**c, "max_grad_norm": l1_clip(c["max_grad_norm"], params=params)}
+            for c in self.tuning_grid
+        )
 
 
 @register_method("dpsgd-alm")
