@@ -40,9 +40,9 @@ from bench_sensitivity import bench_sampler  # noqa: E402
 
 from alm_opacus.attacks import AttackerKnowledge, AttackTarget, prepare_attacks  # noqa: E402
 from alm_opacus.data import dataset_spec  # noqa: E402
-from alm_opacus.evaluation import torch_threads  # noqa: E402
-from alm_opacus.harness import RunConfig, prepare  # noqa: E402
 from alm_opacus.methods import MethodContext, create_method, plain_shadow_trainer  # noqa: E402
+from alm_opacus.run.evaluation import torch_threads  # noqa: E402
+from alm_opacus.run.harness import RunConfig, prepare  # noqa: E402
 
 #: (dataset, target seconds, target peak RSS GiB) of ``compare.py --dataset D --methods all``
 #: from an empty cache (issue 13: digits <= 180 s; mnist <= 15 min and <= 4 GiB).

@@ -44,9 +44,9 @@ from alm_opacus.attacks import (
     tpr_at_fpr,
 )
 from alm_opacus.attacks.shadow import ShadowModelAttack
-from alm_opacus.harness import RunConfig, prepare, torch_threads
 from alm_opacus.heads import train_head
 from alm_opacus.methods import Method, MethodContext, Release, create_method, plain_shadow_trainer
+from alm_opacus.run.harness import RunConfig, prepare, torch_threads
 
 TARGET_SECONDS = 5.0
 

@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from alm_opacus.config import RunConfig
-from alm_opacus.harness import Cell, Session, load_plugins, prepare, run_cell
 from alm_opacus.heads import HeadConfig, accuracy, head_objective
 from alm_opacus.io import atomic_write_text, replace_marked
 from alm_opacus.mechanisms import create_mechanism, make_generator
+from alm_opacus.run.config import RunConfig
+from alm_opacus.run.harness import Cell, Session, load_plugins, prepare, run_cell
 
 GRID = tuple(float(10**k) for k in np.arange(-1, 5.01, 0.25))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from alm_opacus.cli import main
+from alm_opacus.run.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

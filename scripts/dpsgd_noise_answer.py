@@ -31,15 +31,15 @@ from sklearn.metrics import roc_auc_score
 from torch import Tensor
 from torch.nn import functional as F
 
-from alm_opacus.config import RunConfig
 from alm_opacus.data import dataset_spec
-from alm_opacus.harness import prepare
 from alm_opacus.heads import HeadConfig
 from alm_opacus.io import atomic_write_text, replace_marked
+from alm_opacus.run.config import RunConfig
+from alm_opacus.run.harness import prepare
 from baselines._common import derive_seed
 from baselines.dpsgd.accounting import SigmaCache
 from baselines.dpsgd.config import TUNING_GRID, DPSGDConfig
-from baselines.dpsgd.loop import head_size, train_dpsgd_head
+from baselines.dpsgd.head import head_size, train_dpsgd_head
 from baselines.dpsgd.mechanisms import ALM_TRAINING, l1_clip
 
 __all__ = [
@@ -68,7 +68,7 @@ END = "<!-- answer:end -->"
 
 def head_params(*, d: int, num_classes: int, hidden: int | None) -> int:
     """Trainable parameters of the head: linear (``hidden=None``) or one hidden layer of
-    width ``hidden`` (:func:`baselines.dpsgd.loop.head_size`)."""
+    width ``hidden`` (:func:`baselines.dpsgd.head.head_size`)."""
     head = HeadConfig() if hidden is None else HeadConfig(kind="mlp", hidden=hidden)
     return head_size(d=d, num_classes=num_classes, head=head)
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-import alm_opacus.harness as harness
-from alm_opacus.config import RunConfig
+import alm_opacus.run.harness as harness
 from alm_opacus.data import dataset_spec
 from alm_opacus.io import atomic_write_text, replace_marked
 from alm_opacus.methods import MethodContext, available_methods, create_method
 from alm_opacus.protect import PostTrainingPrivacyEngine
+from alm_opacus.run.config import RunConfig
 
 BEGIN, END = "<!-- statements:begin -->", "<!-- statements:end -->"
 #: Post-training sensitivity sources the harness offers (``--sensitivity``).

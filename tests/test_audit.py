@@ -12,9 +12,9 @@ import torch
 
 from alm_opacus.attacks import epsilon_lower_bound
 from alm_opacus.data.split import SplitSizes
-from alm_opacus.evaluation import CLEAN_SUFFIX
-from alm_opacus.harness import RunConfig, run
 from alm_opacus.mechanisms import create_mechanism, make_generator
+from alm_opacus.run.evaluation import CLEAN_SUFFIX
+from alm_opacus.run.harness import RunConfig, run
 from alm_opacus.ssl import SSLConfig
 
 SEEDS = range(20)

@@ -51,8 +51,8 @@ def isolated(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
 @pytest.mark.slow
 def test_the_three_examples_run_in_the_harness(tmp_path, isolated) -> None:  # type: ignore[no-untyped-def]
     from alm_opacus.attacks import available_attacks
-    from alm_opacus.config import RunConfig
-    from alm_opacus.harness import run
+    from alm_opacus.run.config import RunConfig
+    from alm_opacus.run.harness import run
 
     _load(tmp_path, "# my_package/rounded.py", "rounded_example")
     _load(tmp_path, "# my_package/four_digits.py", "four_digits_example")

@@ -13,11 +13,11 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-import alm_opacus.harness as harness
+import alm_opacus.run.harness as harness
 from alm_opacus.attacks import DEFAULT_ATTACKS
-from alm_opacus.cli import main, parse_config
 from alm_opacus.heads import HeadConfig, accuracy, train_head
 from alm_opacus.report.results import RESULT_COLUMNS, read_results
+from alm_opacus.run.cli import main, parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

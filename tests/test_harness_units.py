@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from alm_opacus.config import RunConfig
-from alm_opacus.evaluation import CLEAN_SUFFIX
-from alm_opacus.harness import Cell, CellOutcome, Session, plan_cells, run_cell
 from alm_opacus.report.results import read_results
-from alm_opacus.writer import RunWriter, run_settings
+from alm_opacus.run.config import RunConfig
+from alm_opacus.run.evaluation import CLEAN_SUFFIX
+from alm_opacus.run.harness import Cell, CellOutcome, Session, plan_cells, run_cell
+from alm_opacus.run.writer import RunWriter, run_settings
 
 
 def test_the_grid_puts_the_baseline_first_in_every_seed() -> None:

@@ -11,11 +11,11 @@ from tensorboard.backend.event_processing.plugin_event_multiplexer import EventM
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.util import tensor_util
 
-import alm_opacus.harness as harness
-from alm_opacus.harness import RunConfig, run
+import alm_opacus.run.harness as harness
 from alm_opacus.report.results import read_results
 from alm_opacus.report.table import format_tradeoff_table
 from alm_opacus.report.tensorboard import LAYOUT_NAME, run_label
+from alm_opacus.run.harness import RunConfig, run
 
 
 def _small(out: Path, cache: Path, **changes: object) -> RunConfig:

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-import alm_opacus.harness as harness
-import alm_opacus.writer as writer
-from alm_opacus.cli import main, parse_config
-from alm_opacus.config import RunConfig
+import alm_opacus.run.harness as harness
+import alm_opacus.run.writer as writer
 from alm_opacus.report.results import read_results
-from alm_opacus.rundir import RunFolder
+from alm_opacus.run.cli import main, parse_config
+from alm_opacus.run.config import RunConfig
+from alm_opacus.run.rundir import RunFolder
 
 TINY = ["--methods", "none,alm", "--epsilons", "1", "--noise-draws", "1", "--attacks", "loss",
         "--m", "4", "--no-progress", "--reproducible-noise"]  # fmt: skip

@@ -9,7 +9,8 @@ Modules:
 * :mod:`~baselines.dpsgd.accounting`: sigma for a target (Opacus's search), memoised per run
   and on disk (:class:`SigmaCache`), and the accountant's check after training;
 * :mod:`~baselines.dpsgd.loop`: the Opacus loop (:func:`run_opacus`, with a swappable
-  :class:`TrainingBackend`), :func:`fit_private` and :func:`train_dpsgd_head`;
+  :class:`TrainingBackend`) and :func:`fit_private`;
+* :mod:`~baselines.dpsgd.head`: the head as Opacus trains it and :func:`train_dpsgd_head`;
 * :mod:`~baselines.dpsgd.batched`: the batched re-implementation for the adaptive attacker;
 * :mod:`~baselines.dpsgd.method`: the ``dpsgd`` method (tuning, release, statement);
 * :mod:`~baselines.dpsgd.mechanisms`: ``dpsgd-alm`` and ``dpsgd-laplace``;
@@ -47,22 +48,18 @@ from baselines.dpsgd.full import (
     dpsgd_full_finetune,
     private_model,
 )
+from baselines.dpsgd.head import DPSGDRun, HeadNet, head_size, init_params, train_dpsgd_head
 from baselines.dpsgd.loop import (
     OPACUS,
-    DPSGDRun,
     EngineFactory,
     GeneratorFactory,
-    HeadNet,
     OpacusRun,
     OpacusTraining,
     TrainingBackend,
     fit_private,
-    head_size,
-    init_params,
     opacus_engine,
     opacus_generators,
     run_opacus,
-    train_dpsgd_head,
 )
 from baselines.dpsgd.mechanisms import (
     ALM_TRAINING,

@@ -21,7 +21,7 @@ from alm_opacus.training import training_mechanism
 from alm_opacus.training.optimizer import CLIP_NORM_ORDERS
 from baselines._common import derive_seed, single_thread
 from baselines.dpsgd.config import DPSGDConfig, sample_rate_for, steps_per_epoch
-from baselines.dpsgd.loop import init_params
+from baselines.dpsgd.head import init_params
 
 __all__ = ["dpsgd_linear_heads", "dpsgd_shadow_trainer"]
 
@@ -49,7 +49,7 @@ def dpsgd_linear_heads(
     """DP-SGD on ``B = len(masks)`` linear heads at once: Opacus's algorithm, batched.
 
     Head ``b`` trains on the rows where ``masks[b]`` holds, exactly as
-    :func:`~baselines.dpsgd.loop.train_dpsgd_head` would: the same initialisation law,
+    :func:`~baselines.dpsgd.head.train_dpsgd_head` would: the same initialisation law,
     Poisson sampling at ``1 / ceil(n_b / batch_size)``, flat clipping with Opacus's factor
     ``min(1, C / (||g_i|| + 1e-6))``, noise ``N(0, (sigma C)^2)`` on the clipped sum, and
     division by Opacus's expected batch size ``int(n_b q)``. For a linear head the

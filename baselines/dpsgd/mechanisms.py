@@ -28,7 +28,8 @@ from alm_opacus.accounting import ACCOUNTANT_NAME
 from alm_opacus.methods import MethodContext, register_method
 from alm_opacus.training import PrivacyEngine
 from baselines.dpsgd.config import DPSGDRecipeOptions
-from baselines.dpsgd.loop import PrivateEngine, TrainingBackend, head_size, opacus_generators
+from baselines.dpsgd.head import head_size
+from baselines.dpsgd.loop import PrivateEngine, TrainingBackend, opacus_generators
 from baselines.dpsgd.method import DPSGDMethod
 
 __all__ = [

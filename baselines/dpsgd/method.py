@@ -38,7 +38,8 @@ from baselines.dpsgd.config import (
     DPSGDRecipeOptions,
     default_schedule,
 )
-from baselines.dpsgd.loop import OPACUS, OpacusRun, TrainingBackend, train_dpsgd_head
+from baselines.dpsgd.head import train_dpsgd_head
+from baselines.dpsgd.loop import OPACUS, OpacusRun, TrainingBackend
 
 __all__ = ["GAUSSIAN_FLOAT_NOTE", "DPSGDMethod", "OpacusFit", "dpsgd_statement"]
 

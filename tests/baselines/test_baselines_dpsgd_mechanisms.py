@@ -11,8 +11,6 @@ import torch
 
 import baselines
 from alm_opacus.accounting import PipelineAccountant, find_noise_multiplier
-from alm_opacus.cli import parse_config
-from alm_opacus.harness import plan_cells
 from alm_opacus.heads import HeadConfig
 from alm_opacus.methods import (
     MethodContext,
@@ -23,6 +21,8 @@ from alm_opacus.methods import (
     method_class,
     method_options,
 )
+from alm_opacus.run.cli import parse_config
+from alm_opacus.run.harness import plan_cells
 from baselines.dpsgd import (
     ALM_TRAINING,
     TUNING_GRID,
@@ -34,7 +34,7 @@ from baselines.dpsgd import (
     run_opacus,
     train_dpsgd_head,
 )
-from baselines.dpsgd.loop import HeadNet
+from baselines.dpsgd.head import HeadNet
 
 MECHANISMS = {"dpsgd-alm": "alm", "dpsgd-laplace": "laplace"}
 HEAD = HeadConfig()

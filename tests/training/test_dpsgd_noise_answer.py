@@ -14,7 +14,7 @@ import torch
 
 from alm_opacus.heads import HeadConfig
 from baselines.dpsgd.config import DPSGDConfig
-from baselines.dpsgd.loop import HeadNet, init_params
+from baselines.dpsgd.head import HeadNet, init_params
 
 
 @pytest.fixture(scope="module")

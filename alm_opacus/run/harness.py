@@ -5,7 +5,7 @@ the dataset's unlabeled set), each method sees the members, each attack sees wha
 threat model allows.
 
 A run is small units: :func:`plan_cells` lists the (method, epsilon, seed) cells,
-:func:`run_cell` turns one cell into rows, and :class:`~alm_opacus.writer.RunWriter` writes
+:func:`run_cell` turns one cell into rows, and :class:`~alm_opacus.run.writer.RunWriter` writes
 results, ROC curves, ``config.json``, TensorBoard and plots after every cell.
 """
 
@@ -27,17 +27,9 @@ from tqdm.auto import tqdm
 
 from alm_opacus._validation import default_delta
 from alm_opacus.attacks import AttackConfig, AttackResult, PreparedAttacks
-from alm_opacus.config import RunConfig
 from alm_opacus.data import load_dataset, to_float
 from alm_opacus.data.split import Split, make_split
 from alm_opacus.errors import InfeasibleRelease
-from alm_opacus.evaluation import (
-    CLEAN_SUFFIX,
-    Evaluation,
-    cell_rows,
-    infeasible_row,
-    torch_threads,
-)
 from alm_opacus.heads import accuracy
 from alm_opacus.methods import (
     INPUT_KINDS,
@@ -51,10 +43,19 @@ from alm_opacus.methods import (
     method_options,
     plain_shadow_trainer,
 )
-from alm_opacus.report.results import ResultRow, cell_key
-from alm_opacus.rundir import RunFolder, check_writable_dir
+from alm_opacus.report.results import ResultRow
+from alm_opacus.run.cells import Cell, CellOutcome, RocMap
+from alm_opacus.run.config import RunConfig
+from alm_opacus.run.evaluation import (
+    CLEAN_SUFFIX,
+    Evaluation,
+    cell_rows,
+    infeasible_row,
+    torch_threads,
+)
+from alm_opacus.run.rundir import RunFolder, check_writable_dir
+from alm_opacus.run.writer import RunWriter, run_settings, tensorboard_hparams
 from alm_opacus.ssl.pretrain import array_digest, config_hash, extract_features, pretrain
-from alm_opacus.writer import RocMap, RunWriter, run_settings
 
 __all__ = [
     "PLUGIN_GROUP",
@@ -74,7 +75,7 @@ __all__ = [
 
 PLUGIN_GROUP = "alm_opacus.methods"
 #: Pre-training a small CNN is a per-run cost; cells are many small tensor ops that run
-#: faster on one thread (see :func:`~alm_opacus.evaluation.torch_threads`).
+#: faster on one thread (see :func:`~alm_opacus.run.evaluation.torch_threads`).
 CELL_THREADS = 1
 
 
@@ -169,20 +170,6 @@ def preflight(config: RunConfig) -> None:
     load_dataset(config.dataset, root=config.data_root)  # missing or corrupt files fail here
 
 
-@dataclass(frozen=True)
-class Cell:
-    """One (method, epsilon, seed) of the grid; the baseline's epsilon is ``inf``."""
-
-    method: str
-    epsilon: float
-    seed: int
-    draws: int
-
-    @property
-    def key(self) -> tuple[str, str, int]:
-        return cell_key(self.method, self.epsilon, self.seed)
-
-
 def baseline_methods(config: RunConfig) -> list[str]:
     """The run's unprotected baselines: those it names, else ``none`` (always run)."""
     return [m for m in config.methods if method_class(m).baseline] or ["none"]
@@ -268,15 +255,6 @@ class Session:
             trainer = plain_shadow_trainer(self.context)
             self.plain_attacks[seed] = self.evaluation.prepare(trainer, seed=seed)
         return self.plain_attacks[seed]
-
-
-@dataclass
-class CellOutcome:
-    """What one cell produced: its rows, the first draw's ROC curves, its chosen config."""
-
-    rows: list[ResultRow]
-    rocs: RocMap
-    chosen: dict[str, Any] | None = None
 
 
 def run_cell(cell: Cell, session: Session) -> CellOutcome:
@@ -379,7 +357,8 @@ def run(
     with folder, contextlib.ExitStack() as stack:
         if on_start is not None:
             on_start(out)
-        writer = RunWriter(out, settings=settings, resume=config.resume)
+        writer = RunWriter(out, settings=settings, resume=config.resume,
+                           hparams=tensorboard_hparams(config))  # fmt: skip
         data = prepare(config)
         data.split.save(out / "split.json")
         session = Session.open(config, data)

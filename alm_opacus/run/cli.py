@@ -15,13 +15,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from alm_opacus.config import RunConfig
 from alm_opacus.data import DataError, available_datasets, dataset_spec, parse_split_sizes
-from alm_opacus.harness import load_plugins, run
 from alm_opacus.methods import available_methods, default_methods
 from alm_opacus.report.table import format_tradeoff_table
 from alm_opacus.report.tensorboard import dashboard_urls
-from alm_opacus.rundir import check_can_create
+from alm_opacus.run.config import RunConfig
+from alm_opacus.run.harness import load_plugins, run
+from alm_opacus.run.rundir import check_can_create
 
 
 def _comma_list(

@@ -9,28 +9,25 @@ import math
 import platform
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 import alm_opacus
 from alm_opacus.io import atomic_write_json, atomic_write_text
 from alm_opacus.methods import method_class, method_options
+from alm_opacus.posthoc import PostTrainingOptions
 from alm_opacus.report.plots import write_plots
 from alm_opacus.report.results import ResultRow, read_results, write_results
 from alm_opacus.report.tensorboard import write_tensorboard
+from alm_opacus.run.cells import CellOutcome, RocMap
+from alm_opacus.run.config import RunConfig
 
-if TYPE_CHECKING:
-    from alm_opacus.config import RunConfig
-    from alm_opacus.harness import CellOutcome
+__all__ = ["RunWriter", "run_settings", "tensorboard_hparams"]
 
-__all__ = ["RocKey", "RocMap", "RunWriter", "run_settings"]
-
-RocKey = tuple[str, float, str]
 #: Seconds between live rewrites of ``tb/`` while cells finish; results.csv, rocs.json and
 #: config.json are rewritten after every cell, and tb/ at the end and on an interruption.
 TENSORBOARD_REFRESH_S = 20.0
-RocMap = dict[RocKey, tuple[list[float], list[float]]]
 
 
 def run_settings(config: RunConfig) -> dict[str, Any]:
@@ -61,8 +58,12 @@ class RunWriter:
     and ``config.json``'s grid becomes the union of the previous grid and this one.
     """
 
-    def __init__(self, out: Path, *, settings: dict[str, Any], resume: bool) -> None:
+    def __init__(
+        self, out: Path, *, settings: dict[str, Any], resume: bool,
+        hparams: dict[str, object] | None = None,
+    ) -> None:  # fmt: skip
         self.out = out
+        self.hparams = dict(hparams or {})
         self.rows: list[ResultRow] = []
         self.rocs: RocMap = {}
         self.chosen: list[dict[str, Any]] = []
@@ -119,17 +120,19 @@ class RunWriter:
         """Rewrite ``tb/`` from all rows (built aside, then swapped in): it always holds
         exactly this run's rows, resumed ones included."""
         write_tensorboard(self.rows, self.out / "tb", epsilons=self.settings["epsilons"],
-                          hparams=_hparams(self.settings),
+                          hparams=self.hparams,
                           images=self.out / "plots" if images else None)  # fmt: skip
         self._board_written = time.monotonic()
 
 
-def _hparams(settings: dict[str, Any]) -> dict[str, object]:
-    head, options = settings["head"], settings["options"]
-    return {"dataset": settings["dataset"], "head": head["kind"], "head_solver": head["solver"],
-            "head_steps": head["steps"], "head_l2": head["l2"],
-            "noise_draws": settings["noise_draws"],
-            "sensitivity": str(options.get("sensitivity", "sampled"))}  # fmt: skip
+def tensorboard_hparams(config: RunConfig) -> dict[str, object]:
+    """The run-wide hyperparameters TensorBoard's HParams view shows beside each cell."""
+    head = config.recipe
+    sources = sorted({o.sensitivity for o in (method_options(m, config.options)
+                      for m in config.methods) if isinstance(o, PostTrainingOptions)})  # fmt: skip
+    return {"dataset": config.dataset, "head": head.kind, "head_solver": head.solver,
+            "head_steps": head.steps, "head_l2": head.l2, "noise_draws": config.noise_draws,
+            "sensitivity": "/".join(sources) or "-"}  # fmt: skip
 
 
 def _save_rocs(path: Path, rocs: RocMap) -> None:

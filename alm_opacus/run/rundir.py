@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from alm_opacus.config import config_mismatch
+from alm_opacus.run.config import config_mismatch
 
 __all__ = ["RUN_FILES", "RunFolder", "check_can_create", "check_writable_dir"]
 

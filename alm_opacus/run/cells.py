@@ -1,0 +1,41 @@
+"""The units of a run: a :class:`Cell` of the grid and the :class:`CellOutcome` it produces.
+
+The harness computes outcomes and the writer records them; both import this module, neither
+imports the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from alm_opacus.report.results import ResultRow, cell_key
+
+__all__ = ["Cell", "CellOutcome", "RocKey", "RocMap"]
+
+#: (method, epsilon, attack) of a ROC curve.
+RocKey = tuple[str, float, str]
+RocMap = dict[RocKey, tuple[list[float], list[float]]]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (method, epsilon, seed) of the grid; the baseline's epsilon is ``inf``."""
+
+    method: str
+    epsilon: float
+    seed: int
+    draws: int
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return cell_key(self.method, self.epsilon, self.seed)
+
+
+@dataclass
+class CellOutcome:
+    """What one cell produced: its rows, the first draw's ROC curves, its chosen config."""
+
+    rows: list[ResultRow]
+    rocs: RocMap
+    chosen: dict[str, Any] | None = None
