@@ -82,6 +82,11 @@ _LOW63 = (1 << 63) - 1
 #: of the scale (docs/mechanisms.md: measured ≤ 2⁻⁵⁰ against mpmath; the bound keeps 64×).
 _REL_ERROR = 2.0**-44
 _ABS_ERROR = 2.0**-48
+#: The first pass's margin per unit of t (docs/mechanisms.md, "Exact sampling"); the second
+#: pass's bound on V's relative uncertainty. Tests widen them to send draws down the slower,
+#: exact paths.
+_FIRST_MARGIN = 2.0**-39
+_SECOND_MARGIN = 2.0**-50
 #: Above this many cells per scale unit a noise draw could overflow int64 arithmetic.
 _MAX_CELLS = 2.0**52
 
@@ -404,7 +409,7 @@ def discrete_noise(
     # The first pass trusts a cell when x lies farther than this margin from both of its
     # boundaries (docs/mechanisms.md, "Exact sampling"): t·2⁻³⁹ for the float error of the
     # inverse, and t·2⁻⁴⁸/V for V's unseen bits and roundings over the law's density.
-    threshold = 0.5 - t * 2.0**-39 - 2.0**-40
+    threshold = 0.5 - t * _FIRST_MARGIN - 2.0**-40
     size = min(count, _CHUNK)
     signed, v, j, margin = (torch.empty(size, dtype=torch.float64) for _ in range(4))
     for start in range(0, count, _CHUNK):
@@ -418,8 +423,9 @@ def discrete_noise(
         torch.round(vv, out=jj)
         frac = vv.sub_(jj).abs_().add_(mm, alpha=t * 2.0**-48)  # in doubt at 1/2 − t·2⁻³⁹
         out[start:stop] = jj.copysign_(sw)
-        if float(frac.max()) >= threshold:
-            pending.append(torch.nonzero(frac >= threshold).flatten() + start)
+        # NaN (an infinite inverse at V ≈ 0) is in doubt too: test "not below", never "above"
+        if not float(frac.max()) < threshold:
+            pending.append(torch.nonzero(~(frac < threshold)).flatten() + start)
     if pending:
         index = torch.cat(pending)
         magnitude = _second_pass(law, t, words[index], generator)
@@ -440,8 +446,8 @@ def _second_pass(
     j = torch.round(x)
     # V is known to relative 2^-51 (two roundings and the unseen bits) and the law's density
     # is at least V/2 in V-space, so x moves by at most t·2^-50; plus the float error.
-    margin = x * _REL_ERROR + t * (2.0**-50 + _ABS_ERROR) + 2.0**-40
-    doubt = ((x - j).abs() >= 0.5 - margin) | (v < 2.0**-60)
+    margin = x * _REL_ERROR + t * (_SECOND_MARGIN + _ABS_ERROR) + 2.0**-40
+    doubt = ~((x - j).abs() < 0.5 - margin) | (v < 2.0**-60)
     magnitude = j.to(torch.int64)
     for i in torch.nonzero(doubt).flatten().tolist():
         value = (int(high[i]) << 64) | (int(more[i]) & ((1 << 64) - 1))
@@ -565,9 +571,10 @@ def plan_release(
 ) -> ReleasePlan:
     """The grid and scale of an exact (ε, δ) release of ``dim`` coordinates in ``dtype``.
 
-    γ is the coarsest grid with inflation ≤ ``inflation``; if the noise would then span
-    more than 1/40 of the dtype's free integer range (float32 at very small ε), γ is doubled
-    until it does not, and the larger inflation is what the plan (and statement) records.
+    γ is the coarsest grid with inflation ≤ ``inflation``; if 40 noise scales would then
+    exceed the dtype's free integer range (float32 at very small ε), γ is doubled until they
+    do not, or until the sensitivity has doubled, and the larger inflation is what the plan
+    (and statement) records. Outputs beyond the range are clamped (post-processing).
 
     Raises:
         ValueError: on bad budgets or a grid outside the dtype's range.
@@ -578,7 +585,8 @@ def plan_release(
     while True:
         widened = inflated_sensitivity(sensitivity=sensitivity, norm=norm, dim=dim, grid=grid)
         scale = float(calibrate(epsilon=epsilon, delta=delta, sensitivity=widened))
-        if scale / grid.gamma * 40 <= grid.limit - grid.bound:
+        fits = scale / grid.gamma * 40 <= grid.limit - grid.bound
+        if fits or widened >= 2 * sensitivity:
             return ReleasePlan(grid=grid, sensitivity=widened, scale=scale)
         grid = Grid(exponent=grid.exponent + 1, limit=grid.limit, bound=grid.bound)
 
