@@ -190,8 +190,8 @@ def _float_log_likelihood(released: torch.Tensor, clean: torch.Tensor, *, mechan
                 lo = torch.where(ok, lo, mid + 1)
             return lo
 
-        start = first(lambda k: f(k) >= target)
-        stop = first(lambda k: f(k) > target)
+        start = first(lambda k, target=target: f(k) >= target)
+        stop = first(lambda k, target=target: f(k) > target)
         total += (stop - start).to(torch.float64)
     words = 2.0**53 if mechanism == "laplace" else 2.0**52
     with np.errstate(divide="ignore"):
