@@ -32,10 +32,11 @@ from alm_opacus.mechanisms import AdditiveNoiseMechanism, create_mechanism
 from alm_opacus.mechanisms.exact import (
     Grid,
     cell_radius,
-    clip_to_cells,
     dequantize,
     discrete_noise,
+    enforce_radius,
     inflated_sensitivity,
+    scaled_cells,
     step_grid,
 )
 from alm_opacus.mechanisms.sampling import NoiseGenerator, SecureGenerator, is_secure
@@ -241,17 +242,15 @@ class MechanismDPOptimizer(DPOptimizer):
     def _accumulate_cells(self, factors: torch.Tensor, grid: Grid) -> None:
         """The exact step's clipping: each example's clipped gradient rounded to cells with
         its cell norm at most R = C/γ + w(d)/2, summed in int64 into ``p.summed_grad``."""
-        clipped = []
+        cells = []
         for p in self.params:
             _check_processed_flag(p.grad_sample)
-            grad_sample = self._get_flat_grad_sample(p).to(torch.float64)
-            factor = factors.to(grad_sample.device, torch.float64)
-            clipped.append(grad_sample * factor.view(-1, *[1] * (grad_sample.dim() - 1)))
+            cells.append(scaled_cells(self._get_flat_grad_sample(p), factors, grid=grid))
         radius = cell_radius(max_grad_norm=self.max_grad_norm, norm=self.clipping_norm,
                              dim=self.noise_dim, grid=grid)  # fmt: skip
-        cells = clip_to_cells(clipped, grid=grid, norm=self.clipping_norm, radius=radius)
+        enforce_radius(cells, norm=self.clipping_norm, radius=radius)
         for p, c in zip(self.params, cells, strict=True):
-            summed = c.sum(0)
+            summed = c.sum(0).to(torch.int64)  # integers under 2^53: exact
             if p.summed_grad is not None:
                 p.summed_grad += summed
             else:
