@@ -81,8 +81,8 @@ INFLATION = 2.0**-7
 _CHUNK = 1 << 16
 _LOW63 = (1 << 63) - 1
 #: Bound on the relative error of the float64 inverse tails, and an absolute floor in units
-#: of the scale (docs/mechanisms.md: measured ≤ 2⁻⁵⁰ against mpmath; the bound keeps 64×).
-_REL_ERROR = 2.0**-44
+#: of the scale (docs/mechanisms.md: measured ≤ 2⁻⁵⁰ against mpmath, tested ≤ 2⁻⁴⁸; 2× that).
+_REL_ERROR = 2.0**-47
 _ABS_ERROR = 2.0**-48
 #: The first pass's margin per unit of t (docs/mechanisms.md, "Exact sampling"); the second
 #: pass's bound on V's relative uncertainty. Tests widen them to send draws down the slower,
