@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -190,9 +191,11 @@ def _markdown(
         ratios = ", ".join(f"{m} {draws[m]['ratio']:.1f}x" for m in MECHANISMS)
         old = ", ".join(f"{m} {draws[m]['float_ratio']:.1f}x" for m in MECHANISMS)
         lines.append("")
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         lines.append(f"Exact draw of {draws['coordinates']:,} coordinates against "
                      f"`torch.normal` (float32, one thread), measured by "
-                     f"`scripts/bench_exact.py`: {ratios} (target ≤ 3x; the floating-point "
+                     f"`scripts/bench_exact.py` on a shared {os.cpu_count()}-core machine at "
+                     f"load average {load:.1f}: {ratios} (target ≤ 3x; the floating-point "
                      f"path it replaces: {old}).")  # fmt: skip
     if step is not None:
         steps = ", ".join(f"{m} {step[m]['ratio']:.1f}x" for m in MECHANISMS)
