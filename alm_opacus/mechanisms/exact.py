@@ -453,7 +453,9 @@ def _second_pass(
     magnitude = j.to(torch.int64)
     for i in torch.nonzero(doubt).flatten().tolist():
         value = (int(high[i]) << 64) | (int(more[i]) & ((1 << 64) - 1))
-        magnitude[i] = _decide(law, t, value, 127, max(0, int(j[i])), generator)
+        guess = float(j[i])  # infinite only if all 127 bits were 0 (probability 2^-127)
+        start = int(guess) if math.isfinite(guess) and guess >= 0 else 0
+        magnitude[i] = _decide(law, t, value, 127, start, generator)
     return magnitude
 
 
