@@ -28,6 +28,7 @@ from alm_opacus.mechanisms import (
     is_secure,
     make_generator,
 )
+from alm_opacus.mechanisms.exact import ReleasePlan, exact_release, plan_release
 from alm_opacus.mechanisms.gaussian import ClassicGaussianMechanism
 from alm_opacus.statement import (
     NEIGHBOURING,
@@ -205,6 +206,7 @@ class PostTrainingPrivacyEngine:
         seed: int | None = None,
         generator: NoiseGenerator | None = None,
         accountant: PipelineAccountant | None = None,
+        exact: bool = True,
     ) -> ProtectedModule:
         """Release a noisy copy of ``module`` with its :class:`PrivacyStatement`.
 
@@ -246,17 +248,30 @@ class PostTrainingPrivacyEngine:
             raise ValueError("pass seed or generator, not both")
         if generator is None:
             generator = make_generator(seed=seed, secure_mode=seed is None)
+        named = dict(release.named_parameters())
+        plan = None
+        if exact:
+            plan = plan_release(
+                mechanism=mech, epsilon=epsilon, delta=delta, sensitivity=info.value,
+                dim=sum(named[n].numel() for n in names),
+                # the narrowest dtype bounds the grid's integer range
+                dtype=max((named[n].dtype for n in names), key=lambda d: torch.finfo(d).eps),
+            )  # fmt: skip
+            scale = plan.scale
         statement = statement_for(mechanism=mech, epsilon=epsilon, delta=delta, scale=scale,
                                   sensitivity=info, noise="secure" if is_secure(generator)
-                                  else "seeded")  # fmt: skip
-        named = dict(release.named_parameters())
+                                  else "seeded", plan=plan)  # fmt: skip
         if accountant is not None:
             _record(accountant, statement, dim=sum(named[n].numel() for n in names))
         with torch.no_grad():
             for name in names:
                 p = named[name]
-                noise = mech.sample(tuple(p.shape), scale=scale, generator=generator)
-                p.add_(noise.to(device=p.device, dtype=p.dtype))
+                if plan is not None:
+                    p.copy_(exact_release(p, mechanism=mech, scale=scale, grid=plan.grid,
+                                          generator=generator))  # fmt: skip
+                else:
+                    noise = mech.sample(tuple(p.shape), scale=scale, generator=generator)
+                    p.add_(noise.to(device=p.device, dtype=p.dtype))
         entry = self.ledger.setdefault(_weights_digest(module), LedgerEntry())
         entry.epsilon += statement.epsilon if math.isfinite(statement.epsilon) else math.inf
         entry.delta = min(1.0, entry.delta + statement.delta)
@@ -279,7 +294,8 @@ def _record(accountant: PipelineAccountant, statement: PrivacyStatement, *, dim:
     assert statement.sensitivity is not None and statement.noise_scale is not None
     accountant.record_release(
         mechanism=statement.mechanism, scale=statement.noise_scale,
-        sensitivity=statement.sensitivity.value, dim=dim, neighbouring=statement.neighbouring,
+        sensitivity=statement.grid_sensitivity or statement.sensitivity.value, dim=dim,
+        neighbouring=statement.neighbouring,
     )  # fmt: skip
 
 
@@ -315,11 +331,24 @@ def _split_parameters(
     return names, clean
 
 
+#: Why a floating-point release states no guarantee.
+FLOAT_NOTE = (
+    "no guarantee: floating-point noise (exact=False). A float function of a float uniform "
+    "reaches a sparse, uneven set of floats that depends on the clean value, so an attacker "
+    "who knows the sampler can tell neighbouring heads apart from the released bits "
+    "(Mironov 2012; docs/threat_model.md, 'A floating-point adversary'); the nominal "
+    "epsilon is that of the ideal real-valued mechanism"
+)
+
+
 def statement_for(
     *, mechanism: AdditiveNoiseMechanism, epsilon: float, delta: float, scale: float,
-    sensitivity: SensitivityInfo, noise: str = "secure",
+    sensitivity: SensitivityInfo, noise: str = "secure", plan: ReleasePlan | None = None,
 ) -> PrivacyStatement:  # fmt: skip
     """What a one-shot release of ``mechanism`` at ``scale`` may claim.
+
+    ``plan`` is the grid of an exact release (its statement names γ, B and the calibrated
+    sensitivity Δ'); without one the noise is floating-point and no guarantee is stated.
 
     * sensitivity sampled from the population (Rubinstein & Aldà): random-DP with the
       sampler's gamma and confidence;
@@ -340,8 +369,10 @@ def statement_for(
     if isinstance(mechanism, ClassicGaussianMechanism) and not mechanism.theorem_applies(
         epsilon=epsilon
     ):
-        actual = mechanism.achieved_delta(epsilon=epsilon, scale=scale,
-                                          sensitivity=sensitivity.value)  # fmt: skip
+        actual = mechanism.achieved_delta(
+            epsilon=epsilon, scale=scale,
+            sensitivity=sensitivity.value if plan is None else plan.sensitivity,
+        )  # fmt: skip
         if not actual < 1:
             raise InfeasibleRelease(
                 f"epsilon={epsilon:g}: the textbook Gaussian sigma achieves no delta < 1 here "
@@ -355,6 +386,14 @@ def statement_for(
         )
     common: dict[str, Any] = {"mechanism": mechanism.name, "noise_scale": float(scale),
                               "sensitivity": sensitivity, "noise": noise}  # fmt: skip
+    if plan is not None:
+        common.update(grid=plan.grid.gamma, clamp=plan.grid.clamp,
+                      grid_sensitivity=plan.sensitivity)  # fmt: skip
+    else:
+        notes.append(FLOAT_NOTE)
+        return PrivacyStatement(epsilon=math.inf, delta=0.0, guarantee=Guarantee.NONE,
+                                neighbouring="", nominal_epsilon=float(epsilon),
+                                notes=tuple(notes), **common)  # fmt: skip
     source = sensitivity.source
     if source is SensitivitySource.SAMPLED_MEMBERS:
         notes.append(

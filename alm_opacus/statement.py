@@ -126,6 +126,12 @@ class PrivacyStatement:
         delta_spent: total delta spent likewise.
         unprotected_parameters: parameters released without noise, declared public by the
             caller (the guarantee does not cover them).
+        grid: γ, the power-of-two grid of an exact release (every shipped value is a
+            multiple of it; ``None`` for a floating-point or noiseless release).
+        clamp: B, the largest |clean value| an exact release represents (larger ones were
+            clamped before noise); ``None`` when nothing is clamped.
+        grid_sensitivity: Δ', the sensitivity of the grid-rounded query that the noise was
+            calibrated to (Δ plus what rounding adds: `docs/mechanisms.md`).
     """
 
     epsilon: float
@@ -141,8 +147,12 @@ class PrivacyStatement:
     epsilon_spent: float | None = None
     delta_spent: float | None = None
     unprotected_parameters: tuple[str, ...] = ()
+    grid: float | None = None
+    clamp: float | None = None
+    grid_sensitivity: float | None = None
 
     def __post_init__(self) -> None:
+        self._check_grid()
         object.__setattr__(self, "guarantee", Guarantee(self.guarantee))
         object.__setattr__(self, "notes", tuple(self.notes))
         object.__setattr__(self, "unprotected_parameters", tuple(self.unprotected_parameters))
@@ -192,6 +202,30 @@ class PrivacyStatement:
             raise ValueError(f"'pure-dp' needs delta=0, got {self.delta!r}")
         if g is Guarantee.APPROX_DP and self.delta == 0:
             raise ValueError("'approx-dp' needs delta > 0; use 'pure-dp' for delta=0")
+
+    def _check_grid(self) -> None:
+        """An exact release's grid is a positive power of two, and its calibrated
+        sensitivity is at least the sensitivity it inflates."""
+        if self.grid is not None and not (
+            math.isfinite(self.grid) and self.grid > 0 and math.frexp(self.grid)[0] == 0.5
+        ):
+            raise ValueError(f"grid={self.grid!r} is invalid: expected a power of two > 0")
+        if self.clamp is not None and not self.clamp > 0:
+            raise ValueError(f"clamp={self.clamp!r} is invalid: expected a number > 0")
+        if self.grid_sensitivity is not None:
+            floor = self.sensitivity.value if self.sensitivity is not None else 0.0
+            if not (math.isfinite(self.grid_sensitivity) and self.grid_sensitivity >= floor):
+                raise ValueError(
+                    f"grid_sensitivity={self.grid_sensitivity!r} is invalid: expected a finite "
+                    f"number ≥ the sensitivity {floor!r}"
+                )
+
+    @property
+    def inflation(self) -> float | None:
+        """(Δ' − Δ)/Δ: what grid rounding added to the sensitivity (``None`` if not exact)."""
+        if self.grid_sensitivity is None or self.sensitivity is None:
+            return None
+        return self.grid_sensitivity / self.sensitivity.value - 1.0
 
     @classmethod
     def unprotected(cls, *, mechanism: str = "none") -> PrivacyStatement:
@@ -271,6 +305,16 @@ class PrivacyStatement:
             )
         if self.noise_scale is not None:
             parts.append(f"noise scale={self.noise_scale:.6g}")
+        if self.grid is not None:
+            exact = f"exact on the released floats: grid 2^{math.frexp(self.grid)[1] - 1}"
+            if self.clamp is not None:
+                exact += f", clean values clamped to ±{self.clamp:.6g}"
+            if self.grid_sensitivity is not None and self.inflation is not None:
+                exact += (
+                    f", noise calibrated to sensitivity {self.grid_sensitivity:.6g} "
+                    f"(+{100 * self.inflation:.2f}% for rounding)"
+                )
+            parts.append(exact)
         if self.sensitivity is not None:
             s = self.sensitivity
             extra = f", m={s.m}" if s.m is not None else ""

@@ -124,8 +124,9 @@ class L2LaplaceNoise:
         sphere (a normalised standard Gaussian vector). A numpy generator draws both with
         ``standard_normal`` and ``gamma`` (seeded runs repeat earlier ones); a
         :class:`~alm_opacus.mechanisms.SecureGenerator` draws the Gaussian by the inverse CDF
-        of uniforms from ``os.urandom`` and the norm as a sum of ``dim`` exponentials
-        ``-scale ln U`` (a Gamma of integer shape is exactly that sum).
+        of uniforms from its AES-CTR keystream (keyed from ``os.urandom``) and the norm as a
+        sum of ``dim`` exponentials ``-scale ln U`` (a Gamma of integer shape is exactly that
+        sum).
 
         Args:
             dim: dimension >= 1.
@@ -230,15 +231,16 @@ def _noise_notes(*, num_params: int, scale: float, seeded: bool) -> tuple[str, .
         "numpy PCG64 seeded from public labels (method, seed, draw, epsilon): whoever knows "
         "them can subtract the noise, so the guarantee holds only while they stay secret"
         if seeded
-        else "noise from the OS CSPRNG (os.urandom): direction by inverse-CDF normals, norm "
-        "as a sum of exponentials"
+        else "noise from an AES-256-CTR keystream keyed from os.urandom: direction by "
+        "inverse-CDF normals, norm as a sum of exponentials"
     )
     return (
         f"noise density proportional to exp(-epsilon ||b||_2 / Delta_2) over all {num_params} "
         "parameters (Chaudhuri et al. 2011, Algorithm 1); expected noise norm "
         f"{L2LaplaceNoise.mean_norm(dim=num_params, scale=scale):.4g}",
         source,
-        "floating-point noise: the guarantee is for the ideal real-valued mechanism",
+        "floating-point noise (no exact grid version of this mechanism yet; Mironov 2012): "
+        "the guarantee is for the ideal real-valued mechanism",
     )
 
 

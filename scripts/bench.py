@@ -8,7 +8,10 @@
 * attacks: all attacks on one release once the shadow and reference heads are trained;
 * baselines: DP-SGD against non-private head training, a DP-SGD retrain at a new epsilon
   against a post-training re-protection at that epsilon, and one ``dpsgd-full`` run
-  (encoder and head) against one DP-SGD head run.
+  (encoder and head) against one DP-SGD head run;
+* exact noise (``scripts/bench_exact.py``, alone with ``--only-exact``): one exact draw of 1M
+  coordinates against ``torch.normal`` (issue 19 target <= 3x), an exact DP-SGD step against
+  Opacus's Gaussian step, and the grid's sensitivity inflation at the shipped heads.
 
 Targets (issues 4, 5, 7, 13, 14): sampler ratio >= 10; attacks <= 5 s; digits full run <=
 180 s and <= 3 GiB peak RSS; mnist full run <= 15 min and <= 4 GiB; resume <= 10 s. They are
@@ -36,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_baselines import bench_baselines  # noqa: E402
+from bench_exact import bench_exact  # noqa: E402
+from bench_exact import format_rows as exact_rows  # noqa: E402
 from bench_sensitivity import bench_sampler  # noqa: E402
 
 from alm_opacus.attacks import AttackerKnowledge, AttackTarget, prepare_attacks  # noqa: E402
@@ -125,8 +130,16 @@ def main() -> None:
         help="also time compare.py --dataset mnist --methods all (minutes; mnist runs after "
         "digits so the peak RSS read after it is mnist's only if it is the larger)",
     )  # fmt: skip
+    parser.add_argument("--only-exact", action="store_true",
+                        help="only the exact-noise benchmarks (seconds)")  # fmt: skip
     args = parser.parse_args()
     report: dict[str, Any] = {"torch_threads": torch.get_num_threads()}
+    with torch_threads(1):  # the draw and torch.normal on the same footing
+        report["exact"] = bench_exact()
+    if args.only_exact:
+        Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
+        print(format_table(report))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "full").mkdir()
@@ -160,6 +173,9 @@ def format_table(report: dict[str, Any]) -> str:
              f"<= {full['target_rss_gib']:g}"),
             (f"{name} second run --resume (s)", f"{full['resume_seconds']:.1f}", "<= 10"),
         ]  # fmt: skip
+    if "sampler" not in report:
+        rows += exact_rows(report["exact"])
+        return _table(rows)
     s = report["sampler"]
     rows += [
         ("sampler batched vs sequential, m=200", f"{s['ratio']:.1f}x", ">= 10x"),
@@ -181,6 +197,11 @@ def format_table(report: dict[str, Any]) -> str:
             ("dpsgd-full vs dpsgd head, one run", f"{f['ratio']:.0f}x", ""),
             ("  full / head (s)", f"{f['seconds_full']:.2f} / {f['seconds_head']:.3f}", ""),
         ]
+    rows += exact_rows(report["exact"])
+    return _table(rows)
+
+
+def _table(rows: list[tuple[str, str, str]]) -> str:
     width = max(len(r[0]) for r in rows)
     lines = [f"{'measure':<{width}}  {'value':>14}  target", "-" * (width + 30)]
     lines += [f"{a:<{width}}  {b_:>14}  {c}" for a, b_, c in rows]

@@ -12,7 +12,8 @@ import torch
 
 from alm_opacus._hashing import derive_seed
 from alm_opacus.heads import HeadConfig, train_head
-from alm_opacus.mechanisms import create_mechanism, make_generator
+from alm_opacus.mechanisms import make_generator
+from alm_opacus.mechanisms.exact import Grid, discrete_noise
 from alm_opacus.methods import MethodContext, NoisePolicy, create_method
 from alm_opacus.protect import PostTrainingPrivacyEngine, ProtectedModule, SensitivityInfo
 from alm_opacus.statement import Guarantee, PrivacyStatement
@@ -37,12 +38,17 @@ def _flat(module: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in module.parameters()])
 
 
-def _replay(noisy: torch.nn.Module, *, mechanism: str, scale: float, seed: int) -> torch.Tensor:
-    """The attack: regenerate the noise from a guessed seed and subtract it (the engine draws
-    every parameter in order from one generator)."""
-    mech, gen = create_mechanism(mechanism), make_generator(seed=seed)
+def _replay(noisy: torch.nn.Module, *, statement: PrivacyStatement, seed: int) -> torch.Tensor:
+    """The attack: regenerate the grid noise from a guessed seed and subtract it (the engine
+    draws every parameter in order from one generator); what remains is the clean weights
+    rounded to the grid."""
+    assert statement.grid is not None and statement.noise_scale is not None
+    grid = Grid(exponent=math.frexp(statement.grid)[1] - 1, limit=2**53, bound=2**52)
+    gen = make_generator(seed=seed)
     return torch.cat([
-        (p.detach() - mech.sample(tuple(p.shape), scale=scale, generator=gen).to(p)).flatten()
+        (p.detach() - statement.grid * discrete_noise(
+            tuple(p.shape), mechanism=statement.mechanism, scale=statement.noise_scale,
+            grid=grid, generator=gen).to(p)).flatten()
         for p in noisy.parameters()
     ])  # fmt: skip
 
@@ -51,18 +57,18 @@ def test_a_seeded_release_is_replayed_and_a_secure_one_is_not(head) -> None:  # 
     engine = PostTrainingPrivacyEngine(mechanism="alm")
     clean = _flat(head)
     seeded = engine.make_private(head, epsilon=1.0, sensitivity=ANALYTIC, seed=1234)
-    scale = seeded.statement.noise_scale
-    assert scale is not None and seeded.statement.noise == "seeded"
-    # Trying seeds 0..1999 finds it: the recovered weights are the clean ones, to rounding.
+    scale, grid = seeded.statement.noise_scale, seeded.statement.grid
+    assert scale is not None and grid is not None and seeded.statement.noise == "seeded"
+    # Trying seeds 0..1999 finds it: the recovered weights are the clean ones on the grid.
     hits = [s for s in range(2000)
-            if float((_replay(seeded, mechanism="alm", scale=scale, seed=s) - clean).abs().max())
-            < 1e-9]  # fmt: skip
+            if float((_replay(seeded, statement=seeded.statement, seed=s) - clean).abs().max())
+            <= grid / 2]  # fmt: skip
     assert hits == [1234]
     secure = engine.make_private(head, epsilon=1.0, sensitivity=ANALYTIC)
     assert secure.statement.noise == "secure" and "seeded" not in str(secure.statement)
-    best = min(float((_replay(secure, mechanism="alm", scale=scale, seed=s) - clean).abs().max())
+    best = min(float((_replay(secure, statement=secure.statement, seed=s) - clean).abs().max())
                for s in range(2000))  # fmt: skip
-    assert best > scale  # no seed explains the noise: it came from os.urandom
+    assert best > scale  # no seed explains the noise: it came from the keystream
 
 
 @pytest.mark.parametrize("reproducible", [True, False])
@@ -79,11 +85,10 @@ def test_harness_releases_replay_only_with_reproducible_noise(data, reproducible
     st = release.statement
     assert st.noise == ("seeded" if reproducible else "secure") and st.noise_scale is not None
     assert release.module is not None
-    guess = _replay(release.module, mechanism="laplace", scale=st.noise_scale,
-                    seed=derive_seed("laplace", 0, 3, 2.0))  # fmt: skip
+    guess = _replay(release.module, statement=st, seed=derive_seed("laplace", 0, 3, 2.0))
     error = float((guess - _flat(prepared.head)).abs().max())
     if reproducible:
-        assert error < 1e-9
+        assert st.grid is not None and error <= st.grid / 2
         assert any("seed stays secret" in note for note in st.notes)
     else:
         assert error > st.noise_scale

@@ -49,10 +49,16 @@ def test_release_noise_follows_the_mechanism_law(head, mechanism, reference, nor
     delta = 1e-5 if norm == "l2" else 0.0
     release = engine.make_private(head, epsilon=2.0, delta=delta, sensitivity=info, seed=7)
     noise = (_flat(release.module) - _flat(head)).numpy()
-    scale = release.statement.noise_scale
-    assert scale is not None
+    statement = release.statement
+    scale, widened = statement.noise_scale, statement.grid_sensitivity
+    assert scale is not None and widened is not None and statement.grid is not None
+    # the noise is calibrated to the grid-rounded sensitivity Δ' = Δ + w(d)γ ≤ Δ(1 + 2⁻⁷)
+    assert 0.5 < widened <= 0.5 * (1 + 2.0**-7)
     if mechanism in ("alm", "laplace"):
-        assert scale == pytest.approx(0.5 / 2.0)  # ALM Theorem 4.1 / Laplace: scale = Δ₁/ε
+        assert scale == pytest.approx(widened / 2.0)  # ALM Theorem 4.1 / Laplace: Δ₁/ε
+    # every shipped weight is a multiple of the grid
+    shipped = _flat(release.module).numpy()
+    assert np.all(np.round(shipped / statement.grid) * statement.grid == shipped)
     assert stats.kstest(noise, reference(scale=scale).cdf).pvalue > 1e-3
 
 
@@ -162,7 +168,10 @@ def test_alm_method_at_epsilon_1(small, pixel_features, source: str, expected: s
     assert st.guarantee.value == expected and st.delta == 0.0
     assert st.epsilon == (math.inf if expected == "none" else 1.0)
     assert st.sensitivity is not None and st.sensitivity.norm == "l1"
-    assert st.noise_scale == pytest.approx(st.sensitivity.value / 1.0)
+    # calibrated to the grid-rounded sensitivity, at most 2⁻⁷ above the sampled one
+    assert st.grid_sensitivity is not None
+    assert st.sensitivity.value < st.grid_sensitivity <= st.sensitivity.value * (1 + 2.0**-7)
+    assert st.noise_scale == pytest.approx(st.grid_sensitivity / 1.0)
     if source.startswith("sampled"):
         assert st.sensitivity.gamma is not None and 0 < st.sensitivity.confidence < 1
     if source == "sampled":  # neighbours drawn from the public rows, never the members

@@ -88,7 +88,9 @@ def test_rows_aggregate_noise_draws(small_run) -> None:  # type: ignore[no-untyp
     for r in rows:
         assert r.noise_draws == 2 and r.guarantee == "random-dp"
         assert not math.isnan(r.test_accuracy_std) and not math.isnan(r.mia_auc_std)
-        assert r.noise_scale == pytest.approx(r.sensitivity / r.epsilon)
+        # exact releases calibrate to the grid-rounded sensitivity Δ' ∈ (Δ, Δ(1 + 2⁻⁷)]
+        assert r.sensitivity / r.epsilon < r.noise_scale
+        assert r.noise_scale <= r.sensitivity * (1 + 2.0**-7) / r.epsilon * (1 + 1e-12)
 
 
 @pytest.mark.slow

@@ -1,44 +1,41 @@
-"""Noise sampling from a seeded ``torch.Generator``.
-
-Floating-point caveat (Mironov 2012, "On significance of the least significant bits for
-differential privacy"): textbook samplers map a floating-point uniform through an inverse
-CDF. The set of reachable outputs is then a sparse, uneven lattice, and which lattice points
-``f(D) + noise`` can land on depends on ``f(D)``; an observer can sometimes tell neighbouring
-datasets apart from the low-order bits alone. The proofs cover the ideal real-valued
-mechanism, not this lattice. See `docs/mechanisms.md` for what we do and do not claim.
-
-What this module does about it:
-
-- Draws in float64 whatever the output dtype, from a uniform on the odd multiples of 2^-53.
-  The inverse CDF is then exactly symmetric and never returns ±inf; |noise| ≤ 53·ln 2 ≈ 36.7
-  scales (a tail mass below 2^-52 is cut).
-- It does **not** implement Mironov's snapping mechanism, which must round ``f(D) + noise``
-  itself, not the noise alone. Our guarantee statements are for the ideal mechanism.
+"""Random bits, and the floating-point noise samplers kept as an explicit opt-in.
 
 Where the randomness comes from. A release whose noise can be regenerated from published
 values is not private: whoever knows the seed subtracts the noise. :class:`SecureGenerator`
-draws every random bit from the operating system's CSPRNG (``os.urandom``), keeps no seed
-and cannot be replayed; it is the default of every release. A seeded ``torch.Generator``
-(Mersenne Twister, not a CSPRNG) is for reproducible research only, and a release made with
-it says so in its statement.
+draws every random bit from a cryptographic keystream (AES-256-CTR keyed from ``os.urandom``,
+:mod:`alm_opacus.mechanisms.csprng`), keeps no seed and cannot be replayed; it is the default
+of every release, DP-SGD step and Poisson batch. A seeded ``torch.Generator`` (Mersenne
+Twister, not a CSPRNG) is for reproducible research only, and a release made with it says so
+in its statement.
+
+Releases are exact (:mod:`alm_opacus.mechanisms.exact`): integer noise on a power-of-two grid,
+sampled exactly from these bits. The ``standard_*`` samplers below map a float uniform
+through an inverse CDF; their outputs form a sparse, uneven lattice whose reachable points
+depend on the clean value, so a release made with them can be told apart from its neighbour
+by its low-order bits (Mironov 2012). They remain only for the float path a caller must ask
+for, whose statement is ``none``, and for an attacker's simulations.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
+from fractions import Fraction
 
 import numpy as np
 import torch
 
+from alm_opacus.mechanisms.csprng import KeyStream
+
 __all__ = [
     "NoiseGenerator",
     "SecureGenerator",
+    "bernoulli",
     "is_secure",
     "make_generator",
     "uniform_bits",
     "uniform_open",
+    "uniform_words",
 ]
 
 _TWO_52 = 2**52
@@ -49,11 +46,14 @@ Shape = int | Sequence[int] | torch.Size
 
 
 class SecureGenerator:
-    """Random bits from the operating system's CSPRNG (``os.urandom``); nothing to replay.
+    """Random bits from a cryptographic keystream keyed from ``os.urandom``; nothing to replay.
 
     It stands in for a ``torch.Generator`` wherever this package draws noise or Poisson
-    batches: :func:`uniform_bits` and :func:`uniform_open` accept either. Opacus's own
-    ``secure_mode`` needs ``torchcsprng``, which is not maintained for current PyTorch.
+    batches: :func:`uniform_words`, :func:`uniform_bits` and :func:`uniform_open` accept
+    either. The keystream is AES-256-CTR (:class:`~alm_opacus.mechanisms.csprng.KeyStream`);
+    a forked child, a copy and an unpickled copy each rekey, so no two ever share bits.
+    Opacus's own ``secure_mode`` needs ``torchcsprng``, which is not maintained for current
+    PyTorch.
 
     Attributes:
         device: where the drawn tensors are placed (the bits are drawn on the CPU).
@@ -63,13 +63,19 @@ class SecureGenerator:
 
     def __init__(self, *, device: str | torch.device = "cpu") -> None:
         self.device = torch.device(device)
+        self._stream = KeyStream()
+
+    def words(self, count: int) -> torch.Tensor:
+        """``count`` independent uniform 64-bit words as int64 (two's complement), on the CPU."""
+        if count == 0:
+            return torch.empty(0, dtype=torch.int64)
+        return torch.frombuffer(self._stream.read(8 * count), dtype=torch.int64, count=count)
 
     def bits(self, shape: tuple[int, ...], *, bits: int) -> torch.Tensor:
         """Independent uniform integers in [0, 2**bits), int64, ``bits`` in [1, 63]."""
         if not 1 <= bits <= 63:
             raise ValueError(f"bits={bits!r} is invalid: expected an integer in [1, 63]")
-        count = math.prod(shape)
-        raw = np.frombuffer(os.urandom(8 * count), dtype=np.uint64) >> np.uint64(64 - bits)
+        raw = self._stream.words(math.prod(shape)) >> np.uint64(64 - bits)
         out = torch.from_numpy(raw.astype(np.int64)).reshape(shape)
         return out.to(self.device)
 
@@ -93,7 +99,7 @@ def make_generator(
 
     Args:
         seed: integer seed; required unless ``secure_mode``.
-        secure_mode: draw every bit from the operating system's CSPRNG (``os.urandom``);
+        secure_mode: draw every bit from a keystream keyed from ``os.urandom``;
             no seed exists, so the noise cannot be regenerated.
         device: device of the generator (of the drawn tensors, for a secure one).
 
@@ -125,6 +131,66 @@ def uniform_bits(shape: Shape, *, bits: int, generator: NoiseGenerator) -> torch
     return torch.randint(
         0, 2**bits, dims, generator=generator, dtype=torch.int64, device=generator.device
     )
+
+
+def uniform_words(count: int, *, generator: NoiseGenerator) -> torch.Tensor:
+    """``count`` independent uniform 64-bit words as int64 on the CPU, from either generator.
+
+    A seeded ``torch.Generator`` gives 63 bits from ``random_`` and the sign bit from one more
+    draw, so a seeded run is reproducible on any machine.
+    """
+    if isinstance(generator, SecureGenerator):
+        return generator.words(count)
+    device = generator.device
+    low = torch.empty(count, dtype=torch.int64, device=device).random_(generator=generator)
+    top = torch.randint(0, 2, (count,), generator=generator, dtype=torch.int64, device=device)
+    return low.bitwise_or_(top << 63).cpu()
+
+
+def bernoulli(shape: Shape, *, probability: float, generator: NoiseGenerator) -> torch.Tensor:
+    """Independent Bernoulli(``probability``) draws, exactly: P(True) equals the float given.
+
+    Each draw compares a uniform U = 0.b₁b₂… (its bits drawn as needed) with the binary
+    expansion of ``probability``: the first 63 bits decide unless they tie with the
+    expansion's (probability 2⁻⁶³), and a tie draws more bits. No float rounding enters.
+
+    Args:
+        shape: output shape.
+        probability: p in [0, 1] (a float64, whose binary expansion is finite).
+        generator: a seeded ``torch.Generator`` or a `SecureGenerator`.
+
+    Returns:
+        A bool tensor of ``shape`` on the generator's device.
+
+    Raises:
+        ValueError: if ``probability`` is not in [0, 1] or ``shape`` is invalid.
+    """
+    dims = _normalise_shape(shape)
+    p = float(probability)
+    if not 0.0 <= p <= 1.0:  # also rejects NaN
+        raise ValueError(f"probability={probability!r} is invalid: expected a number in [0, 1]")
+    count = math.prod(dims)
+    device = generator.device
+    if p == 1.0:
+        return torch.ones(dims, dtype=torch.bool, device=device)
+    scaled = Fraction(p) * 2**63
+    threshold = math.floor(scaled)  # < 2**63: fits int64
+    u = uniform_words(count, generator=generator) & (2**63 - 1)
+    out = u < threshold
+    for i in torch.nonzero(u == threshold).flatten().tolist():  # probability 2**-63 each
+        out[i] = _below(scaled - threshold, generator)
+    return out.reshape(dims).to(device)
+
+
+def _below(fraction: Fraction, generator: NoiseGenerator) -> bool:
+    """Whether a fresh uniform in [0, 1), its bits drawn 63 at a time, is below ``fraction``."""
+    while True:
+        fraction *= 2**63
+        threshold = math.floor(fraction)
+        u = int(uniform_words(1, generator=generator)[0]) & (2**63 - 1)
+        if u != threshold:
+            return u < threshold
+        fraction -= threshold
 
 
 def uniform_open(shape: Shape, *, generator: NoiseGenerator) -> torch.Tensor:

@@ -177,6 +177,7 @@ class PrivacyEngine(OpacusPrivacyEngine):
         clipping: str = "flat",
         noise_generator: NoiseGenerator | None = None,
         grad_sample_mode: str = "hooks",
+        exact: bool = True,
         **kwargs: Any,
     ) -> tuple[Any, MechanismDPOptimizer, SecureDPDataLoader]:
         """Opacus's ``make_private`` with the noise of ``noise_mechanism``.
@@ -190,6 +191,8 @@ class PrivacyEngine(OpacusPrivacyEngine):
             poisson_sampling: must be ``True``: the accounting assumes Poisson sampling.
             noise_generator: a seeded ``torch.Generator`` for reproducible research (needs
                 ``secure_mode=False``); ``None`` for a `SecureGenerator`.
+            exact: exact steps on a grid (default; `MechanismDPOptimizer`); ``False`` keeps
+                floating-point noise, open to a floating-point adversary (comparisons only).
 
         Returns:
             (module, optimizer, data_loader): the optimizer a `MechanismDPOptimizer`, the
@@ -220,6 +223,7 @@ class PrivacyEngine(OpacusPrivacyEngine):
             noise_generator=noise_generator,
             grad_sample_mode=grad_sample_mode,
             noise_mechanism=mechanism,
+            exact=exact,
             **kwargs,
         )
 
@@ -398,6 +402,7 @@ class PrivacyEngine(OpacusPrivacyEngine):
         loss_reduction: str = "mean",
         noise_generator: NoiseGenerator | None = None,
         noise_mechanism: str = "gaussian",
+        exact: bool = True,
         **kwargs: Any,
     ) -> MechanismDPOptimizer:
         if isinstance(optimizer, DPOptimizer):
@@ -410,4 +415,5 @@ class PrivacyEngine(OpacusPrivacyEngine):
             loss_reduction=loss_reduction,
             noise_mechanism=noise_mechanism,
             generator=noise_generator,
+            exact=exact,
         )

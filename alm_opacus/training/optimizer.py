@@ -7,6 +7,14 @@ clipping norm must be the norm the mechanism's guarantee is stated in: L1 for th
 i.i.d. coordinates of scale ``noise_multiplier * max_grad_norm`` (for ``gaussian`` that is
 Opacus's standard deviation). The per-sample norm is taken over the concatenation of every
 parameter's per-sample gradient, as Opacus's flat clipping does for L2.
+
+Exact steps (the default, ``docs/mechanisms.md``): each clipped example is rounded to a
+power-of-two grid γ in int64 (`alm_opacus.mechanisms.exact.clip_to_cells`, which enforces its
+cell norm exactly), the batch sum is exact in int64, integer noise K is drawn exactly from the
+mechanism's law rounded to the grid, and ``γ·(Σ cells + K)`` becomes the gradient (any later
+rounding to the parameter dtype is post-processing). One example moves the sum by at most
+Δ' = C + w(d)·γ/2 (w = d in L1, √d in L2), so the noise scale is ``noise_multiplier · Δ'``
+and every accountant of the continuous mechanism holds unchanged; γ keeps Δ' ≤ C(1 + 2⁻⁷).
 """
 
 from __future__ import annotations
@@ -21,6 +29,16 @@ from torch.optim import Optimizer
 
 from alm_opacus._validation import check_positive
 from alm_opacus.mechanisms import AdditiveNoiseMechanism, create_mechanism
+from alm_opacus.mechanisms.exact import (
+    Grid,
+    cell_radius,
+    dequantize,
+    discrete_noise,
+    enforce_radius,
+    inflated_sensitivity,
+    scaled_cells,
+    step_grid,
+)
 from alm_opacus.mechanisms.sampling import NoiseGenerator, SecureGenerator, is_secure
 
 __all__ = [
@@ -108,6 +126,7 @@ class MechanismDPOptimizer(DPOptimizer):
         clipping_norm: ``"l1"`` or ``"l2"``, the mechanism's sensitivity norm.
         noise_seeded: ``True`` when the noise comes from a caller's seeded
             ``torch.Generator``: the steps are then private only while that seed is secret.
+        exact: whether steps are exact on a grid (default) or floating-point.
     """
 
     def __init__(
@@ -121,6 +140,7 @@ class MechanismDPOptimizer(DPOptimizer):
         noise_mechanism: str = "alm",
         generator: NoiseGenerator | None = None,
         secure_mode: bool = False,
+        exact: bool = True,
         **kwargs: Any,
     ) -> None:
         """Args:
@@ -135,6 +155,9 @@ class MechanismDPOptimizer(DPOptimizer):
                 set); a `SecureGenerator` to choose the device of the draws.
             secure_mode: Opacus's flag; it selects nothing here, since the noise samplers of
                 `alm_opacus.mechanisms` never need Opacus's 4-draw workaround.
+            exact: integer clipping and exact grid noise (default); ``False`` keeps the
+                floating-point step, which a floating-point adversary can exploit (Mironov
+                2012): for comparisons only.
             **kwargs: ignored, as Opacus passes engine options through.
 
         Raises:
@@ -167,6 +190,30 @@ class MechanismDPOptimizer(DPOptimizer):
         self.clipping_norm = mechanism.norm
         self.noise_dim = sum(p.numel() for p in self.params)
         self.noise_seeded = not is_secure(source)
+        self.exact = bool(exact)
+
+    @property
+    def noise_grid(self) -> Grid | None:
+        """The grid of an exact step at the current ``max_grad_norm`` (``None``: float steps)."""
+        if not self.exact:
+            return None
+        return step_grid(max_grad_norm=self.max_grad_norm, norm=self.clipping_norm,
+                         dim=self.noise_dim)  # fmt: skip
+
+    @property
+    def noise_sensitivity(self) -> float:
+        """Δ': what one example moves the noised sum by (``max_grad_norm`` for float steps);
+        the noise scale is ``noise_multiplier`` times this."""
+        grid = self.noise_grid
+        if grid is None:
+            return float(self.max_grad_norm)
+        return inflated_sensitivity(sensitivity=self.max_grad_norm, norm=self.clipping_norm,
+                                    dim=self.noise_dim, grid=grid, rounding=0.5)  # fmt: skip
+
+    @property
+    def noise_scale(self) -> float:
+        """The scale of each coordinate's noise, ``noise_multiplier · noise_sensitivity``."""
+        return self.noise_multiplier * self.noise_sensitivity
 
     def clip_and_accumulate(self) -> None:
         """Clip each example's gradient to ``max_grad_norm`` in the mechanism's norm and add
@@ -177,6 +224,10 @@ class MechanismDPOptimizer(DPOptimizer):
         else:
             norms = per_sample_norms(grad_samples, norm=self.clipping_norm)
             factors = clip_factors(norms, max_grad_norm=self.max_grad_norm)
+        grid = self.noise_grid
+        if grid is not None:
+            self._accumulate_cells(factors, grid)
+            return
         for p in self.params:
             _check_processed_flag(p.grad_sample)
             grad_sample = self._get_flat_grad_sample(p).to(p.dtype)
@@ -188,18 +239,68 @@ class MechanismDPOptimizer(DPOptimizer):
                 p.summed_grad = grad
             _mark_as_processed(p.grad_sample)
 
+    def _accumulate_cells(self, factors: torch.Tensor, grid: Grid) -> None:
+        """The exact step's clipping: each example's clipped gradient rounded to cells with
+        its cell norm at most R = C/γ + w(d)/2, summed in int64 into ``p.summed_grad``."""
+        cells = []
+        for p in self.params:
+            _check_processed_flag(p.grad_sample)
+            cells.append(scaled_cells(self._get_flat_grad_sample(p), factors, grid=grid))
+        radius = cell_radius(max_grad_norm=self.max_grad_norm, norm=self.clipping_norm,
+                             dim=self.noise_dim, grid=grid)  # fmt: skip
+        enforce_radius(cells, norm=self.clipping_norm, radius=radius)
+        for p, c in zip(self.params, cells, strict=True):
+            summed = c.sum(0).to(torch.int64)  # integers under 2^53: exact
+            if p.summed_grad is not None:
+                p.summed_grad += summed
+            else:
+                p.summed_grad = summed
+            _mark_as_processed(p.grad_sample)
+
+    def cell_noise(self, p: torch.Tensor) -> torch.Tensor:
+        """Exact integer noise for ``p``'s cells (int64, ``p``'s shape and device): the
+        mechanism's law at ``noise_scale``, rounded to `noise_grid`. A distributed optimizer
+        adds it on one rank before an int64 all-reduce of the cells."""
+        grid = self.noise_grid
+        if grid is None:
+            raise ValueError("cell_noise needs an exact optimizer (exact=True)")
+        scale = self.noise_scale
+        if scale == 0.0:
+            return torch.zeros(p.shape, dtype=torch.int64, device=p.device)
+        noise = discrete_noise(tuple(p.shape), mechanism=self.mechanism, scale=scale, grid=grid,
+                               generator=self.generator)  # fmt: skip
+        return noise.to(p.device)
+
+    def cells_to_grad(self, cells: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        """γ·cells in ``p``'s dtype, shaped as ``p`` (post-processing of the noisy cells)."""
+        grid = self.noise_grid
+        if grid is None:
+            raise ValueError("cells_to_grad needs an exact optimizer (exact=True)")
+        return dequantize(cells, grid=grid, dtype=torch.float64).to(p.dtype).view_as(p)
+
     def add_noise(self) -> None:
-        """Add i.i.d. mechanism noise of scale ``noise_multiplier * max_grad_norm`` to every
-        coordinate of the clipped sum; the result goes to ``p.grad``."""
-        scale = self.noise_multiplier * self.max_grad_norm
+        """Add i.i.d. mechanism noise of scale ``noise_scale`` to every coordinate of the
+        clipped sum; the result goes to ``p.grad``. Exact steps add `cell_noise` to the int64
+        cells and convert with `cells_to_grad`."""
+        exact = self.exact
+        scale = self.noise_scale
         for p in self.params:
             _check_processed_flag(p.summed_grad)
             summed = p.summed_grad
-            if scale == 0.0:
-                noise = torch.zeros_like(summed)
+            if exact:
+                if summed.is_floating_point():
+                    raise ValueError(
+                        "an exact step needs p.summed_grad as int64 grid cells (from "
+                        "clip_and_accumulate); got a float tensor"
+                    )
+                p.grad = self.cells_to_grad(summed + self.cell_noise(p), p)
             else:
-                noise = self.mechanism.sample(
-                    tuple(summed.shape), scale=scale, generator=self.generator, dtype=summed.dtype
-                ).to(summed.device)
-            p.grad = (summed + noise).view_as(p)
+                if scale == 0.0:
+                    noise = torch.zeros_like(summed)
+                else:
+                    noise = self.mechanism.sample(
+                        tuple(summed.shape), scale=scale, generator=self.generator,
+                        dtype=summed.dtype,
+                    ).to(summed.device)  # fmt: skip
+                p.grad = (summed + noise).view_as(p)
             _mark_as_processed(p.summed_grad)

@@ -3,9 +3,10 @@
 Opacus's `UniformWithReplacementSampler` draws ``torch.rand(n, generator=g) < q``; with
 ``g=None`` that is torch's global Mersenne Twister, which anyone who learns (or guesses) its
 seed replays, and Opacus's own fix (``secure_mode``) needs ``torchcsprng``, which does not
-exist for current PyTorch. Here every inclusion decision is ``U < q`` with ``U`` from
-`alm_opacus.mechanisms.sampling.uniform_open`, drawn from a `SecureGenerator` (``os.urandom``)
-unless the caller passes a seeded ``torch.Generator`` for reproducible research.
+exist for current PyTorch. Here every inclusion decision is an exact Bernoulli(q)
+(`alm_opacus.mechanisms.sampling.bernoulli`: P(in) is q itself, not q rounded), its bits
+drawn from a `SecureGenerator` (AES-CTR keyed from ``os.urandom``) unless the caller passes a
+seeded ``torch.Generator`` for reproducible research.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
 from alm_opacus.accounting.pld import _check_sample_rate
-from alm_opacus.mechanisms.sampling import NoiseGenerator, SecureGenerator, is_secure, uniform_open
+from alm_opacus.mechanisms.sampling import NoiseGenerator, SecureGenerator, bernoulli, is_secure
 
 __all__ = ["SecureDPDataLoader", "SecurePoissonSampler", "poisson_mask"]
 
@@ -30,8 +31,8 @@ def poisson_mask(
 ) -> torch.Tensor:
     """Independent Bernoulli(``sample_rate``) inclusion decisions, as a bool tensor.
 
-    ``U < q`` with ``U`` uniform on the odd multiples of 2^-53 in (0, 1): the inclusion
-    probability is q to within 2^-53 (the number of such ``U`` below q, over 2^52).
+    Each is ``U < q`` for a uniform U whose bits are drawn until the comparison is certain,
+    so the inclusion probability is exactly q, as the accountant assumes.
 
     Args:
         shape: shape of the mask (an int or a sequence of ints).
@@ -45,7 +46,7 @@ def poisson_mask(
         ValueError: if ``sample_rate`` is not in (0, 1] or ``shape`` is invalid.
     """
     q = _check_sample_rate(sample_rate)
-    return uniform_open(shape, generator=generator) < q
+    return bernoulli(shape, probability=q, generator=generator)
 
 
 class SecurePoissonSampler(UniformWithReplacementSampler):

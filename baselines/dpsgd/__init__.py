@@ -50,6 +50,7 @@ from baselines.dpsgd.full import (
 )
 from baselines.dpsgd.head import DPSGDRun, HeadNet, head_size, init_params, train_dpsgd_head
 from baselines.dpsgd.loop import (
+    ALM_TRAINING,
     OPACUS,
     EngineFactory,
     GeneratorFactory,
@@ -62,7 +63,6 @@ from baselines.dpsgd.loop import (
     run_opacus,
 )
 from baselines.dpsgd.mechanisms import (
-    ALM_TRAINING,
     DPSGDALMMethod,
     DPSGDLaplaceMethod,
     DPSGDMechanismMethod,

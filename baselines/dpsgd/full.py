@@ -28,7 +28,7 @@ from alm_opacus.heads import uniform_init
 from alm_opacus.methods import AttackerFactory, InputKind, MethodContext, Predict, register_method
 from baselines.dpsgd.accounting import SigmaCache
 from baselines.dpsgd.config import DEFAULT_ACCOUNTANT, DPSGDConfig
-from baselines.dpsgd.loop import OPACUS, OpacusRun, TrainingBackend, fit_private
+from baselines.dpsgd.loop import ALM_TRAINING, OpacusRun, TrainingBackend, fit_private
 from baselines.dpsgd.method import DPSGDMethod, OpacusFit, _Prepared
 
 __all__ = [
@@ -128,7 +128,7 @@ def dpsgd_full_finetune(
     noise_seed: int | None,
     device: str = "cpu",
     sigmas: SigmaCache | None = None,
-    backend: TrainingBackend = OPACUS,
+    backend: TrainingBackend = ALM_TRAINING,
 ) -> DPSGDFullRun:
     """Fine-tune encoder and head together with DP-SGD at (epsilon, delta).
 
@@ -145,7 +145,7 @@ def dpsgd_full_finetune(
         noise_seed: seeds Poisson sampling and noise; ``None``: the backend's secure source.
         device: torch device.
         sigmas: the run's noise multipliers (default: a fresh cache).
-        backend: the engine and its generators (default: Opacus's).
+        backend: the engine and its generators (default: ``alm_opacus.training``'s, exact).
 
     Returns:
         The run (model in eval mode); ``epsilon_spent <= epsilon``.

@@ -12,7 +12,7 @@ from alm_opacus._validation import check_delta, check_epsilon, check_features_la
 from alm_opacus.heads import Head, HeadConfig, Params, clip_features, linear_init
 from baselines.dpsgd.accounting import GAUSSIAN, SigmaCache
 from baselines.dpsgd.config import DEFAULT_ACCOUNTANT, DPSGDConfig, check_accountant
-from baselines.dpsgd.loop import OPACUS, OpacusRun, TrainingBackend, fit_private
+from baselines.dpsgd.loop import ALM_TRAINING, OpacusRun, TrainingBackend, fit_private
 
 __all__ = ["DPSGDRun", "HeadNet", "head_size", "init_params", "train_dpsgd_head"]
 
@@ -82,7 +82,7 @@ def train_dpsgd_head(
     noise_seed: int | None,
     device: str = "cpu",
     sigmas: SigmaCache | None = None,
-    backend: TrainingBackend = OPACUS,
+    backend: TrainingBackend = ALM_TRAINING,
     mechanism: str = GAUSSIAN,
 ) -> DPSGDRun:
     """Train one head with DP-SGD through Opacus, at (epsilon, delta).
@@ -99,10 +99,10 @@ def train_dpsgd_head(
         accountant: ``"alm_pld"``, ``"prv"`` or ``"rdp"``.
         seed: seeds the initialisation.
         noise_seed: seeds Poisson sampling and the gradient noise; ``None``: the backend's
-            secure source (Opacus's: generators seeded from OS entropy, not kept).
+            secure source (the AES-CTR keystream).
         device: torch device.
         sigmas: the run's noise multipliers (default: a fresh cache).
-        backend: the engine and its generators (default: Opacus's).
+        backend: the engine and its generators (default: ``alm_opacus.training``'s, exact).
         mechanism: the per-step noise (see :func:`fit_private`).
 
     Returns:

@@ -6,8 +6,11 @@ Structure (so that the engine can be swapped, e.g. for ``alm_opacus.training``'s
   an engine with Opacus's ``make_private(module=, optimizer=, data_loader=, noise_multiplier=,
   max_grad_norm=, poisson_sampling=True, noise_generator=)``), the generators it is given
   (``(noise_seed, device) -> (Poisson generator, noise generator)``, ``None`` letting the
-  engine draw its own), and what the statement says of secure runs; :data:`OPACUS` is
-  Opacus's engine with generators seeded from OS entropy;
+  engine draw its own), and what the statement says of secure runs. :data:`ALM_TRAINING`
+  (the default of every method) is ``alm_opacus.training``'s engine: Opacus's algorithm with
+  exact grid noise and batches drawn from the AES-CTR keystream. :data:`OPACUS` is Opacus's
+  own engine, kept for comparisons with seeded runs only: it draws its noise from a
+  ``torch.Generator``, so it has no secure mode;
 * :func:`run_opacus` trains and returns an :class:`OpacusTraining`;
 * :func:`fit_private` calibrates sigma (:class:`~baselines.dpsgd.accounting.SigmaCache`),
   trains, checks the accountant's epsilon and returns an :class:`OpacusRun` (a head's run:
@@ -16,7 +19,6 @@ Structure (so that the engine can be swapped, e.g. for ``alm_opacus.training``'s
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +33,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from alm_opacus._hashing import derive_seed
 from alm_opacus._validation import check_delta, check_epsilon
 from alm_opacus.methods import TrainingNoise
+from alm_opacus.training import PrivacyEngine as ExactPrivacyEngine
 from alm_opacus.training import training_mechanism
 from baselines._common import single_thread
 from baselines.dpsgd.accounting import (
@@ -47,6 +50,8 @@ from baselines.dpsgd.config import (
 )
 
 __all__ = [
+    "ALM_TRAINING",
+    "EXACT_NOTE",
     "OPACUS",
     "SECURE_NOTE",
     "SEEDED_NOTE",
@@ -55,16 +60,25 @@ __all__ = [
     "OpacusRun",
     "OpacusTraining",
     "TrainingBackend",
+    "alm_engine",
+    "alm_generators",
     "fit_private",
     "opacus_engine",
     "opacus_generators",
     "run_opacus",
 ]
 
-#: What the statement says of secure runs through Opacus's own engine.
+#: What the statement says of secure runs (``alm_opacus.training``'s engine).
 SECURE_NOTE = (
-    "Poisson sampling and gradient noise: torch generators seeded from OS entropy and "
-    "discarded; the stream is torch's generator, not a CSPRNG"
+    "Poisson sampling and gradient noise: AES-256-CTR keystream keyed from os.urandom "
+    "(alm_opacus.training's SecureGenerator); no seed exists to replay"
+)
+#: What the statement says of an exact run's noise (docs/mechanisms.md, "Exact DP-SGD").
+EXACT_NOTE = (
+    "exact steps: each example's clipped gradient rounded to a power-of-two grid in int64 "
+    "(its cell norm checked exactly), integer noise sampled exactly from the mechanism's law "
+    "rounded to the grid, so the noisy sum is post-processing of the continuous mechanism; "
+    "the noise scale is the noise multiplier times the rounded sensitivity"
 )
 SEEDED_NOTE = (
     "Poisson sampling and gradient noise: torch generators seeded from public labels (method, "
@@ -104,21 +118,37 @@ def opacus_engine(accountant: str, *, seeded: bool = False) -> PrivateEngine:
 def opacus_generators(
     noise_seed: int | None, device: torch.device
 ) -> tuple[torch.Generator | None, torch.Generator | None]:
-    """(Poisson sampling generator on the CPU, noise generator on ``device``).
+    """(Poisson sampling generator on the CPU, noise generator on ``device``), seeded
+    through ``derive_seed("poisson" | "noise", noise_seed)`` (reproducible research).
 
-    Args:
-        noise_seed: seeds both through ``derive_seed("poisson" | "noise", noise_seed)``
-            (reproducible); ``None``: each is seeded from ``secrets.randbits(63)`` and the seed
-            is not kept (see :data:`SECURE_NOTE`).
-        device: the noise generator's device.
+    Raises:
+        ValueError: for ``noise_seed=None``: Opacus's engine draws noise from a
+            ``torch.Generator`` (Mersenne Twister), never from a CSPRNG, so a run through it
+            cannot be secure; use :data:`ALM_TRAINING`.
     """
-    seeds = (
-        (secrets.randbits(63), secrets.randbits(63))
-        if noise_seed is None
-        else (derive_seed("poisson", noise_seed), derive_seed("noise", noise_seed))
-    )
-    poisson = torch.Generator().manual_seed(seeds[0])
-    return poisson, torch.Generator(device=device).manual_seed(seeds[1])
+    if noise_seed is None:
+        raise ValueError(
+            "noise_seed=None is invalid with Opacus's own engine: its noise comes from a "
+            "torch.Generator, not a CSPRNG; train through ALM_TRAINING for secure noise"
+        )
+    poisson = torch.Generator().manual_seed(derive_seed("poisson", noise_seed))
+    return poisson, torch.Generator(device=device).manual_seed(derive_seed("noise", noise_seed))
+
+
+def alm_engine(accountant: str, *, seeded: bool) -> PrivateEngine:
+    """``alm_opacus.training.PrivacyEngine`` with ``accountant``; in secure mode unless the run
+    is seeded (secure mode refuses seeded generators, as Opacus's does)."""
+    return ExactPrivacyEngine(accountant=accountant, secure_mode=not seeded)
+
+
+def alm_generators(
+    noise_seed: int | None, device: torch.device
+) -> tuple[torch.Generator | None, torch.Generator | None]:
+    """Seeded: :func:`opacus_generators`' (reproducible research); secure: none, so that the
+    engine draws batches and noise from its ``SecureGenerator``."""
+    if noise_seed is None:
+        return None, None
+    return opacus_generators(noise_seed, device)
 
 
 @dataclass(frozen=True)
@@ -140,9 +170,14 @@ class TrainingBackend:
         return SEEDED_NOTE if seeded else self.secure_note
 
 
-#: Opacus's engine, generators seeded from OS entropy (secure) or from the labels (seeded).
+#: Opacus's own engine, seeded runs only (comparisons with Opacus).
 OPACUS = TrainingBackend(
     engine=opacus_engine, generators=opacus_generators, secure_note=SECURE_NOTE
+)
+
+#: ``alm_opacus.training``'s engine: exact steps, secure by default, seeded on request.
+ALM_TRAINING = TrainingBackend(
+    engine=alm_engine, generators=alm_generators, secure_note=SECURE_NOTE
 )
 
 
@@ -162,6 +197,9 @@ class OpacusTraining:
         clipping_norm: the norm it clipped in (``"l1"`` or ``"l2"``).
         noise_dim: the coordinates it noised per step.
         optimizer: its class name.
+        grid: γ of its exact steps (``None``: floating-point steps).
+        noise_sensitivity: Δ' its noise scale was the noise multiplier times (the clip for
+            floating-point steps).
     """
 
     module: nn.Module
@@ -173,6 +211,8 @@ class OpacusTraining:
     clipping_norm: str = "l2"
     noise_dim: int | None = None
     optimizer: str = ""
+    grid: float | None = None
+    noise_sensitivity: float | None = None
 
 
 def run_opacus(
@@ -184,7 +224,7 @@ def run_opacus(
     noise_multiplier: float,
     accountant: str,
     noise_seed: int | None,
-    backend: TrainingBackend = OPACUS,
+    backend: TrainingBackend = ALM_TRAINING,
     private_kwargs: Mapping[str, Any] | None = None,
 ) -> OpacusTraining:
     """The Opacus training loop: ``model`` (trained in place) on inputs ``x``, labels ``y``.
@@ -247,6 +287,8 @@ def run_opacus(
         clipping_norm=str(getattr(dp_opt, "clipping_norm", "l2")),
         noise_dim=getattr(dp_opt, "noise_dim", None),
         optimizer=type(dp_opt).__name__,
+        grid=None if getattr(dp_opt, "noise_grid", None) is None else dp_opt.noise_grid.gamma,
+        noise_sensitivity=getattr(dp_opt, "noise_sensitivity", None),
     )
 
 
@@ -270,6 +312,9 @@ class OpacusRun:
             ``laplace``).
         noise_dim: noised coordinates per step (``None``: not recorded, Opacus's optimizer).
         optimizer: the class of the optimizer that ran.
+        grid: γ of exact steps (``None``: floating-point steps).
+        noise_sensitivity: Δ', the sensitivity the step noise was scaled to (``None``: the
+            clip, as for floating-point steps).
     """
 
     noise_multiplier: float
@@ -285,6 +330,8 @@ class OpacusRun:
     clipping_norm: str = "l2"
     noise_dim: int | None = None
     optimizer: str = ""
+    grid: float | None = None
+    noise_sensitivity: float | None = None
 
     def training(self, *, clip_norm: float) -> TrainingNoise:
         """The release's ``training`` record (the run's noise, clipping to ``clip_norm``)."""
@@ -301,9 +348,9 @@ class OpacusRun:
 
     def noise_std(self, *, clip_norm: float) -> float:
         """Standard deviation of one noise coordinate per step, the mechanism's at scale
-        ``sigma * clip_norm`` (Gaussian: sigma C; logistic: sigma C pi / sqrt(3); Laplace:
-        sigma C sqrt(2))."""
-        scale = self.noise_multiplier * clip_norm
+        ``sigma * Δ'`` (Δ' the rounded sensitivity of exact steps, else ``clip_norm``;
+        Gaussian: sigma Δ'; logistic: sigma Δ' pi / sqrt(3); Laplace: sigma Δ' sqrt(2))."""
+        scale = self.noise_multiplier * (self.noise_sensitivity or clip_norm)
         return training_mechanism(self.mechanism).std(scale) if scale > 0 else 0.0
 
     def to_info(self) -> dict[str, Any]:
@@ -319,6 +366,8 @@ class OpacusRun:
             "clipping_norm": self.clipping_norm,
             "noise_dim": self.noise_dim,
             "optimizer": self.optimizer,
+            "grid": self.grid,
+            "noise_sensitivity": self.noise_sensitivity,
             "seconds": dict(self.seconds),
         }
 
@@ -334,7 +383,7 @@ def fit_private(
     accountant: str,
     noise_seed: int | None,
     sigmas: SigmaCache | None = None,
-    backend: TrainingBackend = OPACUS,
+    backend: TrainingBackend = ALM_TRAINING,
     mechanism: str = GAUSSIAN,
 ) -> OpacusRun:
     """Calibrate sigma for (epsilon, delta), train ``model`` in place, check the accountant.
@@ -418,4 +467,6 @@ def fit_private(
         clipping_norm=run.clipping_norm,
         noise_dim=run.noise_dim,
         optimizer=run.optimizer,
+        grid=run.grid,
+        noise_sensitivity=run.noise_sensitivity,
     )

@@ -13,8 +13,9 @@ noise):
   that accounts for these steps; sigma is its search (``noise_multiplier_for``) for the
   target (epsilon, delta) under add/remove neighbours, with the model's trainable
   coordinates as the noised dimension;
-* Poisson sampling and noise come from ``os.urandom`` (``SecureGenerator``) unless the
-  harness asks for reproducible noise, when they are seeded as ``dpsgd``'s are.
+* Poisson sampling and noise come from the AES-CTR keystream (``SecureGenerator``) unless
+  the harness asks for reproducible noise, when they are seeded as ``dpsgd``'s are; steps are
+  exact on a grid, as ``dpsgd``'s are (``docs/mechanisms.md``).
 """
 
 from __future__ import annotations
@@ -22,14 +23,17 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
-import torch
-
 from alm_opacus.accounting import ACCOUNTANT_NAME
 from alm_opacus.methods import MethodContext, register_method
-from alm_opacus.training import PrivacyEngine
 from baselines.dpsgd.config import DPSGDRecipeOptions
 from baselines.dpsgd.head import head_size
-from baselines.dpsgd.loop import PrivateEngine, TrainingBackend, opacus_generators
+from baselines.dpsgd.loop import (
+    ALM_TRAINING,
+    SECURE_NOTE,
+    TrainingBackend,
+    alm_engine,
+    alm_generators,
+)
 from baselines.dpsgd.method import DPSGDMethod
 
 __all__ = [
@@ -43,37 +47,9 @@ __all__ = [
     "l1_clip",
 ]
 
-#: What the statement says of secure runs through ``alm_opacus.training``'s engine.
-SECURE_NOTE = (
-    "Poisson sampling and gradient noise: os.urandom (alm_opacus.training's SecureGenerator, "
-    "the operating system's CSPRNG); no seed exists to replay"
-)
-
-
-def alm_engine(accountant: str, *, seeded: bool) -> PrivateEngine:
-    """``alm_opacus.training.PrivacyEngine`` with ``accountant``; in secure mode unless the run
-    is seeded (secure mode refuses seeded generators, as Opacus's does)."""
-    return PrivacyEngine(accountant=accountant, secure_mode=not seeded)
-
-
-def alm_generators(
-    noise_seed: int | None, device: torch.device
-) -> tuple[torch.Generator | None, torch.Generator | None]:
-    """Seeded: :func:`~baselines.dpsgd.loop.opacus_generators`' (reproducible research);
-    secure: none, so that the engine draws batches and noise from its ``SecureGenerator``."""
-    if noise_seed is None:
-        return None, None
-    return opacus_generators(noise_seed, device)
-
-
-#: ``alm_opacus.training``'s engine: secure by default, seeded on request.
-ALM_TRAINING = TrainingBackend(
-    engine=alm_engine, generators=alm_generators, secure_note=SECURE_NOTE
-)
-
 _FLOAT_NOTE = (
-    "floating-point {law} noise, drawn in float64 by the inverse CDF of a uniform on the odd "
-    "multiples of 2^-53 (Mironov 2012): the guarantee is for the ideal mechanism"
+    "floating-point {law} noise (exact=False; Mironov 2012): the guarantee is for the ideal "
+    "mechanism, not for the floats computed"
 )
 
 

@@ -39,13 +39,14 @@ from baselines.dpsgd.config import (
     default_schedule,
 )
 from baselines.dpsgd.head import train_dpsgd_head
-from baselines.dpsgd.loop import OPACUS, OpacusRun, TrainingBackend
+from baselines.dpsgd.loop import ALM_TRAINING, EXACT_NOTE, OpacusRun, TrainingBackend
 
 __all__ = ["GAUSSIAN_FLOAT_NOTE", "DPSGDMethod", "OpacusFit", "dpsgd_statement"]
 
-#: What the statement says of floating-point Gaussian noise.
+#: What the statement says of floating-point Gaussian noise (a run with exact=False).
 GAUSSIAN_FLOAT_NOTE = (
-    "floating-point Gaussian noise (Mironov 2012): the guarantee is for the ideal mechanism"
+    "floating-point Gaussian noise (exact=False; Mironov 2012): the guarantee is for the "
+    "ideal mechanism, not for the floats computed"
 )
 
 
@@ -91,16 +92,23 @@ def dpsgd_statement(
         delta: the target delta.
         mechanism: e.g. ``"dp-sgd"``.
         notes: extra notes.
-        float_note: what is (not) claimed of the floating-point noise.
+        float_note: what is (not) claimed of floating-point noise (runs without a grid).
     """
     acc = run.accountant
+    exact = run.grid is not None
+    noise_note = (
+        f"{EXACT_NOTE} (grid {run.grid:.6g}, sensitivity {run.noise_sensitivity:.6g} for "
+        f"the clip {config.max_grad_norm:.6g})"
+        if exact
+        else float_note
+    )
     return PrivacyStatement(
         epsilon=float(epsilon),
         delta=float(delta),
         guarantee=Guarantee.APPROX_DP,
         mechanism=f"{mechanism} (opacus, {acc} accountant)",
-        # absolute, as every statement's: sigma * C is the std of each step's noise
-        noise_scale=run.noise_multiplier * config.max_grad_norm,
+        # absolute, as every statement's: sigma * Δ' is the scale of each step's noise
+        noise_scale=run.noise_multiplier * (run.noise_sensitivity or config.max_grad_norm),
         sensitivity=SensitivityInfo(
             value=config.max_grad_norm,
             norm=run.clipping_norm,
@@ -116,13 +124,15 @@ def dpsgd_statement(
             "each step; replace-one neighbours get only the group bound (2 epsilon, "
             "(1 + e^epsilon) delta)",
             run.noise_note,
-            float_note,
+            noise_note,
             *notes,
         ),
         neighbouring="add-remove",
         noise="seeded" if run.seeded else "secure",
         epsilon_spent=run.epsilon_spent,
         delta_spent=float(delta),
+        grid=run.grid,
+        grid_sensitivity=run.noise_sensitivity if exact else None,
     )
 
 
@@ -144,8 +154,9 @@ class DPSGDMethod(Method[DPSGDRecipeOptions, _Prepared]):
     notes: ClassVar[tuple[str, ...]] = ()
     #: The per-step noise (``alm_opacus.training.TRAINING_MECHANISMS``).
     noise_mechanism: ClassVar[str] = "gaussian"
-    #: The engine that trains (it must draw ``noise_mechanism``) and its generators.
-    backend: ClassVar[TrainingBackend] = OPACUS
+    #: The engine that trains (it must draw ``noise_mechanism``) and its generators: Opacus's
+    #: algorithm through ``alm_opacus.training`` (exact steps, AES-CTR noise and batches).
+    backend: ClassVar[TrainingBackend] = ALM_TRAINING
     #: What the statement says of the floating-point noise.
     float_note: ClassVar[str] = GAUSSIAN_FLOAT_NOTE
 

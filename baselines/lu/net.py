@@ -219,8 +219,8 @@ def sample_categorical(weights: Tensor, *, generator: NoiseGenerator) -> Tensor:
     """One index per row of ``weights`` (R, C), drawn with probability proportional to it.
 
     A seeded ``torch.Generator`` goes through ``torch.multinomial`` (so seeded runs repeat
-    earlier ones); a :class:`SecureGenerator` through the inverse CDF of a uniform from
-    ``os.urandom``.
+    earlier ones); a :class:`SecureGenerator` through the inverse CDF of a uniform from its
+    AES-CTR keystream (keyed from ``os.urandom``).
 
     Returns:
         (R, 1) int64 indices.

@@ -132,7 +132,11 @@ def test_statement_is_approx_dp_by_alm_pld_with_l1_sensitivity(tiny, name: str) 
     assert training is not None and training.accountant == "alm_pld"
     assert training.mechanism == MECHANISMS[name] and training.clip_norm_kind == "l1"
     assert 0 < s.epsilon_spent == training.epsilon_spent <= 2.0
-    scale = training.noise_multiplier * training.clip_norm
+    # exact steps: the noise scale is sigma times the grid-rounded sensitivity C' <= C(1 + 2^-7)
+    assert s.grid is not None and s.grid_sensitivity is not None
+    assert training.clip_norm < s.grid_sensitivity <= training.clip_norm * (1 + 2.0**-7)
+    scale = training.noise_multiplier * s.grid_sensitivity
+    assert s.noise_scale == pytest.approx(scale, rel=1e-12)
     assert release.noise_std == pytest.approx(scale * UNIT_STD[MECHANISMS[name]], rel=1e-12)
     assert release.info["optimizer"] == "MechanismDPOptimizer"
     assert "adaptive" in release.attacker_note and "L1 clipping" in release.attacker_note
@@ -218,16 +222,21 @@ def test_one_step_clips_in_l1_and_adds_logistic_noise(tiny) -> None:
     assert run.noise_steps == (("alm", sigma, 1.0, 1, 27),) and run.history == ()
     after = torch.cat([model.fc.weight, model.fc.bias[:, None]], 1).detach()
     noise = (before - after) - clipped
-    # the same seeded generator, the mechanism's sampler: the noise is logistic at sigma C
-    from alm_opacus.mechanisms import create_mechanism
+    # the same seeded generator, the exact sampler: the noise is γ times the logistic law at
+    # sigma C' rounded to the grid (C' the grid-rounded clip); the clipped gradient itself
+    # was rounded to the grid too, by at most γ/2 per coordinate
+    from alm_opacus.mechanisms.exact import Grid, discrete_noise
 
+    assert run.grid is not None and run.noise_sensitivity is not None
+    grid = Grid(exponent=math.frexp(run.grid)[1] - 1, limit=2**53, bound=2**52)
     generator = ALM_TRAINING.generators(7, torch.device("cpu"))[1]
     assert generator is not None
-    law = create_mechanism("alm")
-    draws = [law.sample(tuple(p.shape), scale=sigma * clip, generator=generator)
+    draws = [run.grid * discrete_noise(tuple(p.shape), mechanism="alm",
+                                       scale=sigma * run.noise_sensitivity, grid=grid,
+                                       generator=generator).double()
              for p in (model.fc.weight, model.fc.bias)]  # fmt: skip
     torch.testing.assert_close(
-        noise, torch.cat([draws[0], draws[1][:, None]], 1), atol=1e-12, rtol=0
+        noise, torch.cat([draws[0], draws[1][:, None]], 1), atol=run.grid / 2 + 1e-12, rtol=0
     )
 
 
@@ -239,7 +248,8 @@ def test_batched_shadows_match_the_engine_without_noise(tiny) -> None:
     model = run_opacus(
         x[:40], y[:40], model=HeadNet(init, "linear"), config=config, noise_multiplier=0.0,
         accountant="alm_pld", noise_seed=0, backend=ALM_TRAINING,
-        private_kwargs={"noise_mechanism": "alm"},
+        # the batched attacker re-implements the floating-point step
+        private_kwargs={"noise_mechanism": "alm", "exact": False},
     ).module  # fmt: skip
     ones = torch.ones(2, 40, dtype=torch.bool)
     ours = dpsgd_linear_heads(

@@ -85,16 +85,19 @@ def test_dpsgd_statement_names_its_accountant_relation_and_noise(pixel_features,
     s, training = release.statement, release.training
     assert s.neighbouring == "add-remove" and s.sensitivity is not None
     assert s.sensitivity.adjacency == "remove-one" and s.sensitivity.value == 0.5
-    assert s.noise == "secure" and "OS entropy and discarded" in " ".join(s.notes)
+    assert s.noise == "secure" and "keystream keyed from os.urandom" in " ".join(s.notes)
     assert "rdp accountant" in s.mechanism
     # every epsilon in the notes sits beside its accountant
     assert "epsilon=3 at delta=1e-05 by the rdp accountant" in s.notes[0]
     assert "the rdp accountant reports epsilon=" in s.notes[0]
     assert training is not None and training.accountant == "rdp"
     assert training.clip_norm == 0.5
-    assert s.noise_scale == pytest.approx(training.noise_multiplier * 0.5, rel=1e-15)
+    # exact steps: sigma times the grid-rounded clip C' in (C, C(1 + 2^-7)]
+    assert s.grid_sensitivity is not None and 0.5 < s.grid_sensitivity <= 0.5 * (1 + 2.0**-7)
+    scale = training.noise_multiplier * s.grid_sensitivity
+    assert s.noise_scale == pytest.approx(scale, rel=1e-15)
     assert s.epsilon_spent == training.epsilon_spent <= 3.0
-    assert release.noise_std == pytest.approx(training.noise_multiplier * 0.5, rel=1e-15)
+    assert release.noise_std == pytest.approx(scale, rel=1e-15)
     assert release.info["tuning"]["note"].startswith("not tuned: lr and clip fixed")
 
 

@@ -40,7 +40,7 @@ def test_same_seed_same_noise(name):
     assert not torch.equal(a, c)
 
 
-def test_secure_mode_draws_from_the_os_csprng(monkeypatch):
+def test_secure_mode_draws_from_a_keystream_keyed_by_the_os_csprng(monkeypatch):
     mech = create_mechanism("alm")
     gen = make_generator(secure_mode=True)
     assert isinstance(gen, SecureGenerator) and is_secure(gen)
@@ -48,10 +48,11 @@ def test_secure_mode_draws_from_the_os_csprng(monkeypatch):
     a = mech.sample(64, scale=1.0, generator=gen)
     b = mech.sample(64, scale=1.0, generator=make_generator(secure_mode=True))
     assert not torch.equal(a, b)
-    # Every bit comes from os.urandom: fixing it fixes the noise, and no torch seed matters.
-    import alm_opacus.mechanisms.sampling as sampling
+    # Every bit comes from a keystream keyed by os.urandom: fixing it fixes the noise, and no
+    # torch seed matters.
+    import alm_opacus.mechanisms.csprng as csprng
 
-    monkeypatch.setattr(sampling.os, "urandom", lambda k: (bytes(range(256)) * (k // 256 + 1))[:k])
+    monkeypatch.setattr(csprng.os, "urandom", lambda k: (bytes(range(256)) * (k // 256 + 1))[:k])
     torch.manual_seed(0)
     c = mech.sample(64, scale=1.0, generator=make_generator(secure_mode=True))
     torch.manual_seed(1)

@@ -337,9 +337,14 @@ def test_every_per_sample_gradient_mode_clips_in_l1(grad_sample_mode: str) -> No
     l1 = sum(g.reshape(len(g), -1).abs().sum(1) for g in grad_samples)
     factors = (0.1 / (l1 + 1e-6)).clamp(max=1.0)
     assert bool((factors < 1).any())  # clipping binds in this batch
+    grid = opt.noise_grid
+    assert grid is not None
     for p, g in zip(opt.params, grad_samples, strict=True):
-        # sigma = 0: the summed gradient is the sum of L1-clipped per-example gradients;
-        # float32 sums of ~64 terms in another order: ~1e-6 relative, so 1e-5 bounds it
+        # sigma = 0: the summed gradient is the sum of L1-clipped per-example gradients,
+        # each coordinate of each example rounded to the grid (γ/2 each); float32 sums of
+        # ~64 terms in another order: ~1e-6 relative, so 1e-5 bounds the rest
         expected = torch.einsum("i,i...", factors, g)
-        torch.testing.assert_close(p.summed_grad, expected, rtol=1e-5, atol=1e-7)
+        assert p.summed_grad.dtype == torch.int64
+        torch.testing.assert_close(opt.cells_to_grad(p.summed_grad, p), expected, rtol=1e-5,
+                                   atol=1e-7 + len(g) * grid.gamma / 2)  # fmt: skip
     assert opt.noise_mechanism == "alm" and opt.clipping_norm == "l1"

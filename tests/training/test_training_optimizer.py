@@ -64,10 +64,10 @@ def test_per_sample_norms_is_the_norm_of_the_concatenated_gradient(norm: str) ->
     torch.testing.assert_close(per_sample_norms(parts, norm=norm), expected, rtol=1e-12, atol=0)
 
 
-def test_gaussian_clipping_is_opacus_bit_for_bit() -> None:
+def test_gaussian_float_clipping_is_opacus_bit_for_bit() -> None:
     module = GradSampleModule(_model())
     _grad_samples(module)
-    ours = _optimizer(module, "gaussian")
+    ours = _optimizer(module, "gaussian", exact=False)
     theirs = DPOptimizer(torch.optim.SGD(module.parameters(), lr=0.1), noise_multiplier=0.0,
                          max_grad_norm=1.0, expected_batch_size=16)  # fmt: skip
     saved = [copy.deepcopy(p.grad_sample) for p in module.parameters()]
@@ -95,7 +95,8 @@ def test_each_clipped_example_has_norm_at_most_the_bound_in_the_mechanism_norm(
         raw = per_sample_norms(
             [p.grad_sample for p in module.parameters()], norm=NORM_OF[mechanism]
         )
-        opt = _optimizer(module, mechanism, clip=clip)
+        saved = [p.grad_sample.clone() for p in module.parameters()]
+        opt = _optimizer(module, mechanism, clip=clip, exact=False)
         opt.clip_and_accumulate()
         clipped = per_sample_norms(
             [p.summed_grad[None] for p in module.parameters()], norm=NORM_OF[mechanism]
@@ -104,6 +105,21 @@ def test_each_clipped_example_has_norm_at_most_the_bound_in_the_mechanism_norm(
         expected = min(float(raw), clip * float(raw) / (float(raw) + 1e-6))
         assert float(clipped) == pytest.approx(expected, rel=1e-12)
         assert float(clipped) < clip or float(raw) < clip
+        for p in module.parameters():
+            p.summed_grad = None
+        # the exact step: the same example in cells, each within γ/2 of the float clipping,
+        # and its cell norm within the radius R = C/γ + w(d)/2 that the accounting uses
+        for p, g in zip(module.parameters(), saved, strict=True):
+            p.grad_sample = g  # unprocessed again
+        exact = _optimizer(module, mechanism, clip=clip)
+        grid = exact.noise_grid
+        assert grid is not None
+        exact.clip_and_accumulate()
+        cells = [p.summed_grad for p in module.parameters()]
+        assert all(c.dtype == torch.int64 for c in cells)
+        norm = per_sample_norms([c[None].double() for c in cells], norm=NORM_OF[mechanism])
+        weight = exact.noise_dim if NORM_OF[mechanism] == "l1" else math.sqrt(exact.noise_dim)
+        assert float(norm) <= clip / grid.gamma + weight / 2
         for p in module.parameters():
             p.summed_grad = None
 
@@ -130,10 +146,16 @@ def test_noise_follows_the_mechanism_at_scale_sigma_times_clip(mechanism: str) -
     opt = MechanismDPOptimizer(torch.optim.SGD([param], lr=1.0), noise_multiplier=1.5,
                                max_grad_norm=0.4, expected_batch_size=1,
                                noise_mechanism=mechanism)  # fmt: skip
-    param.summed_grad = torch.zeros_like(param)
+    param.summed_grad = torch.zeros_like(param, dtype=torch.int64)  # cells of an exact step
     opt.add_noise()
     noise = param.grad.numpy()
-    # KS against scipy's law at scale sigma * C = 0.6: under H0, p < 1e-6 has probability 1e-6
+    # calibrated to the grid-rounded sensitivity Δ' = C + dγ/2 ≤ C(1 + 2⁻⁷)
+    assert 0.4 < opt.noise_sensitivity <= 0.4 * (1 + 2.0**-7)
+    assert opt.noise_scale == pytest.approx(1.5 * opt.noise_sensitivity)
+    grid = opt.noise_grid
+    assert grid is not None and np.all(np.round(noise / grid.gamma) * grid.gamma == noise)
+    # KS against scipy's law at scale sigma * C = 0.6 (the grid moves it by < 0.4%, a KS
+    # distance ~0.001 against a critical value of 0.019): under H0, p < 1e-6 has probability
     assert stats.kstest(noise, REFERENCE[mechanism](scale=0.6).cdf).pvalue > 1e-6
     # The wrong scale is rejected: at 0.75 the CDFs differ by >= 0.04 somewhere, twice the KS
     # critical value at p = 1e-6 for n = 20,000 (0.019), so a miss is itself a ~1e-6 event
@@ -158,7 +180,7 @@ def test_a_seeded_generator_is_recorded_and_replays() -> None:
                                    max_grad_norm=1.0, expected_batch_size=1, noise_mechanism="alm",
                                    generator=torch.Generator().manual_seed(7))  # fmt: skip
         assert opt.noise_seeded is True
-        param.summed_grad = torch.zeros_like(param)
+        param.summed_grad = torch.zeros_like(param, dtype=torch.int64)
         opt.add_noise()
         grads.append(param.grad.clone())
     assert torch.equal(grads[0], grads[1])
@@ -175,15 +197,16 @@ def test_secure_noise_does_not_replay() -> None:
             expected_batch_size=1,
             noise_mechanism="alm",
         )
-        param.summed_grad = torch.zeros_like(param)
+        param.summed_grad = torch.zeros_like(param, dtype=torch.int64)
         opt.add_noise()
         draws.append(param.grad.clone())
     assert not torch.equal(draws[0], draws[1])  # equal with probability ~2^-2600
 
 
-def test_virtual_steps_accumulate_clipped_gradients_then_noise_once() -> None:
+@pytest.mark.parametrize("exact", [False, True])
+def test_virtual_steps_accumulate_clipped_gradients_then_noise_once(exact: bool) -> None:
     module = GradSampleModule(_model())
-    opt = _optimizer(module, "alm", clip=0.3)
+    opt = _optimizer(module, "alm", clip=0.3, exact=exact)
     x, y = _batch()
     expected = [torch.zeros_like(p) for p in module.parameters()]
     for half, skip in ((slice(0, 8), True), (slice(8, 16), False)):
@@ -200,9 +223,13 @@ def test_virtual_steps_accumulate_clipped_gradients_then_noise_once() -> None:
         opt.zero_grad()
     lr, batch = 0.1, 16
     start = _model()
+    # the exact step rounds each of the 16 examples' coordinates by at most γ/2
+    grid = opt.noise_grid
+    slack = 0.0 if grid is None else lr * 16 * grid.gamma / 2 / batch
     for p0, p, e in zip(start.parameters(), module.parameters(), expected, strict=True):
         # sigma = 0: exactly one SGD step on the clipped sum over both halves, divided by 16
-        torch.testing.assert_close(p.detach(), p0.detach() - lr * e / batch, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(p.detach(), p0.detach() - lr * e / batch, rtol=1e-12,
+                                   atol=1e-14 + slack)  # fmt: skip
 
 
 def test_the_step_hook_sees_the_mechanism_fields() -> None:

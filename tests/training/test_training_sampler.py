@@ -1,4 +1,4 @@
-"""Secure Poisson sampling: Bernoulli(q) membership from the OS CSPRNG, Opacus-compatible."""
+"""Secure Poisson sampling: exact Bernoulli(q) membership from the keystream, as Opacus wants."""
 
 from __future__ import annotations
 

@@ -1,0 +1,330 @@
+"""Exact grid noise: samplers against their exact PMFs, profiles against direct summation and
+the continuous profiles, grids, integer clipping, the keystream and exact Bernoulli draws."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import pickle
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+from scipy import special, stats
+
+import alm_opacus.mechanisms.exact as exact
+from alm_opacus.mechanisms import SecureGenerator, analysis, create_mechanism, make_generator
+from alm_opacus.mechanisms.csprng import KeyStream
+from alm_opacus.mechanisms.exact import (
+    INFLATION,
+    Grid,
+    cell_delta,
+    cell_law,
+    cell_log_pmf,
+    cell_pld,
+    cell_radius,
+    clip_to_cells,
+    dequantize,
+    discrete_noise,
+    grid_for,
+    inflated_sensitivity,
+    plan_release,
+    quantize,
+)
+from alm_opacus.mechanisms.sampling import bernoulli
+
+MECHANISMS = ("alm", "laplace", "gaussian")
+UNIT = Grid(exponent=0, limit=2**53, bound=2**52)
+#: Continuous survival functions S(u) = P(|Z| > u) at unit scale, from scipy (independent).
+SCIPY_TAIL = {
+    "alm": lambda u: 2 * stats.logistic.sf(u),
+    "laplace": lambda u: 2 * stats.laplace.sf(u),
+    "gaussian": lambda u: 2 * stats.norm.sf(u),
+}
+
+
+def _pmf(mechanism: str, t: float, k: np.ndarray) -> np.ndarray:
+    """P(K = k) of the law at scale t rounded to the integers, from scipy's survival function."""
+    a = np.abs(k).astype(np.float64)
+    tail = SCIPY_TAIL[mechanism]
+    inner = np.where(a == 0, 1.0, tail(np.maximum(a - 0.5, 0) / t))
+    mass = inner - tail((a + 0.5) / t)
+    return np.where(a == 0, mass, mass / 2)
+
+
+def _chi_square(draws: np.ndarray, mechanism: str, t: float) -> float:
+    """p-value of Pearson's chi-square of ``draws`` against the cell PMF (cells of expected
+    count < 20 pooled into the two tails)."""
+    lo, hi = -int(12 * t) - 5, int(12 * t) + 5
+    k = np.arange(lo, hi + 1)
+    p = _pmf(mechanism, t, k)
+    missing = 1 - p.sum()  # the tails beyond ±(12t + 5), pooled into the end cells
+    p[0] += missing / 2
+    p[-1] += missing / 2
+    counts = np.bincount(np.clip(draws, lo, hi) - lo, minlength=len(k))
+    expected = p / p.sum() * len(draws)
+    keep = expected >= 20
+    pooled_obs = np.r_[counts[keep], counts[~keep].sum()]
+    pooled_exp = np.r_[expected[keep], expected[~keep].sum()]
+    return float(stats.chisquare(pooled_obs, pooled_exp).pvalue)
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_cell_pmf_matches_scipy_and_sums_to_one(mechanism: str) -> None:
+    t = 3.7
+    k = np.arange(-400, 401)
+    ours = np.exp(cell_log_pmf(mechanism, scale=t, grid=UNIT, k=k))
+    np.testing.assert_allclose(ours, _pmf(mechanism, t, k), rtol=1e-9, atol=1e-300)
+    assert ours.sum() == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_exact_sampler_matches_its_pmf_over_a_million_draws(mechanism: str) -> None:
+    t = 3.7  # cells of about a quarter scale: the rounding matters
+    draws = discrete_noise(1_000_000, mechanism=mechanism, scale=t, grid=UNIT,
+                           generator=make_generator(seed=19)).numpy()  # fmt: skip
+    # a fixed seed: p < 1e-6 under the true law has probability 1e-6
+    assert _chi_square(draws, mechanism, t) > 1e-6
+    # power: the same draws against the law at a scale 3% off are rejected (the gap in
+    # chi-square, ~900 at a million draws, is far beyond the critical value ~90)
+    assert _chi_square(draws, mechanism, t * 1.03) < 1e-6
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_the_slow_exact_paths_draw_the_same_law(
+    mechanism: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # widen both float margins so that most draws go through the second pass and about a
+    # tenth of those through interval arithmetic
+    monkeypatch.setattr(exact, "_FIRST_MARGIN", 0.45 / 2.5)
+    monkeypatch.setattr(exact, "_SECOND_MARGIN", 0.05 / 2.5)
+    t = 2.5
+    draws = discrete_noise(4_000, mechanism=mechanism, scale=t, grid=UNIT,
+                           generator=make_generator(seed=3)).numpy()  # fmt: skip
+    assert _chi_square(draws, mechanism, t) > 1e-6
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_interval_decisions_agree_with_high_precision(mechanism: str) -> None:
+    """V just either side of a cell boundary S((j + ½)/t): the interval decision is exact."""
+    law, t, j = cell_law(mechanism), 2.75, 3
+    mpmath.mp.prec = 400
+    u = mpmath.mpf(2 * j + 1) / 2 / mpmath.mpf(t)
+    boundary = {"alm": 2 / (1 + mpmath.exp(u)), "laplace": mpmath.exp(-u),
+                "gaussian": mpmath.erfc(u / mpmath.sqrt(2))}[mechanism]  # fmt: skip
+    bits = 200
+    below = int(mpmath.floor(boundary * 2**bits)) - 3  # V < S(j + ½): cell j + 1
+    above = int(mpmath.floor(boundary * 2**bits)) + 3  # V > S(j + ½): cell j
+    gen = make_generator(seed=0)
+    assert exact._decide(law, t, below, bits, j, gen) == j + 1
+    assert exact._decide(law, t, above, bits, j, gen) == j
+    # a wrong guess is walked to the right cell
+    assert exact._decide(law, t, above, bits, j + 2, gen) == j
+    mpmath.mp.prec = 53
+
+
+@pytest.mark.parametrize("x", [0.0, 0.3, 1.7, 4.0, 9.5])
+def test_rigorous_erfc_encloses_mpmath(x: float) -> None:
+    with exact._iv_precision(120):
+        enclosure = exact._erfc_interval(mpmath.iv.mpf(x))
+    lo, hi = (exact._fraction(e) for e in enclosure._mpi_)
+    mpmath.mp.prec = 300
+    truth = mpmath.erfc(mpmath.mpf(x))
+    mpmath.mp.prec = 53
+    assert lo <= exact._fraction(mpmath.mpf(truth)._mpf_) <= hi or lo <= hi
+    assert float(lo) <= float(truth) <= float(hi)
+    assert float(hi - lo) <= 1e-30 * max(float(truth), 1e-300) + 1e-300
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_float_inverse_tails_are_within_the_claimed_bound(mechanism: str) -> None:
+    """The fast path's error bound (relative 2⁻⁴⁴ plus absolute 2⁻⁴⁸, and the first pass's
+    2⁻⁵²/V) holds with room to spare against mpmath at 200 bits."""
+    law = cell_law(mechanism)
+    rng = np.random.default_rng(0)
+    v = np.concatenate([rng.random(200), 2.0 ** -rng.uniform(0, 40, 200),
+                        1 - 2.0 ** -rng.uniform(1, 50, 100)])  # fmt: skip
+    # (below 2⁻⁴⁰ the first pass's margin t·2⁻⁴⁸/V exceeds 1/2: every such draw is decided
+    # by the later passes, whatever the float inverse returns)
+    v = np.clip(v, 2.0**-40, 1.0)
+    fast = law.inverse_tail_(torch.tensor(v)).numpy()
+    first = law.first_pass_(torch.tensor(v), 1.0).numpy()
+    mpmath.mp.prec = 120
+    for vi, fi, pi in zip(v, fast, first, strict=True):
+        m = mpmath.mpf(float(vi))
+        true = {"alm": mpmath.log(2 / m - 1), "laplace": -mpmath.log(m),
+                "gaussian": mpmath.sqrt(2) * mpmath.erfinv(1 - m)}[mechanism]  # fmt: skip
+        assert abs(fi - true) <= 2.0**-48 * abs(true) + 2.0**-52
+        assert abs(pi - true) <= 2.0**-44 * abs(true) + 2.0**-48 + 2.0**-52 / vi
+    mpmath.mp.prec = 53
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+@pytest.mark.parametrize("shift", [1, 3])
+def test_profiles_match_direct_summation_and_stay_below_the_continuous(
+    mechanism: str, shift: int
+) -> None:
+    t = 4.0
+    pld = cell_pld(mechanism, scale=t, grid=UNIT, shift=shift, value_discretization_interval=1e-5)
+    for epsilon in (0.05, 0.2, 0.5):
+        direct = cell_delta(mechanism, epsilon=epsilon, scale=t, grid=UNIT, shift=shift)
+        # dp_accounting's pessimistic PLD from the two PMFs: above the sum, by what rounding
+        # each loss up by < 1e-5 can add (measured ≤ 0.2% at 1e-4; 0.1% bounds it at 1e-5)
+        assert direct - 1e-12 <= pld.get_delta_for_epsilon(epsilon) <= direct * 1.001 + 1e-9
+        # rounding is post-processing: never above the continuous profile at the same shift
+        continuous = {
+            "alm": analysis.logistic_delta, "laplace": analysis.laplace_delta,
+            "gaussian": analysis.gaussian_delta,
+        }[mechanism](epsilon=epsilon, scale=t, sensitivity=float(shift))  # fmt: skip
+        assert direct <= continuous + 1e-12
+
+
+def test_cell_delta_is_the_hockey_stick_sum_by_hand() -> None:
+    t, shift, epsilon = 2.0, 2, 0.3
+    k = np.arange(-200, 201)
+    p, q = _pmf("laplace", t, k), _pmf("laplace", t, k - shift)
+    by_hand = float(np.maximum(p - math.exp(epsilon) * q, 0).sum())
+    ours = cell_delta("laplace", epsilon=epsilon, scale=t, grid=UNIT, shift=shift)
+    assert ours == pytest.approx(by_hand, rel=1e-9)
+
+
+@pytest.mark.parametrize(("norm", "dim"), [("l1", 1), ("l1", 650), ("l2", 1290), ("l2", 10**6)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_grids_cost_under_one_percent_and_are_exact_in_the_dtype(
+    norm: str, dim: int, dtype: torch.dtype
+) -> None:
+    grid = grid_for(sensitivity=1.3, norm=norm, dim=dim, dtype=dtype)
+    weight = dim if norm == "l1" else math.sqrt(dim)
+    assert math.frexp(grid.gamma)[0] == 0.5  # a power of two
+    inflation = inflated_sensitivity(sensitivity=1.3, norm=norm, dim=dim, grid=grid) / 1.3 - 1
+    assert INFLATION / 2 < inflation <= INFLATION + 1e-15 and weight * grid.gamma <= 1.3 * INFLATION
+    # every output integer within the range is exactly representable after dequantizing
+    m = torch.tensor([-grid.limit, -grid.limit + 1, -3, 0, 7, grid.limit - 1, grid.limit])
+    out = dequantize(m, grid=grid, dtype=dtype)
+    assert torch.equal(out.double() / grid.gamma, m.double())
+    # beyond the range, outputs are clamped (post-processing), never rounded
+    assert float(dequantize(torch.tensor([grid.limit + 5]), grid=grid, dtype=dtype)) == (
+        grid.limit * grid.gamma
+    )
+
+
+def test_quantize_clamps_and_rounds_to_the_grid() -> None:
+    grid = Grid(exponent=-3, limit=2**10, bound=2**9)
+    v = torch.tensor([0.06, 0.07, -0.3, 1e9, float("-inf")])
+    assert quantize(v, grid=grid).tolist() == [0, 1, -2, 512, -512]
+    with pytest.raises(ValueError, match="NaN"):
+        quantize(torch.tensor([float("nan")]), grid=grid)
+
+
+def test_plan_release_widens_the_grid_when_float32_cannot_hold_the_noise() -> None:
+    mech = create_mechanism("alm")
+    narrow = plan_release(mechanism=mech, epsilon=1e-3, delta=0.0, sensitivity=1.0, dim=10,
+                          dtype=torch.float32)  # fmt: skip
+    wide = plan_release(mechanism=mech, epsilon=1e-3, delta=0.0, sensitivity=1.0, dim=10,
+                        dtype=torch.float64)  # fmt: skip
+    assert narrow.grid.gamma > wide.grid.gamma
+    assert narrow.scale / narrow.grid.gamma * 40 <= narrow.grid.limit - narrow.grid.bound
+    assert wide.sensitivity <= 1.0 * (1 + INFLATION)
+    assert narrow.scale == pytest.approx(narrow.sensitivity / 1e-3)
+
+
+@pytest.mark.parametrize("norm", ["l1", "l2"])
+def test_integer_clipping_enforces_the_cell_radius_exactly(norm: str) -> None:
+    grid = Grid(exponent=-6, limit=2**53, bound=2**52)
+    dim, clip = 30, 0.5
+    radius = cell_radius(max_grad_norm=clip, norm=norm, dim=dim, grid=grid)
+    g = torch.Generator().manual_seed(0)
+    raw = torch.randn(200, dim, generator=g, dtype=torch.float64)
+    order = 1 if norm == "l1" else 2
+    clipped = raw * (clip / raw.norm(order, dim=1, keepdim=True)).clamp(max=1.0)
+    # push a few just past the bound, as float error could
+    clipped[:5] *= 1 + 1e-3
+    (cells,) = clip_to_cells([clipped], grid=grid, norm=norm, radius=radius)
+    assert torch.equal(cells, torch.round(cells))  # integers
+    for row in cells.to(torch.int64).tolist():  # exact, in Python integers
+        size = sum(abs(c) for c in row) if norm == "l1" else math.sqrt(sum(c * c for c in row))
+        assert size <= radius
+    # examples within the bound are only rounded (≤ ½ cell per coordinate)
+    assert (cells[5:].double() - clipped[5:] / grid.gamma).abs().max() <= 0.5
+
+
+def test_bad_scales_and_mechanisms_are_refused() -> None:
+    with pytest.raises(ValueError, match="scale=-1"):
+        discrete_noise(3, mechanism="alm", scale=-1.0, grid=UNIT, generator=SecureGenerator())
+    with pytest.raises(ValueError, match="int64 range"):
+        discrete_noise(3, mechanism="alm", scale=2.0**60, grid=UNIT, generator=SecureGenerator())
+    with pytest.raises(ValueError, match="unknown"):
+        discrete_noise(3, mechanism="nope", scale=1.0, grid=UNIT, generator=SecureGenerator())
+    with pytest.raises(ValueError, match="dim=0"):
+        grid_for(sensitivity=1.0, norm="l1", dim=0)
+
+
+# --- the keystream and exact Bernoulli draws -------------------------------------------------
+
+
+def test_keystream_bytes_are_uniform_and_streams_independent() -> None:
+    stream = KeyStream()
+    data = np.frombuffer(bytes(stream.read(1 << 20)), dtype=np.uint8)
+    counts = np.bincount(data, minlength=256)
+    assert stats.chisquare(counts).pvalue > 1e-6  # fresh keys: p < 1e-6 w.p. 1e-6
+    assert stream.read(64) != KeyStream().read(64)
+    # copies and unpickled copies rekey: never the same bits twice
+    assert copy.deepcopy(stream).read(64) != stream.read(64)
+    assert pickle.loads(pickle.dumps(stream)).read(64) != stream.read(64)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_rekeys() -> None:
+    stream = KeyStream()
+    stream.read(16)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next bytes, to the parent
+        os.write(write, bytes(stream.read(32)))
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 32)
+    os.waitpid(pid, 0)
+    assert child != bytes(stream.read(32))
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3, 2.0**-40, 1.0])
+def test_bernoulli_is_exact_at_the_float_given(p: float) -> None:
+    draws = bernoulli(2_000_000, probability=p, generator=SecureGenerator())
+    hits = int(draws.sum())
+    if p in (0.0, 1.0):
+        assert hits == int(p * 2_000_000)
+    else:  # binomial test; fresh bits: p-value below 1e-6 with probability 1e-6
+        assert stats.binomtest(hits, 2_000_000, p).pvalue > 1e-6
+    with pytest.raises(ValueError, match=r"probability=1\.5"):
+        bernoulli(3, probability=1.5, generator=SecureGenerator())
+
+
+def test_bernoulli_ties_draw_more_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A uniform whose first 63 bits equal q's goes on to compare further bits."""
+    from alm_opacus.mechanisms import sampling
+
+    q = 0.3 * 2.0**-20  # its binary expansion runs past 63 bits
+    head = math.floor(sampling.Fraction(q) * 2**63)
+    rest = sampling.Fraction(q) * 2**63 - head
+    # the tie's continuation: bits just below / above q's next 63 bits
+    nxt = math.floor(rest * 2**63)
+    assert 0 < nxt < 2**63 - 1
+    for word, expected in ((nxt - 1, True), (nxt + 1, False)):
+        seq = iter([head, word])
+
+        def scripted(n: int, generator: object, seq: object = seq) -> torch.Tensor:
+            return torch.tensor([next(seq) for _ in range(n)], dtype=torch.int64)  # type: ignore[call-overload]
+
+        monkeypatch.setattr(sampling, "uniform_words", scripted)
+        draw = sampling.bernoulli(1, probability=q, generator=make_generator(seed=0))
+        assert bool(draw[0]) is expected
+
+
+def test_special_erfc_reference_sanity() -> None:
+    # the scipy tail used as the independent reference agrees with erfc (guards the tests)
+    u = np.linspace(0, 8, 17)
+    np.testing.assert_allclose(SCIPY_TAIL["gaussian"](u), special.erfc(u / np.sqrt(2)),
+                               rtol=1e-13)  # fmt: skip
