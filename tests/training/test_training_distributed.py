@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -219,3 +221,50 @@ def test_a_distributed_module_without_a_process_group_is_refused() -> None:
                                    batch_size=2),
             noise_multiplier=1.0, max_grad_norm=1.0,
         )  # fmt: skip
+
+
+ROOT = HERE.parents[1]
+EXAMPLE = ROOT / "examples" / "dpsgd_distributed.py"
+
+
+def _launch(command: list[str], *, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def test_the_torchrun_example_runs_on_two_cpu_ranks(worker: Any, tmp_path: Path) -> None:
+    """``torchrun --nproc_per_node 2 examples/dpsgd_distributed.py`` with what torchrun sets
+    in each process's environment, but a file rendezvous (torchrun's TCP store listens on
+    every interface; the docs' command itself was run by hand)."""
+    env = {**os.environ, "WORLD_SIZE": str(WORLD), "LOCAL_WORLD_SIZE": str(WORLD),
+           "GLOO_SOCKET_IFNAME": worker.loopback_interface(), "OMP_NUM_THREADS": "1"}  # fmt: skip
+    command = [sys.executable, str(EXAMPLE), "--epochs", "2",
+               "--init-method", f"file://{tmp_path / 'rendezvous'}"]  # fmt: skip
+    processes = [_launch(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+                 for r in range(WORLD)]  # fmt: skip
+    try:
+        outputs = [p.communicate(timeout=DEADLINE)[0] for p in processes]
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert [p.returncode for p in processes] == [0, 0], outputs
+    (line,) = [x for x in outputs[0].splitlines() if x.startswith("ranks=")]
+    assert "ranks=2 backend=gloo noise=alm" in line and "identical_parameters=True" in line
+    assert not any(x.startswith("ranks=") for x in outputs[1].splitlines())  # rank 0 prints
+
+
+def test_the_example_is_an_opacus_dpddp_script_with_two_lines_changed() -> None:
+    ours = EXAMPLE.read_text().splitlines()
+    changed = [line for line in ours if "# was: " in line]
+    assert len(changed) == 2
+    opacus_script = [
+        line[: line.index(line.lstrip())] + line.split("# was: ")[1] if "# was: " in line
+        else line
+        for line in ours
+    ]  # fmt: skip
+    assert "from opacus import PrivacyEngine" in opacus_script
+    assert not any("noise_mechanism" in x or "l1_clip" in x for x in opacus_script)
+    assert sum(a != b for a, b in zip(ours, opacus_script, strict=True)) == 2
