@@ -19,14 +19,13 @@ noise):
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar
 
 import torch
 
 from alm_opacus.accounting import ACCOUNTANT_NAME
 from alm_opacus.methods import MethodContext, register_method
-from alm_opacus.training import PrivacyEngine
+from alm_opacus.training import PrivacyEngine, l1_clip  # l1_clip re-exported
 from baselines.dpsgd.config import DPSGDRecipeOptions
 from baselines.dpsgd.head import head_size
 from baselines.dpsgd.loop import PrivateEngine, TrainingBackend, opacus_generators
@@ -75,12 +74,6 @@ _FLOAT_NOTE = (
     "floating-point {law} noise, drawn in float64 by the inverse CDF of a uniform on the odd "
     "multiples of 2^-53 (Mironov 2012): the guarantee is for the ideal mechanism"
 )
-
-
-def l1_clip(clip: float, *, params: int) -> float:
-    """An L2 clip moved to the L1 scale of a ``params``-coordinate gradient: a dense gradient
-    of L2 norm ``c`` has L1 norm up to ``sqrt(params) c``, so the result cuts about as much."""
-    return clip * math.sqrt(params)
 
 
 class DPSGDMechanismMethod(DPSGDMethod):
