@@ -8,7 +8,10 @@
 * attacks: all attacks on one release once the shadow and reference heads are trained;
 * baselines: DP-SGD against non-private head training, a DP-SGD retrain at a new epsilon
   against a post-training re-protection at that epsilon, and one ``dpsgd-full`` run
-  (encoder and head) against one DP-SGD head run.
+  (encoder and head) against one DP-SGD head run;
+* DP-SGD steps (``scripts/bench_dpsgd.py``): ours with alm/laplace/gaussian noise against
+  Opacus's Gaussian DP-SGD per step (total, without noise, clipping; the noise's share), and
+  2 gloo ranks against one process on the same global batch (issue 20: <= 1.05x per step).
 
 Targets (issues 4, 5, 7, 13, 14): sampler ratio >= 10; attacks <= 5 s; digits full run <=
 180 s and <= 3 GiB peak RSS; mnist full run <= 15 min and <= 4 GiB; resume <= 10 s. They are
@@ -36,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_baselines import bench_baselines  # noqa: E402
+from bench_dpsgd import bench_dpsgd, format_rows  # noqa: E402
 from bench_sensitivity import bench_sampler  # noqa: E402
 
 from alm_opacus.attacks import AttackerKnowledge, AttackTarget, prepare_attacks  # noqa: E402
@@ -144,6 +148,7 @@ def main() -> None:
             features=x, labels=y, num_classes=data.num_classes,
             images=data.inputs("images", "members"), encoder=data.encoder,
         )  # fmt: skip
+    report["dpsgd"] = bench_dpsgd()
     Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(format_table(report))
     print(f"\nwritten: {args.out}")
@@ -181,6 +186,8 @@ def format_table(report: dict[str, Any]) -> str:
             ("dpsgd-full vs dpsgd head, one run", f"{f['ratio']:.0f}x", ""),
             ("  full / head (s)", f"{f['seconds_full']:.2f} / {f['seconds_head']:.3f}", ""),
         ]
+    if "dpsgd" in report:
+        rows += format_rows(report["dpsgd"])
     width = max(len(r[0]) for r in rows)
     lines = [f"{'measure':<{width}}  {'value':>14}  target", "-" * (width + 30)]
     lines += [f"{a:<{width}}  {b_:>14}  {c}" for a, b_, c in rows]

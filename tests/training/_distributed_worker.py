@@ -147,6 +147,31 @@ def empty_local_batch(rank: int) -> dict[str, Any]:
     return {"params": flat(net), "steps": len(engine.accountant)}
 
 
+def virtual_steps() -> dict[str, Any]:
+    """Opacus's BatchMemoryManager on each rank: physical batches of at most 4 examples, the
+    ranks' physical step counts differ, noise and all-reduce once per logical step."""
+    from opacus.utils.batch_memory_manager import BatchMemoryManager
+
+    net = model(seed=0)
+    engine = PrivacyEngine()
+    private, optimizer, loader = engine.make_private(
+        module=DPDDP(net), optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
+        data_loader=DataLoader(dataset(), batch_size=BATCH), noise_multiplier=1.0,
+        max_grad_norm=l1_clip(1.0, params=net), noise_mechanism="laplace",
+    )  # fmt: skip
+    physical = 0
+    with BatchMemoryManager(
+        data_loader=loader, max_physical_batch_size=4, optimizer=optimizer
+    ) as batches:
+        for x, y in batches:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(private(x), y).backward()
+            optimizer.step()
+            physical += 1
+    return {"params": flat(net), "physical": physical, "noise_draws": optimizer.noise_draws,
+            "steps": len(engine.accountant)}  # fmt: skip
+
+
 def sampler_batches(rank: int) -> dict[str, Any]:
     """Batches of the distributed sampler: seeded (to compare with one process) and secure
     with a tiny rate (empty local batches must still be yielded)."""
@@ -212,6 +237,7 @@ def run(rank: int, world_size: int, init_file: str, out: str) -> None:
                 results[f"noise/{wrapper}/{mechanism}"] = zero_gradient_noise(wrapper, mechanism)
                 results[f"seeded/{wrapper}/{mechanism}"] = seeded(wrapper, mechanism)
         results["empty"] = empty_local_batch(rank)
+        results["virtual"] = virtual_steps()
         results["sampler"] = sampler_batches(rank)
         results["warnings"] = plain_module_warning()
         results["fsdp"] = fsdp_refusal()

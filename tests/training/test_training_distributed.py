@@ -168,6 +168,16 @@ def test_an_empty_local_batch_takes_part_in_the_step(ranks: list[dict[str, Any]]
     assert first["steps"] == second["steps"] == 1
 
 
+def test_virtual_steps_noise_and_reduce_once_per_logical_step(
+    ranks: list[dict[str, Any]],
+) -> None:
+    first, second = (r["virtual"] for r in ranks)
+    assert torch.equal(first["params"], second["params"])
+    assert first["steps"] == second["steps"] == 8  # one epoch of logical steps, q = 1/8
+    assert first["noise_draws"] == 8 and second["noise_draws"] == 0
+    assert min(first["physical"], second["physical"]) > 8  # ~16 examples per rank, 4 at a time
+
+
 def test_the_seeded_shards_partition_the_one_process_batches(ranks: list[dict[str, Any]]) -> None:
     samplers = [r["sampler"] for r in ranks]
     assert sorted(samplers[0]["shard"] + samplers[1]["shard"]) == list(range(50))
