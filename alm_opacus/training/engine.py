@@ -145,10 +145,16 @@ class TrainingRecord:
         )
 
     def describe(self) -> str:
-        """``noise_mechanism='alm' (L1 clipping at C=18, sigma=1)``."""
+        """``noise_mechanism='alm' (L1 clipping at C=18, sigma=1)``; a record inferred from
+        accountant entries knows no C or σ (NaN) and names the clipping norm only."""
+        settings = (
+            ""
+            if math.isnan(self.max_grad_norm)
+            else f" at C={self.max_grad_norm:g}, sigma={self.noise_multiplier:g}"
+        )
         return (
-            f"noise_mechanism={self.noise_mechanism!r} ({self.clipping_norm.upper()} clipping "
-            f"at C={self.max_grad_norm:g}, sigma={self.noise_multiplier:g})"
+            f"noise_mechanism={self.noise_mechanism!r} "
+            f"({self.clipping_norm.upper()} clipping{settings})"
         )
 
 
@@ -479,11 +485,7 @@ class PrivacyEngine(OpacusPrivacyEngine):
         ):
             if scheduler is not None:
                 checkpoint[f"{key}_state_dict"] = scheduler.state_dict()
-        record = (
-            TrainingRecord.of(optimizer)
-            if isinstance(optimizer, MechanismDPOptimizer)
-            else self.training
-        )
+        record = self._training_of(optimizer)
         if record is not None:
             checkpoint["training"] = asdict(record)
         if isinstance(path, str | os.PathLike) and not torch_save_kwargs:
@@ -521,17 +523,15 @@ class PrivacyEngine(OpacusPrivacyEngine):
             raise ValueError("torch_load_kwargs['weights_only'] is not allowed: it is always True")
         checkpoint: dict[str, Any] = torch.load(path, weights_only=True, **torch_load_kwargs)
         saved = _saved_training(checkpoint)
-        current = (
-            TrainingRecord.of(optimizer)
-            if isinstance(optimizer, MechanismDPOptimizer)
-            else self.training
-        )
+        current = self._training_of(optimizer)
         if saved is not None and current is not None:
             _check_same_mechanism(saved=saved, current=current, what=f"checkpoint {path!r}")
+        accountant_state = checkpoint["privacy_accountant_state_dict"]
+        type(self.accountant)().load_state_dict(accountant_state)  # validate before any change
         module.load_state_dict(
             checkpoint["module_state_dict"], **(kwargs.pop("module_load_dict_kwargs", None) or {})
         )
-        self.accountant.load_state_dict(checkpoint["privacy_accountant_state_dict"])
+        self.accountant.load_state_dict(accountant_state)
         optimizer_state = checkpoint.pop("optimizer_state_dict", {})
         if optimizer is not None and optimizer_state:
             optimizer.load_state_dict(optimizer_state)
@@ -549,6 +549,12 @@ class PrivacyEngine(OpacusPrivacyEngine):
         if current is None and saved is not None:
             self.training = saved
         return checkpoint
+
+    def _training_of(self, optimizer: Any) -> TrainingRecord | None:
+        """The record of ``optimizer`` if it is ours, else of this engine's `make_private`."""
+        if isinstance(optimizer, MechanismDPOptimizer):
+            return TrainingRecord.of(optimizer)
+        return self.training
 
     def _check_request(
         self,

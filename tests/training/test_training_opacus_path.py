@@ -328,6 +328,22 @@ def test_an_older_checkpoint_is_checked_against_its_accountant_entries(tmp_path:
         PrivacyEngine().load_checkpoint(path=path, module=model2, optimizer=optimizer2)
 
 
+def test_a_corrupt_accountant_state_loads_nothing(tmp_path: Path) -> None:
+    engine = PrivacyEngine()
+    model, optimizer, loader = _private(engine, "alm")
+    _train(model, optimizer, loader)
+    path = tmp_path / "ckpt.pt"
+    engine.save_checkpoint(path=path, module=model, optimizer=optimizer)
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["privacy_accountant_state_dict"]["noise_steps"][0]["noise_multiplier"] = -1.0
+    torch.save(checkpoint, path)
+    model2, optimizer2, _ = _private(PrivacyEngine(), "alm")
+    before = [p.detach().clone() for p in model2.parameters()]
+    with pytest.raises(ValueError, match=r"noise_multiplier=-1\.0"):
+        PrivacyEngine().load_checkpoint(path=path, module=model2, optimizer=optimizer2)
+    assert all(torch.equal(a, b) for a, b in zip(before, model2.parameters(), strict=True))
+
+
 def test_an_interrupted_save_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
     engine = PrivacyEngine()
     model, optimizer, _ = _private(engine, "alm")
