@@ -164,8 +164,9 @@ class DistributedMechanismDPOptimizer(MechanismDPOptimizer):
         """The step's noise in the encoded form, drawn on rank 0 only.
 
         One draw per parameter, in ``self.params`` order and shape, exactly as the
-        single-process `MechanismDPOptimizer.add_noise` draws it: a run on W ranks with a
-        seeded generator adds the noise a one-process run with that seed adds.
+        single-process `MechanismDPOptimizer.add_noise` draws it: when every parameter has
+        one dtype and device (one buffer), a run on W ranks with a seeded generator adds the
+        noise a one-process run with that seed adds.
         """
         scale = self.noise_multiplier * self.max_grad_norm
         if scale == 0.0:
