@@ -12,6 +12,9 @@
 * exact noise (``scripts/bench_exact.py``, alone with ``--only-exact``): one exact draw of 1M
   coordinates against ``torch.normal`` (issue 19 target <= 3x), an exact DP-SGD step against
   Opacus's Gaussian step, and the grid's sensitivity inflation at the shipped heads.
+* DP-SGD steps (``scripts/bench_dpsgd.py``): ours with alm/laplace/gaussian noise against
+  Opacus's Gaussian DP-SGD per step (total, without noise, clipping; the noise's share), and
+  2 gloo ranks against one process on the same global batch (issue 20: <= 1.05x per step).
 
 Targets (issues 4, 5, 7, 13, 14): sampler ratio >= 10; attacks <= 5 s; digits full run <=
 180 s and <= 3 GiB peak RSS; mnist full run <= 15 min and <= 4 GiB; resume <= 10 s. They are
@@ -39,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_baselines import bench_baselines  # noqa: E402
+from bench_dpsgd import bench_dpsgd, format_rows  # noqa: E402
 from bench_exact import bench_exact  # noqa: E402
 from bench_exact import format_rows as exact_rows  # noqa: E402
 from bench_sensitivity import bench_sampler  # noqa: E402
@@ -157,6 +161,7 @@ def main() -> None:
             features=x, labels=y, num_classes=data.num_classes,
             images=data.inputs("images", "members"), encoder=data.encoder,
         )  # fmt: skip
+    report["dpsgd"] = bench_dpsgd()
     Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(format_table(report))
     print(f"\nwritten: {args.out}")
@@ -197,6 +202,8 @@ def format_table(report: dict[str, Any]) -> str:
             ("dpsgd-full vs dpsgd head, one run", f"{f['ratio']:.0f}x", ""),
             ("  full / head (s)", f"{f['seconds_full']:.2f} / {f['seconds_head']:.3f}", ""),
         ]
+    if "dpsgd" in report:
+        rows += format_rows(report["dpsgd"])
     rows += exact_rows(report["exact"])
     return _table(rows)
 

@@ -18,14 +18,27 @@ What differs from ``opacus.PrivacyEngine``:
   exist for current PyTorch, and is not used;
 - `make_private_with_epsilon` calibrates against the budget already in the accountant, and
   refuses (`InfeasibleBudget`) when the target cannot be met;
-- Poisson sampling is required (the accounting assumes it); flat clipping only, no
-  distributed or ghost-clipping modes, which are refused before anything is modified.
+- Poisson sampling is required (the accounting assumes it); flat or per-layer clipping
+  (per-layer budgets add up to C in the mechanism's norm: the same accounting); ghost
+  clipping, adaptive clipping and FSDP are refused, with the reason, before anything is
+  modified; keyword arguments the engine does not know are refused (Opacus passes them on
+  to the optimizer, which ignores them, so a misspelt ``noise_mechanism`` would silently
+  train with Gaussian noise);
+- a module wrapped in ``DifferentiallyPrivateDistributedDataParallel`` or
+  ``DistributedDataParallel`` trains on several processes
+  (`DistributedMechanismDPOptimizer`, `alm_opacus.training.distributed`): the noise of a
+  step is drawn once, on rank 0, and every rank takes the same step;
+- checkpoints record the noise mechanism, its clipping norm and bound and σ beside the
+  accountant's entries, are written atomically, and loading one into an engine whose
+  mechanism differs is refused, naming both.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
+from dataclasses import asdict, dataclass
 from typing import IO, Any, BinaryIO
 
 import torch
@@ -35,6 +48,7 @@ from opacus.accountants.utils import get_noise_multiplier
 from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
 from opacus.optimizers import DPOptimizer
 from opacus.optimizers.utils import params
+from torch import distributed as dist
 from torch import nn, optim
 from torch.distributed._composable.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -42,18 +56,138 @@ from torch.utils.data import DataLoader
 
 from alm_opacus._validation import check_delta, check_epsilon
 from alm_opacus.accounting import PipelineAccountant, find_noise_multiplier
+from alm_opacus.io import atomic_torch_save
 from alm_opacus.mechanisms.sampling import NoiseGenerator
+from alm_opacus.training.distributed import DistributedMechanismDPOptimizer, distributed_world
 from alm_opacus.training.optimizer import (
     MechanismDPOptimizer,
+    _check_budgets,
     _check_max_grad_norm,
     training_mechanism,
 )
 from alm_opacus.training.sampler import SecureDPDataLoader
 
-__all__ = ["DEFAULT_ACCOUNTANT", "PrivacyEngine", "noise_multiplier_for"]
+__all__ = [
+    "DEFAULT_ACCOUNTANT",
+    "CheckpointMismatch",
+    "PrivacyEngine",
+    "TrainingRecord",
+    "l1_clip",
+    "noise_multiplier_for",
+]
 
 DEFAULT_ACCOUNTANT = "alm_pld"
 _UNSUPPORTED_GRAD_SAMPLE_MODES = ("ghost", "ghost_fsdp")
+
+#: Keyword arguments of ``opacus.PrivacyEngine.make_private`` that `PrivacyEngine` passes on;
+#: any other is refused (Opacus would hand it to the optimizer, which ignores it).
+_PASSED_ON = frozenset({"batch_first", "loss_reduction", "wrap_model", "rand_on_empty"})
+
+#: The optimizer of a single-process and of a distributed (DPDDP / DDP) module.
+_OPTIMIZERS: dict[bool, type[MechanismDPOptimizer]] = {
+    False: MechanismDPOptimizer,
+    True: DistributedMechanismDPOptimizer,
+}
+
+#: Refused modes, with the reason the message gives.
+_REFUSED_CLIPPING = {
+    "adaptive": (
+        "adaptive clipping (Andrew et al. 2021) spends part of the budget on a noisy count "
+        "of clipped examples, which Opacus accounts by splitting one Gaussian's budget "
+        "between two Gaussian queries; no such split is proven here for logistic or Laplace "
+        "noise, and the alm_pld accountant does not record the count query. For Gaussian "
+        "noise use opacus.PrivacyEngine, whose accountant knows it"
+    ),
+}
+
+# An L1 clip C cuts a dense p-coordinate gradient as an L2 clip of C / sqrt(p) does; below
+# this, that is smaller than the L2 clips DP-SGD is usually run with (0.1 to a few). Warned
+# only from this many parameters on (sqrt(p) >= 10), where the two scales differ much.
+_SMALLEST_L2_EQUIVALENT = 0.1
+_MANY_PARAMETERS = 100
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint's noise mechanism differs from the engine's; the message names both."""
+
+
+@dataclass(frozen=True)
+class TrainingRecord:
+    """What a DP-SGD checkpoint records about how its steps were noised.
+
+    Attributes:
+        noise_mechanism: ``"alm"``, ``"laplace"`` or ``"gaussian"``.
+        clipping_norm: ``"l1"`` or ``"l2"``, the mechanism's sensitivity norm.
+        max_grad_norm: the clipping bound C of one example in that norm.
+        max_grad_norms: per-layer budgets, or ``None`` for flat clipping.
+        noise_multiplier: σ (the noise scale is σC).
+        distributed: whether the steps ran on several processes (noise once per step).
+        exact: whether the steps were exact on a grid (absent from older checkpoints, whose
+            steps were floating-point).
+    """
+
+    noise_mechanism: str
+    clipping_norm: str
+    max_grad_norm: float
+    max_grad_norms: list[float] | None
+    noise_multiplier: float
+    distributed: bool = False
+    exact: bool = False
+
+    @classmethod
+    def of(cls, optimizer: MechanismDPOptimizer) -> TrainingRecord:
+        """The record of ``optimizer``'s current settings."""
+        budgets = optimizer.max_grad_norms
+        return cls(
+            noise_mechanism=optimizer.noise_mechanism,
+            clipping_norm=optimizer.clipping_norm,
+            max_grad_norm=float(optimizer.max_grad_norm),
+            max_grad_norms=None if budgets is None else [float(c) for c in budgets],
+            noise_multiplier=float(optimizer.noise_multiplier),
+            distributed=isinstance(optimizer, DistributedMechanismDPOptimizer),
+            exact=bool(optimizer.exact),
+        )
+
+    def describe(self) -> str:
+        """``noise_mechanism='alm' (L1 clipping at C=18, sigma=1)``; a record inferred from
+        accountant entries knows no C or σ (NaN) and names the clipping norm only."""
+        settings = (
+            ""
+            if math.isnan(self.max_grad_norm)
+            else f" at C={self.max_grad_norm:g}, sigma={self.noise_multiplier:g}"
+        )
+        return (
+            f"noise_mechanism={self.noise_mechanism!r} "
+            f"({self.clipping_norm.upper()} clipping{settings})"
+        )
+
+
+def l1_clip(clip: float, *, params: int | nn.Module) -> float:
+    """An L2 clipping bound moved to the L1 scale of a ``params``-coordinate gradient.
+
+    A dense gradient of L2 norm c has L1 norm up to √p·c (Cauchy–Schwarz, equality when all
+    p coordinates have equal magnitude), so an L1 clip of √p·c cuts about as much of a
+    gradient as the L2 clip c does. Kept at c, an L1 clip shrinks every clipped example by
+    about √p more, as if the learning rate were divided by √p (`docs/dpsgd_noise.md`).
+
+    Args:
+        clip: the L2 clip c > 0 (e.g. the ``max_grad_norm`` of a Gaussian DP-SGD script).
+        params: p, or a module whose trainable parameters are counted.
+
+    Returns:
+        √p·c.
+
+    Raises:
+        ValueError: on a non-positive clip or a count below 1.
+    """
+    count = (
+        sum(p.numel() for p in params.parameters() if p.requires_grad)
+        if isinstance(params, nn.Module)
+        else params
+    )
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"params={params!r} is invalid: expected a module or an integer ≥ 1")
+    return _check_max_grad_norm(clip) * math.sqrt(count)
 
 
 def _check_epochs(epochs: Any) -> int:
@@ -162,6 +296,9 @@ class PrivacyEngine(OpacusPrivacyEngine):
         self.secure_mode = bool(secure_mode)
         self.secure_rng = None
         self.dataset: Any = None
+        #: How this engine's optimizer noises its steps (set by `make_private`, or by
+        #: `load_checkpoint` before it), so that a checkpoint can be checked against it.
+        self.training: TrainingRecord | None = None
 
     def make_private(
         self,
@@ -170,7 +307,7 @@ class PrivacyEngine(OpacusPrivacyEngine):
         optimizer: optim.Optimizer,
         data_loader: DataLoader[Any],
         noise_multiplier: float,
-        max_grad_norm: float,
+        max_grad_norm: float | list[float],
         noise_mechanism: str = "gaussian",
         criterion: nn.Module | None = None,
         poisson_sampling: bool = True,
@@ -182,50 +319,72 @@ class PrivacyEngine(OpacusPrivacyEngine):
     ) -> tuple[Any, MechanismDPOptimizer, SecureDPDataLoader]:
         """Opacus's ``make_private`` with the noise of ``noise_mechanism``.
 
+        A ``module`` wrapped in ``DifferentiallyPrivateDistributedDataParallel`` or
+        ``DistributedDataParallel`` (after ``torch.distributed.init_process_group``) trains
+        on every rank of the process group: the loader samples this rank's shard, the
+        optimizer is a `DistributedMechanismDPOptimizer` (noise once per step, on rank 0),
+        and every rank's accountant records the same steps at the global rate.
+
         Args:
-            module, optimizer, data_loader, noise_multiplier, max_grad_norm, criterion,
-            clipping, grad_sample_mode, **kwargs: as in ``opacus.PrivacyEngine.make_private``
-                (``batch_first``, ``loss_reduction``, ``wrap_model``, ``rand_on_empty``).
+            module, optimizer, data_loader, noise_multiplier, criterion, grad_sample_mode,
+            **kwargs: as in ``opacus.PrivacyEngine.make_private``; ``**kwargs`` may be
+                ``batch_first``, ``loss_reduction``, ``wrap_model`` or ``rand_on_empty``.
+            max_grad_norm: the clipping bound C in the mechanism's norm (L1 for ``alm`` and
+                ``laplace``: move an L2 clip c to that scale with `l1_clip`, √p·c); with
+                ``clipping="per_layer"`` a list of budgets, one per trainable parameter.
             noise_mechanism: ``"gaussian"`` (default, Opacus's noise), ``"alm"`` (alias
                 ``"logistic"``) or ``"laplace"``; L1 clipping for the latter two.
             poisson_sampling: must be ``True``: the accounting assumes Poisson sampling.
+            clipping: ``"flat"`` or ``"per_layer"``.
             noise_generator: a seeded ``torch.Generator`` for reproducible research (needs
                 ``secure_mode=False``); ``None`` for a `SecureGenerator`.
             exact: exact steps on a grid (default; `MechanismDPOptimizer`); ``False`` keeps
                 floating-point noise, open to a floating-point adversary (comparisons only).
 
         Returns:
-            (module, optimizer, data_loader): the optimizer a `MechanismDPOptimizer`, the
-            loader a `SecureDPDataLoader`.
+            (module, optimizer, data_loader): the optimizer a `MechanismDPOptimizer` (a
+            `DistributedMechanismDPOptimizer` for a distributed module), the loader a
+            `SecureDPDataLoader`.
 
         Raises:
-            ValueError: on an unsupported option, mechanism or accountant, checked before
-                the module, optimizer or loader are touched.
+            ValueError: on an unsupported option, mechanism, accountant or keyword
+                argument, checked before the module, optimizer or loader are touched.
+            CheckpointMismatch: if a checkpoint loaded into this engine first was trained
+                with another mechanism.
+
+        Warns:
+            UserWarning: when an L1 clip is the size of an L2 clip for a model of many
+                parameters (p ≥ 100 and C / √p < 0.1), and when ``torch.distributed`` runs several
+                processes but ``module`` is not wrapped for them.
         """
         mechanism = self._check_request(
             module=module,
+            optimizer=optimizer,
             noise_mechanism=noise_mechanism,
             max_grad_norm=max_grad_norm,
             poisson_sampling=poisson_sampling,
             clipping=clipping,
             grad_sample_mode=grad_sample_mode,
+            extra=kwargs,
         )
         if criterion is not None:
             kwargs["criterion"] = criterion
-        return super().make_private(
+        private = super().make_private(
             module=module,
             optimizer=optimizer,
             data_loader=data_loader,
             noise_multiplier=noise_multiplier,
             max_grad_norm=max_grad_norm,
             poisson_sampling=True,
-            clipping="flat",
+            clipping=clipping,
             noise_generator=noise_generator,
             grad_sample_mode=grad_sample_mode,
             noise_mechanism=mechanism,
             exact=exact,
             **kwargs,
         )
+        self.training = TrainingRecord.of(private[1])
+        return private
 
     def make_private_with_epsilon(
         self,
@@ -236,7 +395,7 @@ class PrivacyEngine(OpacusPrivacyEngine):
         target_epsilon: float,
         target_delta: float,
         epochs: int,
-        max_grad_norm: float,
+        max_grad_norm: float | list[float],
         noise_mechanism: str = "gaussian",
         epsilon_tolerance: float = 0.01,
         **kwargs: Any,
@@ -264,13 +423,17 @@ class PrivacyEngine(OpacusPrivacyEngine):
                 its message names the spent budget.
             ValueError: on bad input or an accountant that cannot count the prior budget.
         """
+        passed = {k: v for k, v in kwargs.items() if k not in _MAKE_PRIVATE_ARGUMENTS}
         mechanism = self._check_request(
             module=module,
+            optimizer=optimizer,
             noise_mechanism=noise_mechanism,
             max_grad_norm=max_grad_norm,
-            poisson_sampling=kwargs.pop("poisson_sampling", True),
-            clipping=kwargs.pop("clipping", "flat"),
+            poisson_sampling=kwargs.get("poisson_sampling", True),
+            clipping=kwargs.get("clipping", "flat"),
             grad_sample_mode=kwargs.get("grad_sample_mode", "hooks"),
+            extra=passed,
+            warn=False,  # make_private below warns
         )
         steps_per_epoch = int(1 / (1 / len(data_loader)))  # as the Poisson sampler computes it
         sigma = noise_multiplier_for(
@@ -293,6 +456,51 @@ class PrivacyEngine(OpacusPrivacyEngine):
             **kwargs,
         )
 
+    def save_checkpoint(
+        self,
+        *,
+        path: str | os.PathLike[str] | BinaryIO | IO[bytes],
+        module: nn.Module,
+        optimizer: DPOptimizer | None = None,
+        noise_scheduler: Any = None,
+        grad_clip_scheduler: Any = None,
+        checkpoint_dict: dict[str, Any] | None = None,
+        module_state_dict_kwargs: dict[str, Any] | None = None,
+        torch_save_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        """Opacus's ``save_checkpoint``, recording how the steps were noised, atomically.
+
+        Beside Opacus's entries (module, accountant with its entries, optimizer, schedulers)
+        the checkpoint holds ``"training"``: the `TrainingRecord` (mechanism, clipping norm
+        and bound, σ) of ``optimizer``, or of this engine's `make_private` when no
+        `MechanismDPOptimizer` is given. A path is written through a temporary file and
+        renamed, so an interrupted save leaves the previous checkpoint whole. On several
+        processes, save from rank 0 only: every rank holds the same state.
+
+        Args:
+            path, module, optimizer, noise_scheduler, grad_clip_scheduler, checkpoint_dict,
+            module_state_dict_kwargs, torch_save_kwargs: as in
+                ``opacus.PrivacyEngine.save_checkpoint``.
+        """
+        checkpoint = dict(checkpoint_dict or {})
+        checkpoint["module_state_dict"] = module.state_dict(**(module_state_dict_kwargs or {}))
+        checkpoint["privacy_accountant_state_dict"] = self.accountant.state_dict()
+        if optimizer is not None:
+            checkpoint["optimizer_state_dict"] = optimizer.state_dict()
+        for key, scheduler in (
+            ("noise_scheduler", noise_scheduler),
+            ("grad_clip_scheduler", grad_clip_scheduler),
+        ):
+            if scheduler is not None:
+                checkpoint[f"{key}_state_dict"] = scheduler.state_dict()
+        record = self._training_of(optimizer)
+        if record is not None:
+            checkpoint["training"] = asdict(record)
+        if isinstance(path, str | os.PathLike) and not torch_save_kwargs:
+            atomic_torch_save(checkpoint, path)
+        else:
+            torch.save(checkpoint, path, **(torch_save_kwargs or {}))
+
     def load_checkpoint(
         self,
         *,
@@ -301,23 +509,37 @@ class PrivacyEngine(OpacusPrivacyEngine):
         optimizer: DPOptimizer | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
-        """Opacus's ``load_checkpoint`` with ``torch.load(..., weights_only=True)``.
+        """Opacus's ``load_checkpoint`` with ``torch.load(..., weights_only=True)``, refusing
+        a checkpoint trained with another noise mechanism than this engine's.
 
         Opacus loads with ``weights_only=False``, which runs any code a crafted checkpoint
         holds; every state saved by `save_checkpoint` here is plain data, so nothing is lost.
+        The engine's mechanism is ``optimizer``'s (a `MechanismDPOptimizer`), else that of
+        this engine's `make_private`; when neither exists yet, the checkpoint's record is
+        kept and `make_private` with another mechanism is refused instead.
 
         Raises:
-            ValueError: if ``torch_load_kwargs`` asks for ``weights_only``.
+            CheckpointMismatch: if the checkpoint's mechanism (its ``"training"`` record, or
+                for a checkpoint without one, the only DP-SGD mechanism its accountant
+                entries hold) differs from the engine's; nothing is loaded then.
+            ValueError: if ``torch_load_kwargs`` asks for ``weights_only``, or on a record
+                that is not one.
             pickle.UnpicklingError: if the file holds anything but tensors and plain data.
         """
         torch_load_kwargs = dict(kwargs.pop("torch_load_kwargs", None) or {})
         if "weights_only" in torch_load_kwargs:
             raise ValueError("torch_load_kwargs['weights_only'] is not allowed: it is always True")
         checkpoint: dict[str, Any] = torch.load(path, weights_only=True, **torch_load_kwargs)
+        saved = _saved_training(checkpoint)
+        current = self._training_of(optimizer)
+        if saved is not None and current is not None:
+            _check_same_mechanism(saved=saved, current=current, what=f"checkpoint {path!r}")
+        accountant_state = checkpoint["privacy_accountant_state_dict"]
+        type(self.accountant)().load_state_dict(accountant_state)  # validate before any change
         module.load_state_dict(
             checkpoint["module_state_dict"], **(kwargs.pop("module_load_dict_kwargs", None) or {})
         )
-        self.accountant.load_state_dict(checkpoint["privacy_accountant_state_dict"])
+        self.accountant.load_state_dict(accountant_state)
         optimizer_state = checkpoint.pop("optimizer_state_dict", {})
         if optimizer is not None and optimizer_state:
             optimizer.load_state_dict(optimizer_state)
@@ -332,22 +554,39 @@ class PrivacyEngine(OpacusPrivacyEngine):
             scheduler = kwargs.get(key)
             if scheduler is not None and state:
                 scheduler.load_state_dict(state)
+        if current is None and saved is not None:
+            self.training = saved
         return checkpoint
+
+    def _training_of(self, optimizer: Any) -> TrainingRecord | None:
+        """The record of ``optimizer`` if it is ours, else of this engine's `make_private`."""
+        if isinstance(optimizer, MechanismDPOptimizer):
+            return TrainingRecord.of(optimizer)
+        return self.training
 
     def _check_request(
         self,
         *,
         module: nn.Module,
+        optimizer: optim.Optimizer,
         noise_mechanism: str,
         max_grad_norm: Any,
         poisson_sampling: bool,
         clipping: str,
         grad_sample_mode: str,
+        extra: dict[str, Any],
+        warn: bool = True,
     ) -> str:
         """Validate a request before anything is modified; return the canonical mechanism."""
-        mechanism = training_mechanism(noise_mechanism).name
-        _check_max_grad_norm(max_grad_norm)
-        if mechanism != "gaussian" and not isinstance(self.accountant, PipelineAccountant):
+        unknown = sorted(set(extra) - _PASSED_ON)
+        if unknown:
+            raise ValueError(
+                f"make_private got unexpected keyword argument(s) {unknown}: Opacus would pass "
+                "them to the optimizer, which ignores them; expected only "
+                f"{sorted(_MAKE_PRIVATE_ARGUMENTS | _PASSED_ON)}"
+            )
+        mechanism = training_mechanism(noise_mechanism)
+        if mechanism.name != "gaussian" and not isinstance(self.accountant, PipelineAccountant):
             raise ValueError(
                 f"accountant={self.accountant.mechanism()!r} accounts for Gaussian noise only; "
                 f"noise_mechanism={noise_mechanism!r} needs accountant={DEFAULT_ACCOUNTANT!r}"
@@ -355,18 +594,55 @@ class PrivacyEngine(OpacusPrivacyEngine):
         if poisson_sampling is not True:
             raise ValueError(
                 f"poisson_sampling={poisson_sampling!r} is invalid: the accounting assumes "
-                "Poisson sampling, so it must be True"
+                "Poisson sampling, so it must be True (shuffled fixed-size batches can be "
+                "far less private than a Poisson accountant says: Chua et al. 2024)"
             )
-        if clipping != "flat":
-            raise ValueError(f"clipping={clipping!r} is invalid: expected 'flat'")
+        if clipping in _REFUSED_CLIPPING:
+            raise ValueError(f"clipping={clipping!r} is refused: {_REFUSED_CLIPPING[clipping]}")
+        if clipping not in ("flat", "per_layer"):
+            raise ValueError(f"clipping={clipping!r} is invalid: expected 'flat' or 'per_layer'")
+        if clipping == "per_layer":
+            _check_budgets(max_grad_norm)
+        else:
+            _check_max_grad_norm(max_grad_norm)
         if grad_sample_mode in _UNSUPPORTED_GRAD_SAMPLE_MODES:
             raise ValueError(
-                f"grad_sample_mode={grad_sample_mode!r} is invalid: ghost clipping computes L2 "
-                "norms only; expected 'hooks', 'ew' or 'functorch'"
+                f"grad_sample_mode={grad_sample_mode!r} is refused: ghost clipping never forms "
+                "per-sample gradients; it computes their L2 norms from activations and "
+                "backpropagated gradients and clips inside the loss (Opacus's "
+                "DPLossFastGradientClipping), so there is no L1 norm to clip and no step "
+                "where this engine's noise is added; expected 'hooks', 'ew' or 'functorch'"
             )
-        if isinstance(module, DPDDP | DDP | FSDPModule):
-            raise ValueError(f"module of type {type(module).__name__} is invalid: not distributed")
-        return mechanism
+        if isinstance(module, FSDPModule):
+            raise ValueError(
+                f"module of type {type(module).__name__} is refused: FSDP shards every "
+                "parameter over the ranks, so no rank holds a whole per-sample gradient; its "
+                "norm needs an all-reduce of per-rank partial norms inside clipping (Opacus's "
+                "FSDPOptimizer does it for L2), which is not implemented here. Wrap the model "
+                "in DifferentiallyPrivateDistributedDataParallel or DistributedDataParallel"
+            )
+        if isinstance(module, DPDDP | DDP):
+            distributed_world()  # raises if torch.distributed is not initialised
+        elif warn and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            warnings.warn(
+                f"torch.distributed runs {dist.get_world_size()} processes but module of type "
+                f"{type(module).__name__} is not wrapped for them: each rank will train its "
+                "own model on the whole dataset with its own noise and accountant, and "
+                "wrapping the returned module in DPDDP afterwards does not synchronise the "
+                "steps. To train one model on all ranks, wrap the model in "
+                "DifferentiallyPrivateDistributedDataParallel (or DistributedDataParallel) "
+                "before make_private",
+                stacklevel=3,
+            )
+        if self.training is not None and self.training.noise_mechanism != mechanism.name:
+            raise CheckpointMismatch(
+                f"this engine holds a checkpoint trained with {self.training.describe()}, "
+                f"but make_private asks for noise_mechanism={mechanism.name!r}: pass "
+                f"noise_mechanism={self.training.noise_mechanism!r}, or start a new engine"
+            )
+        if warn and mechanism.norm == "l1" and clipping == "flat":
+            _warn_small_l1_clip(max_grad_norm, optimizer=optimizer)
+        return mechanism.name
 
     def _prepare_data_loader(
         self,
@@ -389,7 +665,11 @@ class PrivacyEngine(OpacusPrivacyEngine):
         if generator is not None and self.secure_mode:
             generator = None  # Opacus's secure mode likewise replaces the loader's generator
         return SecureDPDataLoader.from_data_loader(
-            data_loader, generator=generator, batch_first=batch_first, rand_on_empty=rand_on_empty
+            data_loader,
+            generator=generator,
+            batch_first=batch_first,
+            rand_on_empty=rand_on_empty,
+            distributed=distributed,
         )
 
     def _prepare_optimizer(
@@ -397,17 +677,18 @@ class PrivacyEngine(OpacusPrivacyEngine):
         *,
         optimizer: optim.Optimizer,
         noise_multiplier: float,
-        max_grad_norm: float,
-        expected_batch_size: int,
+        max_grad_norm: float | list[float],
+        expected_batch_size: float,
         loss_reduction: str = "mean",
         noise_generator: NoiseGenerator | None = None,
         noise_mechanism: str = "gaussian",
         exact: bool = True,
+        distributed: bool = False,
         **kwargs: Any,
     ) -> MechanismDPOptimizer:
         if isinstance(optimizer, DPOptimizer):
             optimizer = optimizer.original_optimizer
-        return MechanismDPOptimizer(
+        return _OPTIMIZERS[distributed](
             optimizer,
             noise_multiplier=noise_multiplier,
             max_grad_norm=max_grad_norm,
@@ -416,4 +697,56 @@ class PrivacyEngine(OpacusPrivacyEngine):
             noise_mechanism=noise_mechanism,
             generator=noise_generator,
             exact=exact,
+        )
+
+
+#: ``make_private_with_epsilon``'s keyword arguments that ``make_private`` takes by name.
+_MAKE_PRIVATE_ARGUMENTS = frozenset(
+    {"criterion", "poisson_sampling", "clipping", "noise_generator", "grad_sample_mode", "exact"}
+)
+
+
+def _saved_training(checkpoint: dict[str, Any]) -> TrainingRecord | None:
+    """The checkpoint's `TrainingRecord`; for one saved without it (older versions, Opacus's
+    engine), the only DP-SGD mechanism its accountant entries hold, else ``None``."""
+    record = checkpoint.get("training")
+    if record is not None:
+        try:
+            return TrainingRecord(**record)
+        except TypeError:
+            raise ValueError(f"checkpoint's 'training' record {record!r} is invalid") from None
+    state = checkpoint.get("privacy_accountant_state_dict") or {}
+    kinds = {s.get("mechanism") for s in state.get("noise_steps", [])}
+    if state.get("history"):
+        kinds.add("gaussian")
+    if len(kinds) != 1:
+        return None
+    (name,) = kinds
+    mechanism = training_mechanism(str(name))
+    return TrainingRecord(
+        noise_mechanism=mechanism.name, clipping_norm=mechanism.norm, max_grad_norm=math.nan,
+        max_grad_norms=None, noise_multiplier=math.nan,
+    )  # fmt: skip
+
+
+def _check_same_mechanism(*, saved: TrainingRecord, current: TrainingRecord, what: str) -> None:
+    if saved.noise_mechanism != current.noise_mechanism:
+        raise CheckpointMismatch(
+            f"{what} was trained with {saved.describe()}, but this engine's optimizer uses "
+            f"{current.describe()}: pass noise_mechanism={saved.noise_mechanism!r} to "
+            "make_private before loading it, or start a new engine"
+        )
+
+
+def _warn_small_l1_clip(max_grad_norm: float, *, optimizer: optim.Optimizer) -> None:
+    """Warn when an L1 clip is L2-sized for many parameters (p ≥ 100 and C / √p < 0.1)."""
+    count = sum(p.numel() for p in params(optimizer))
+    if count >= _MANY_PARAMETERS and max_grad_norm / math.sqrt(count) < _SMALLEST_L2_EQUIVALENT:
+        warnings.warn(
+            f"max_grad_norm={max_grad_norm:g} is an L1 clip over {count} parameters: it cuts a "
+            f"dense gradient as an L2 clip of {max_grad_norm / math.sqrt(count):.3g} would, "
+            "and training may barely move. An L2 clip c moves to the L1 scale as "
+            f"sqrt(p)*c: max_grad_norm=l1_clip(c, params=model) ({math.sqrt(count):.4g}*c "
+            "here; docs/dpsgd_noise.md)",
+            stacklevel=4,
         )

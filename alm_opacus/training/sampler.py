@@ -16,14 +16,22 @@ from typing import Any
 
 import torch
 from opacus.data_loader import DPDataLoader, dtype_safe, shape_safe, wrap_collate_with_empty
-from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+from opacus.utils.uniform_sampler import (
+    DistributedUniformWithReplacementSampler,
+    UniformWithReplacementSampler,
+)
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
 from alm_opacus.accounting.pld import _check_sample_rate
 from alm_opacus.mechanisms.sampling import NoiseGenerator, SecureGenerator, bernoulli, is_secure
 
-__all__ = ["SecureDPDataLoader", "SecurePoissonSampler", "poisson_mask"]
+__all__ = [
+    "SecureDPDataLoader",
+    "SecureDistributedPoissonSampler",
+    "SecurePoissonSampler",
+    "poisson_mask",
+]
 
 
 def poisson_mask(
@@ -47,6 +55,16 @@ def poisson_mask(
     """
     q = _check_sample_rate(sample_rate)
     return bernoulli(shape, probability=q, generator=generator)
+
+
+def _check_source(generator: NoiseGenerator | None) -> NoiseGenerator:
+    source = SecureGenerator() if generator is None else generator
+    if not isinstance(source, SecureGenerator | torch.Generator):
+        raise ValueError(
+            f"generator={generator!r} is invalid: expected None, a SecureGenerator or a "
+            "torch.Generator"
+        )
+    return source
 
 
 class SecurePoissonSampler(UniformWithReplacementSampler):
@@ -86,12 +104,7 @@ class SecurePoissonSampler(UniformWithReplacementSampler):
             isinstance(steps, bool) or not isinstance(steps, int) or steps < 1
         ):
             raise ValueError(f"steps={steps!r} is invalid: expected None or an integer ≥ 1")
-        source = SecureGenerator() if generator is None else generator
-        if not isinstance(source, SecureGenerator | torch.Generator):
-            raise ValueError(
-                f"generator={generator!r} is invalid: expected None, a SecureGenerator "
-                "or a torch.Generator"
-            )
+        source = _check_source(generator)
         super().__init__(num_samples=num_samples, sample_rate=q, generator=source, steps=steps)
         self.seeded = not is_secure(source)
 
@@ -101,6 +114,101 @@ class SecurePoissonSampler(UniformWithReplacementSampler):
                 self.num_samples, sample_rate=self.sample_rate, generator=self.generator
             )
             yield mask.nonzero(as_tuple=False).reshape(-1).tolist()
+
+
+class SecureDistributedPoissonSampler(DistributedUniformWithReplacementSampler):
+    """Opacus's distributed Poisson sampler, drawing from a `SecureGenerator` by default.
+
+    As Opacus's `DistributedUniformWithReplacementSampler`: the dataset is split into one
+    shard per rank (a permutation fixed by ``shuffle_seed`` and the epoch, then every
+    ``world_size``-th index), and each rank includes each index of its shard independently
+    with probability ``sample_rate``. Every example of the whole dataset is thus in the
+    step's global batch (the union over ranks) independently with probability q: the global
+    batch is a Poisson sample at rate q, which is what the accountant records. Which rank
+    holds an example is fixed in advance and independent of the data, so it changes nothing
+    in the guarantee.
+
+    Two departures from Opacus, both for correctness:
+
+    - An empty local batch is yielded, not skipped. Opacus skips it, so a rank whose shard
+      drew no example takes one step fewer than the others: its next all-reduce pairs with
+      another step's (or never returns), and the number of accounted steps differs by rank.
+      Here every rank takes exactly ``steps`` steps.
+    - With a seeded ``torch.Generator`` (reproducible research only) every rank draws the
+      mask of the WHOLE dataset from the same stream and keeps its shard's entries: the
+      ranks' masks are then those of one process (so a seeded run on W ranks samples the
+      batches a one-process `SecurePoissonSampler` with the same seed samples), rather than
+      W copies of one stream, which would include the examples at the same shard position
+      on every rank together. With a `SecureGenerator` each rank draws only its shard's bits.
+
+    Attributes:
+        seeded: whether the draws come from a caller's seeded ``torch.Generator``.
+    """
+
+    def __init__(
+        self,
+        *,
+        total_size: int,
+        sample_rate: float,
+        generator: NoiseGenerator | None = None,
+        shuffle: bool = True,
+        shuffle_seed: int = 0,
+        steps: int | None = None,
+    ) -> None:
+        """Args:
+            total_size: size of the whole dataset, ≥ 1.
+            sample_rate: inclusion probability q in (0, 1] of every example.
+            generator: ``None`` (default) for a new `SecureGenerator`; a seeded
+                ``torch.Generator`` only for reproducible research.
+            shuffle: split a fixed permutation of the indices (Opacus's default) rather
+                than the indices in order.
+            shuffle_seed: seed of that permutation (public: it is not a privacy secret).
+            steps: batches per iteration; ``int(1 / sample_rate)`` (Opacus's) by default.
+
+        Raises:
+            ValueError: on a bad sample rate, dataset size or step count, or when
+                ``torch.distributed`` is not initialised.
+        """
+        q = _check_sample_rate(sample_rate)
+        if isinstance(total_size, bool) or not isinstance(total_size, int) or total_size < 1:
+            raise ValueError(f"total_size={total_size!r} is invalid: expected an integer ≥ 1")
+        if steps is not None and (
+            isinstance(steps, bool) or not isinstance(steps, int) or steps < 1
+        ):
+            raise ValueError(f"steps={steps!r} is invalid: expected None or an integer ≥ 1")
+        if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+            raise ValueError(
+                "SecureDistributedPoissonSampler needs torch.distributed to be initialised "
+                "(torch.distributed.init_process_group) before it is made"
+            )
+        source = _check_source(generator)
+        super().__init__(
+            total_size=total_size, sample_rate=q, shuffle=shuffle, shuffle_seed=shuffle_seed,
+            steps=steps, generator=source,
+        )  # fmt: skip
+        self.seeded = not is_secure(source)
+
+    def shard(self) -> torch.Tensor:
+        """This rank's indices for the current epoch (Opacus's partition)."""
+        if self.shuffle:
+            order = torch.Generator().manual_seed(self.shuffle_seed + self.epoch)
+            indices = torch.randperm(self.total_size, generator=order)
+        else:
+            indices = torch.arange(self.total_size)
+        return indices[self.rank : self.total_size : self.num_replicas]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        shard = self.shard()
+        for _ in range(self.num_batches):
+            if self.seeded:  # the whole dataset's mask, the same on every rank
+                mask = poisson_mask(
+                    self.total_size, sample_rate=self.sample_rate, generator=self.generator
+                )[shard]
+            else:
+                mask = poisson_mask(
+                    len(shard), sample_rate=self.sample_rate, generator=self.generator
+                )
+            yield shard[mask].tolist()
 
 
 class SecureDPDataLoader(DPDataLoader):
@@ -121,6 +229,7 @@ class SecureDPDataLoader(DPDataLoader):
         generator: NoiseGenerator | None = None,
         batch_first: bool = True,
         rand_on_empty: bool = False,
+        distributed: bool = False,
         **kwargs: Any,
     ) -> None:
         """Args:
@@ -132,20 +241,29 @@ class SecureDPDataLoader(DPDataLoader):
                 reproducible research.
             batch_first: whether the batch dimension is the first one.
             rand_on_empty: Opacus's option for empty batches.
+            distributed: one rank of several (``torch.distributed``): sample this rank's
+                shard with `SecureDistributedPoissonSampler`, as Opacus's
+                ``DPDataLoader(distributed=True)`` does.
             **kwargs: passed to ``torch.utils.data.DataLoader``.
 
         Raises:
-            ValueError: on an iterable dataset or a bad sample rate.
+            ValueError: on an iterable dataset or a bad sample rate, or ``distributed``
+                without an initialised ``torch.distributed``.
         """
         if isinstance(dataset, IterableDataset):
             raise ValueError("Poisson sampling needs a map-style dataset, not an IterableDataset")
         del drop_last  # Poisson batches have random sizes; Opacus ignores it likewise
         self.sample_rate = _check_sample_rate(sample_rate)
-        self.distributed = False
-        sampler = SecurePoissonSampler(
-            num_samples=len(dataset),  # type: ignore[arg-type]
-            sample_rate=self.sample_rate,
-            generator=generator,
+        self.distributed = bool(distributed)
+        size = len(dataset)  # type: ignore[arg-type]
+        sampler = (
+            SecureDistributedPoissonSampler(
+                total_size=size, sample_rate=self.sample_rate, generator=generator
+            )
+            if self.distributed
+            else SecurePoissonSampler(
+                num_samples=size, sample_rate=self.sample_rate, generator=generator
+            )
         )
         first = dataset[0]
         DataLoader.__init__(
@@ -177,13 +295,16 @@ class SecureDPDataLoader(DPDataLoader):
         generator: NoiseGenerator | None = None,
         batch_first: bool = True,
         rand_on_empty: bool = False,
+        distributed: bool = False,
     ) -> SecureDPDataLoader:
         """A Poisson loader equivalent to ``data_loader`` except for its sampling.
 
         As Opacus's ``DPDataLoader.from_data_loader``: the sample rate is
         ``1 / len(data_loader)`` and the loader's workers, collate function and memory
         settings are kept. Unlike Opacus, ``data_loader.generator`` is NOT used: membership
-        comes from ``generator`` (``None``: a `SecureGenerator`).
+        comes from ``generator`` (``None``: a `SecureGenerator`). With ``distributed``,
+        each rank samples its shard of the whole dataset at that rate (Opacus's
+        ``distributed=True``): the global batch is Poisson at rate ``1 / len(data_loader)``.
 
         Raises:
             ValueError: on a loader over an ``IterableDataset``.
@@ -204,4 +325,5 @@ class SecureDPDataLoader(DPDataLoader):
             persistent_workers=data_loader.persistent_workers,
             batch_first=batch_first,
             rand_on_empty=rand_on_empty,
+            distributed=distributed,
         )

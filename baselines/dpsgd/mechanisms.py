@@ -20,11 +20,11 @@ noise):
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar
 
 from alm_opacus.accounting import ACCOUNTANT_NAME
 from alm_opacus.methods import MethodContext, register_method
+from alm_opacus.training import l1_clip  # re-exported
 from baselines.dpsgd.config import DPSGDRecipeOptions
 from baselines.dpsgd.head import head_size
 from baselines.dpsgd.loop import (
@@ -51,12 +51,6 @@ _FLOAT_NOTE = (
     "floating-point {law} noise (exact=False; Mironov 2012): the guarantee is for the ideal "
     "mechanism, not for the floats computed"
 )
-
-
-def l1_clip(clip: float, *, params: int) -> float:
-    """An L2 clip moved to the L1 scale of a ``params``-coordinate gradient: a dense gradient
-    of L2 norm ``c`` has L1 norm up to ``sqrt(params) c``, so the result cuts about as much."""
-    return clip * math.sqrt(params)
 
 
 class DPSGDMechanismMethod(DPSGDMethod):

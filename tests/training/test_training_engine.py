@@ -62,7 +62,7 @@ epsilon = privacy_engine.get_epsilon(delta=1e-5)
 # ... and the same loop with logistic (ALM) noise: the README's snippet.
 ALM_LOOP = """\
 import torch
-from alm_opacus.training import PrivacyEngine
+from alm_opacus.training import PrivacyEngine, l1_clip
 
 model = torch.nn.Linear(4, 2)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
@@ -72,7 +72,7 @@ model, optimizer, train_loader = privacy_engine.make_private(
     optimizer=optimizer,
     data_loader=train_loader,
     noise_multiplier=1.0,
-    max_grad_norm=1.0, noise_mechanism="alm",
+    max_grad_norm=l1_clip(1.0, params=model), noise_mechanism="alm",
 )
 for epoch in range(5):
     for x, y in train_loader:

@@ -259,7 +259,8 @@ def test_an_empty_batch_adds_noise_only() -> None:
     [
         ({"noise_mechanism": "gaussian-classic"}, "noise_mechanism='gaussian-classic'"),
         ({"noise_mechanism": "nope"}, "mechanism='nope' is unknown"),
-        ({"max_grad_norm": [1.0, 1.0]}, "max_grad_norm=\\[1.0, 1.0\\]"),
+        ({"max_grad_norm": [1.0, 1.0]}, "2 per-layer budgets but the optimizer has 4"),
+        ({"max_grad_norm": [1.0, -1.0, 1.0, 1.0]}, "max_grad_norm=-1.0"),
         ({"max_grad_norm": -1.0}, "max_grad_norm=-1.0"),
         ({"noise_multiplier": math.nan}, "noise_multiplier=nan"),
         ({"noise_multiplier": -0.5}, "noise_multiplier=-0.5"),
