@@ -386,13 +386,15 @@ class ClaimRule:
         epsilon: ``(*, delta, scale, sensitivity) -> ε``, the smallest ε the noise proves at
             ``delta`` (rounded up); ``None`` when the statement does not record enough to
             compute it (composed DP-SGD steps).
-        bound: the formula, for messages (e.g. ``"epsilon >= Delta_1 / b"``).
+        bound: the pure formula, for messages (e.g. ``"Delta_1 / b (Laplace)"``).
+        profile: the profile used for δ > 0, for messages.
     """
 
     pure: bool
     norm: str | None = None
     epsilon: Callable[..., float] | None = None
     bound: str = ""
+    profile: str = ""
 
 
 _CLAIM_RULES: dict[str, ClaimRule] = {}
@@ -462,31 +464,33 @@ def check_claim(
     proven = rule.epsilon(delta=delta, scale=scale, sensitivity=sensitivity)
     slack = CLAIM_TOLERANCE if delta == 0 else PROFILE_TOLERANCE
     if proven > epsilon * (1.0 + slack):
+        how = rule.bound if delta == 0 else f"{rule.profile} at delta={delta!r}"
         raise ValueError(
-            f"epsilon={epsilon!r} at delta={delta!r} claims more than the noise proves: "
-            f"{rule.bound}: scale {scale:.17g} and sensitivity {sensitivity:.17g} give "
-            f"epsilon >= {proven:.17g} (mechanism={mechanism!r})"
+            f"epsilon={epsilon!r} claims more than the noise proves: {how}, with scale "
+            f"{scale!r} and sensitivity {sensitivity!r}, gives epsilon >= {proven!r} "
+            f"(mechanism={mechanism!r})"
         )
 
 
 _GAUSSIAN = ClaimRule(
     pure=False, norm="l2", epsilon=analysis.gaussian_epsilon,
-    bound="the analytic Gaussian profile (Balle & Wang 2018, Theorem 8)",
+    profile="the analytic Gaussian profile (Balle & Wang 2018, Theorem 8)",
 )  # fmt: skip
+# For delta > 0, ALM and Laplace use their scalar profiles: the least a release with this L1
+# bound proves (a one-coordinate shift attains it; docs/accounting.md: also the most).
 _LOGISTIC = ClaimRule(
-    pure=True, norm="l1", epsilon=analysis.logistic_epsilon,
-    bound="epsilon >= Delta_1 / s (ALM); the scalar logistic profile for delta > 0",
+    pure=True, norm="l1", epsilon=analysis.logistic_epsilon, bound="Delta_1 / s (ALM)",
+    profile="the scalar logistic profile",
 )  # fmt: skip
-_GAUSSIAN_DPSGD = ClaimRule(pure=False, bound="Gaussian DP-SGD steps")
+_GAUSSIAN_DPSGD = ClaimRule(pure=False)
 for _name, _rule in {
-    # delta > 0: the scalar profiles, the least a release with this L1 bound proves (a
-    # one-coordinate shift attains it; docs/accounting.md shows it is also the most).
     "alm": _LOGISTIC,
     "logistic": _LOGISTIC,
     "laplace": ClaimRule(pure=True, norm="l1", epsilon=analysis.laplace_epsilon,
-                         bound="epsilon >= Delta_1 / b (Laplace); its profile for delta > 0"),
+                         bound="Delta_1 / b (Laplace)", profile="the Laplace profile"),
     "l2-laplace": ClaimRule(pure=True, norm="l2", epsilon=_pure_epsilon,
-                            bound="epsilon >= Delta_2 / b (L2 Laplace, Chaudhuri et al. 2011)"),
+                            bound="Delta_2 / b (L2 Laplace, Chaudhuri et al. 2011)",
+                            profile="the randomized-response profile of pure Delta_2 / b"),
     "gaussian": _GAUSSIAN,
     "gaussian-classic": _GAUSSIAN,
     "lu-gaussian": _GAUSSIAN_DPSGD,
