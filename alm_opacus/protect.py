@@ -6,21 +6,20 @@ The statements themselves live in :mod:`alm_opacus.statement` (re-exported here)
 from __future__ import annotations
 
 import copy
-import hashlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from alm_opacus._hashing import tensor_digest
 from alm_opacus._validation import check_sensitivity
 from alm_opacus.accounting import PipelineAccountant
 from alm_opacus.errors import InfeasibleRelease
 from alm_opacus.io import atomic_torch_save
+from alm_opacus.ledger import Ledger, LedgerRecord, LedgerTotal
 from alm_opacus.mechanisms import (
     AdditiveNoiseMechanism,
     NoiseGenerator,
@@ -44,7 +43,8 @@ __all__ = [
     "NOISE_SOURCES",
     "RELEASE_KIND",
     "Guarantee",
-    "LedgerEntry",
+    "LedgerRecord",
+    "LedgerTotal",
     "PostTrainingPrivacyEngine",
     "PrivacyStatement",
     "ProtectedModule",
@@ -160,22 +160,15 @@ def _as_sensitivity(sensitivity: float | SensitivityInfo, *, norm: str) -> Sensi
     return SensitivityInfo(value=value, norm=norm, source=SensitivitySource.CALLER)
 
 
-@dataclass
-class LedgerEntry:
-    """What the engine has released from one clean model."""
-
-    epsilon: float = 0.0
-    delta: float = 0.0
-    releases: int = 0
-
-
 class PostTrainingPrivacyEngine:
     """Protect a trained module once, with noise calibrated to its sensitivity.
 
     The owner keeps the clean module and may call :meth:`make_private` again at a new
     epsilon without retraining; each call returns an independent release, and the engine's
-    ledger adds up what every release of the same clean weights has spent (basic
-    composition): each statement states that total.
+    ledger (`alm_opacus.ledger`) composes what every release of the same clean model has
+    spent, by kind: each statement states that total (``epsilon_spent``, ``delta_spent``,
+    ``guarantee_spent`` and, for random DP, ``gamma_spent``). The same model stays the same
+    through a dtype cast or a device move.
 
     Noise comes from the operating system's CSPRNG unless a ``seed`` is given (reproducible
     research only; the statement then says so and :meth:`ProtectedModule.save` refuses it).
@@ -188,11 +181,11 @@ class PostTrainingPrivacyEngine:
 
     def __init__(self, *, mechanism: str | AdditiveNoiseMechanism = "alm") -> None:
         self.mechanism = create_mechanism(mechanism) if isinstance(mechanism, str) else mechanism
-        self.ledger: dict[str, LedgerEntry] = {}
+        self.ledger = Ledger()
 
-    def spent(self, module: nn.Module) -> LedgerEntry:
-        """What this engine's releases of ``module``'s current weights have spent so far."""
-        return self.ledger.get(_weights_digest(module), LedgerEntry())
+    def spent(self, module: nn.Module) -> LedgerTotal:
+        """What this engine's releases of ``module`` have spent so far, composed by kind."""
+        return self.ledger.total(module)
 
     def make_private(
         self,
@@ -272,14 +265,9 @@ class PostTrainingPrivacyEngine:
                 else:
                     noise = mech.sample(tuple(p.shape), scale=scale, generator=generator)
                     p.add_(noise.to(device=p.device, dtype=p.dtype))
-        entry = self.ledger.setdefault(_weights_digest(module), LedgerEntry())
-        entry.epsilon += statement.epsilon if math.isfinite(statement.epsilon) else math.inf
-        entry.delta = min(1.0, entry.delta + statement.delta)
-        entry.releases += 1
-        statement = replace(
-            statement, epsilon_spent=entry.epsilon, delta_spent=entry.delta,
-            unprotected_parameters=clean,
-        )  # fmt: skip
+        record = LedgerRecord.from_statement(statement, dim=sum(named[n].numel() for n in names))
+        total = self.ledger.record(module, record)
+        statement = replace(statement, **total.statement_fields(), unprotected_parameters=clean)
         return ProtectedModule(release, statement=statement, protected=names)
 
 
@@ -297,15 +285,6 @@ def _record(accountant: PipelineAccountant, statement: PrivacyStatement, *, dim:
         sensitivity=statement.grid_sensitivity or statement.sensitivity.value, dim=dim,
         neighbouring=statement.neighbouring,
     )  # fmt: skip
-
-
-def _weights_digest(module: nn.Module) -> str:
-    """A key for the ledger: the clean weights themselves (names, shapes, values)."""
-    h = hashlib.sha256()
-    for name, value in sorted(module.state_dict().items()):
-        h.update(name.encode())
-        h.update(tensor_digest(value).encode())
-    return h.hexdigest()
 
 
 def _split_parameters(
@@ -413,6 +392,11 @@ def statement_for(
             f"fraction gamma={sensitivity.gamma:g} of neighbouring data sets from that "
             f"population, and that holds with confidence {sensitivity.confidence:g} "
             "(Rubinstein & Aldà 2017); this is not DP"
+        )
+        notes.append(
+            "assumption: the members are exchangeable with that population (drawn from the "
+            "same distribution); the bound covers neighbouring pairs that contain the real "
+            "members only under that assumption, which nothing here checks"
         )
     else:
         guarantee = Guarantee.PURE_DP if mechanism.pure else Guarantee.APPROX_DP

@@ -2,24 +2,34 @@
 
 A :class:`PrivacyStatement` travels with every release. Its constructor refuses any
 combination that would claim more than is proven, e.g. ``pure-dp`` with a sampled
-sensitivity, a guarantee from a sensitivity sampled on the private members, or ``approx-dp``
-with ``delta == 0``.
+sensitivity, a guarantee from a sensitivity sampled on the private members, ``approx-dp``
+with ``delta == 0``, ``pure-dp`` from Gaussian noise, or an epsilon below what the recorded
+noise scale and sensitivity prove (`check_claim`). `describe` says a statement in plain words.
 """
 
 from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from alm_opacus.mechanisms import analysis
+
 __all__ = [
+    "CLAIM_TOLERANCE",
     "NEIGHBOURING",
     "NOISE_SOURCES",
+    "PROFILE_TOLERANCE",
+    "ClaimRule",
     "Guarantee",
     "PrivacyStatement",
     "SensitivityInfo",
     "SensitivitySource",
+    "check_claim",
+    "describe",
+    "register_claim_rule",
 ]
 
 
@@ -31,6 +41,10 @@ class Guarantee(str, enum.Enum):
     RANDOM_DP = "random-dp"  # sensitivity sampled: holds with a confidence (Rubinstein & Aldà 2017)
     PER_QUERY = "per-query"  # each answer is DP; the released model as a whole is not
     NONE = "none"
+
+
+#: Guarantee kinds from strongest to weakest (the enum's order).
+_ORDER = tuple(Guarantee)
 
 
 class SensitivitySource(str, enum.Enum):
@@ -122,8 +136,13 @@ class PrivacyStatement:
         nominal_epsilon: the epsilon the noise was calibrated to when no guarantee holds
             (``none``), so a reader sees what was attempted; ``None`` otherwise.
         epsilon_spent: total epsilon spent so far on the same clean model, this release
-            included (basic composition over the engine's ledger); ``None`` if not tracked.
+            included (the engine's ledger, `alm_opacus.ledger`); ``None`` if not tracked.
         delta_spent: total delta spent likewise.
+        guarantee_spent: the kind of that total: the weakest kind among the releases (a
+            random-DP release makes the total random DP); ``None`` if not tracked.
+        gamma_spent: for a random-DP total, the summed gamma of its random-DP releases.
+        confidence_spent: for a random-DP total, the confidence that every gamma holds.
+        neighbouring_spent: the relation of the total.
         unprotected_parameters: parameters released without noise, declared public by the
             caller (the guarantee does not cover them).
         grid: γ, the power-of-two grid of an exact release (every shipped value is a
@@ -146,6 +165,10 @@ class PrivacyStatement:
     nominal_epsilon: float | None = None
     epsilon_spent: float | None = None
     delta_spent: float | None = None
+    guarantee_spent: Guarantee | None = None
+    gamma_spent: float | None = None
+    confidence_spent: float | None = None
+    neighbouring_spent: str = ""
     unprotected_parameters: tuple[str, ...] = ()
     grid: float | None = None
     clamp: float | None = None
@@ -156,6 +179,9 @@ class PrivacyStatement:
         object.__setattr__(self, "guarantee", Guarantee(self.guarantee))
         object.__setattr__(self, "notes", tuple(self.notes))
         object.__setattr__(self, "unprotected_parameters", tuple(self.unprotected_parameters))
+        if self.guarantee_spent is not None:
+            object.__setattr__(self, "guarantee_spent", Guarantee(self.guarantee_spent))
+        self._check_spent()
         if self.noise not in ("", *NOISE_SOURCES):
             raise ValueError(f"noise={self.noise!r} is invalid: expected one of {NOISE_SOURCES}")
         if self.neighbouring not in ("", *NEIGHBOURING):
@@ -202,6 +228,35 @@ class PrivacyStatement:
             raise ValueError(f"'pure-dp' needs delta=0, got {self.delta!r}")
         if g is Guarantee.APPROX_DP and self.delta == 0:
             raise ValueError("'approx-dp' needs delta > 0; use 'pure-dp' for delta=0")
+        info = self.sensitivity
+        # The one place a claim meets its noise. For a release on a grid (issue 19) pass the
+        # sensitivity the scale was calibrated to (the clean one plus the grid's inflation).
+        check_claim(mechanism=self.mechanism, guarantee=g, epsilon=self.epsilon,
+                    delta=self.delta, scale=self.noise_scale,
+                    sensitivity=None if info is None else info.value,
+                    norm=None if info is None else info.norm)  # fmt: skip
+
+    def _check_spent(self) -> None:
+        total = self.guarantee_spent
+        if self.neighbouring_spent not in ("", *NEIGHBOURING):
+            raise ValueError(
+                f"neighbouring_spent={self.neighbouring_spent!r} is invalid: expected one of "
+                f"{NEIGHBOURING}"
+            )
+        if total is None:
+            return
+        if _ORDER.index(total) < _ORDER.index(self.guarantee):
+            raise ValueError(
+                f"guarantee_spent={total.value!r} is stronger than this release's "
+                f"{self.guarantee.value!r}: a total is never stronger than a release in it"
+            )
+        if total is Guarantee.RANDOM_DP:
+            for name in ("gamma_spent", "confidence_spent"):
+                value = getattr(self, name)
+                if value is None or not 0 < value < 1:
+                    raise ValueError(
+                        f"{name}={value!r} is invalid for a random-DP total: expected (0, 1)"
+                    )
 
     def _check_grid(self) -> None:
         """An exact release's grid is a positive power of two, and its calibrated
@@ -242,6 +297,9 @@ class PrivacyStatement:
         """The statement as plain data (JSON-able; loadable with ``weights_only=True``)."""
         out = asdict(self)
         out["guarantee"] = self.guarantee.value
+        out["guarantee_spent"] = (
+            None if self.guarantee_spent is None else self.guarantee_spent.value
+        )
         out["notes"] = list(self.notes)
         out["unprotected_parameters"] = list(self.unprotected_parameters)
         if self.sensitivity is not None:
@@ -294,10 +352,22 @@ class PrivacyStatement:
         if self.noise:
             parts.append(f"noise={self.noise}")
         if self.epsilon_spent is not None:
-            parts.append(
+            spent = (
                 f"spent on this model so far: epsilon={self.epsilon_spent:g}, "
                 f"delta={self.delta_spent or 0:g}"
             )
+            total = self.guarantee_spent
+            if total is Guarantee.RANDOM_DP:
+                spent += (
+                    f", gamma={self.gamma_spent:g} with confidence {self.confidence_spent:g}"
+                    " (random-DP, not DP"
+                )
+            elif total is not None:
+                spent += f" ({_KIND_WORDS[total]}"
+            if total is not None:
+                relation = self.neighbouring_spent
+                spent += f" under {relation} neighbours)" if relation else ")"
+            parts.append(spent)
         if self.unprotected_parameters:
             parts.append(
                 "released without noise (declared public): "
@@ -324,3 +394,196 @@ class PrivacyStatement:
             )
         parts.extend(self.notes)
         return "; ".join(parts)
+
+
+_KIND_WORDS = {
+    Guarantee.PURE_DP: "pure DP",
+    Guarantee.APPROX_DP: "approximate DP",
+    Guarantee.RANDOM_DP: "random-DP, not DP",
+    Guarantee.PER_QUERY: "per query only",
+    Guarantee.NONE: "no guarantee",
+}
+
+
+# --- what the noise proves: the constructor's check of a claim -------------------------------
+
+#: Relative slack of `check_claim` for a pure claim (δ = 0): 4 units in the last place of
+#: float64. The scale was computed as b = fl(Δ/ε) and the check computes fl(Δ/b), each a
+#: correctly rounded division (relative error ≤ u = 2⁻⁵³), so an exact claim ε = Δ/b can
+#: look at most (1 + u)² − 1 < 4u too strong; nothing larger is forgiven.
+CLAIM_TOLERANCE = 4 * 2.0**-53
+#: Relative slack for δ > 0, where the smallest ε is a root of a log-space privacy profile:
+#: the inverses round it up (Brent to rtol 1e-14, then steps of 1e-13·ε, doubling, until the
+#: computed δ is below the target: `alm_opacus.mechanisms.analysis`), and the computed
+#: profile itself wobbles by ~1e-14 relative (log_ndtr, expm1), so the ε the calibration
+#: reached can sit up to a few 1e-13 below the recomputed root; 2⁻⁴⁰ ≈ 9.1e-13 covers that.
+PROFILE_TOLERANCE = 2.0**-40
+
+
+@dataclass(frozen=True)
+class ClaimRule:
+    """What a mechanism's noise proves, to check a statement's claim against it.
+
+    Attributes:
+        pure: whether the noise can support pure DP (δ = 0) at all.
+        norm: the sensitivity norm the noise is calibrated in (``"l1"``/``"l2"``).
+        epsilon: ``(*, delta, scale, sensitivity) -> ε``, the smallest ε the noise proves at
+            ``delta`` (rounded up); ``None`` when the statement does not record enough to
+            compute it (composed DP-SGD steps).
+        bound: the pure formula, for messages (e.g. ``"Delta_1 / b (Laplace)"``).
+        profile: the profile used for δ > 0, for messages.
+    """
+
+    pure: bool
+    norm: str | None = None
+    epsilon: Callable[..., float] | None = None
+    bound: str = ""
+    profile: str = ""
+
+
+_CLAIM_RULES: dict[str, ClaimRule] = {}
+
+
+def register_claim_rule(mechanism: str, rule: ClaimRule, *, force: bool = False) -> None:
+    """Register what the noise of ``mechanism`` (a statement's ``mechanism`` up to " (")
+    proves, so that `PrivacyStatement` refuses claims beyond it.
+
+    Raises:
+        ValueError: if ``mechanism`` is already registered and ``force`` is false.
+    """
+    if mechanism in _CLAIM_RULES and not force:
+        raise ValueError(f"a claim rule for mechanism {mechanism!r} is already registered")
+    _CLAIM_RULES[mechanism] = rule
+
+
+def _pure_epsilon(*, delta: float, scale: float, sensitivity: float) -> float:
+    # A pure (Δ/b)-DP mechanism with nothing more known: the randomized-response profile,
+    # which bounds every (Δ/b)-DP pair (Kairouz, Oh & Viswanath 2015).
+    return analysis.pure_dp_epsilon(delta=delta, pure_epsilon=sensitivity / scale)
+
+
+def check_claim(
+    *,
+    mechanism: str,
+    guarantee: Guarantee,
+    epsilon: float,
+    delta: float,
+    scale: float | None,
+    sensitivity: float | None,
+    norm: str | None,
+) -> None:
+    """Refuse a claim the noise does not prove (`PrivacyStatement` calls this).
+
+    Reads the statement's ``mechanism``, ``guarantee``, ``epsilon``, ``delta``,
+    ``noise_scale`` and ``sensitivity.value``/``.norm``. Mechanisms without a registered
+    `ClaimRule` are not checked; claims without a recorded scale or sensitivity are checked
+    for their kind only.
+
+    - Kind: Gaussian noise (``gaussian``, ``gaussian-classic``, Gaussian DP-SGD) is never
+      pure DP: its δ(ε) > 0 at every ε.
+    - Norm: a mechanism calibrated in L1 needs an L1 sensitivity (an L2 bound is smaller).
+    - Value: ε ≥ Δ₁/b (Laplace), Δ₁/s (ALM), Δ₂/b (the L2 Laplace of ``dperm``) for δ = 0,
+      up to `CLAIM_TOLERANCE`; for δ > 0, ε ≥ the smallest ε of the noise's privacy profile
+      at δ (analytic Gaussian, Balle & Wang 2018, Theorem 8; scalar Laplace and logistic;
+      randomized response for the L2 Laplace), up to `PROFILE_TOLERANCE`.
+
+    Raises:
+        ValueError: naming the bound the claim exceeds.
+    """
+    rule = _CLAIM_RULES.get(mechanism.split(" (")[0])
+    if rule is None or guarantee in (Guarantee.NONE, Guarantee.PER_QUERY):
+        return
+    if not rule.pure and delta == 0:
+        raise ValueError(
+            f"mechanism={mechanism!r} adds Gaussian noise, whose delta(epsilon) > 0 at every "
+            f"epsilon: a {guarantee.value!r} claim with delta=0 is never proven by it"
+        )
+    if rule.epsilon is None or scale is None or sensitivity is None:
+        return
+    if rule.norm is not None and norm != rule.norm:
+        raise ValueError(
+            f"mechanism={mechanism!r} is calibrated to an {rule.norm.upper()} sensitivity; "
+            f"a {str(norm).upper()} sensitivity does not bound it"
+        )
+    proven = rule.epsilon(delta=delta, scale=scale, sensitivity=sensitivity)
+    slack = CLAIM_TOLERANCE if delta == 0 else PROFILE_TOLERANCE
+    if proven > epsilon * (1.0 + slack):
+        how = rule.bound if delta == 0 else f"{rule.profile} at delta={delta!r}"
+        raise ValueError(
+            f"epsilon={epsilon!r} claims more than the noise proves: {how}, with scale "
+            f"{scale!r} and sensitivity {sensitivity!r}, gives epsilon >= {proven!r} "
+            f"(mechanism={mechanism!r})"
+        )
+
+
+_GAUSSIAN = ClaimRule(
+    pure=False, norm="l2", epsilon=analysis.gaussian_epsilon,
+    profile="the analytic Gaussian profile (Balle & Wang 2018, Theorem 8)",
+)  # fmt: skip
+# For delta > 0, ALM and Laplace use their scalar profiles: the least a release with this L1
+# bound proves (a one-coordinate shift attains it; docs/accounting.md: also the most).
+_LOGISTIC = ClaimRule(
+    pure=True, norm="l1", epsilon=analysis.logistic_epsilon, bound="Delta_1 / s (ALM)",
+    profile="the scalar logistic profile",
+)  # fmt: skip
+_GAUSSIAN_DPSGD = ClaimRule(pure=False)
+for _name, _rule in {
+    "alm": _LOGISTIC,
+    "logistic": _LOGISTIC,
+    "laplace": ClaimRule(pure=True, norm="l1", epsilon=analysis.laplace_epsilon,
+                         bound="Delta_1 / b (Laplace)", profile="the Laplace profile"),
+    "l2-laplace": ClaimRule(pure=True, norm="l2", epsilon=_pure_epsilon,
+                            bound="Delta_2 / b (L2 Laplace, Chaudhuri et al. 2011)",
+                            profile="the randomized-response profile of pure Delta_2 / b"),
+    "gaussian": _GAUSSIAN,
+    "gaussian-classic": _GAUSSIAN,
+    "lu-gaussian": _GAUSSIAN_DPSGD,
+    "dp-sgd": _GAUSSIAN_DPSGD,
+    "dp-sgd on encoder and head": _GAUSSIAN_DPSGD,
+}.items():  # fmt: skip
+    register_claim_rule(_name, _rule)
+
+
+# --- plain words ------------------------------------------------------------------------------
+
+
+def describe(statement: PrivacyStatement) -> str:
+    """The statement in plain words, for tables and reports.
+
+    Examples: ``"1-DP (pure), replace-one"``, ``"(1, 1e-05)-DP, add-remove"``,
+    ``"random DP: not a DP guarantee, because ..."``, ``"no guarantee"``.
+    """
+    s, g = statement, statement.guarantee
+    if g is Guarantee.NONE:
+        return "no guarantee" + (
+            f" (noise calibrated to a nominal epsilon={s.nominal_epsilon:g}, nothing proven)"
+            if s.nominal_epsilon is not None else ""
+        )  # fmt: skip
+    if g is Guarantee.RANDOM_DP:
+        info = s.sensitivity
+        assert info is not None
+        text = (
+            f"random DP (epsilon={s.epsilon:g}"
+            + (f", delta={s.delta:g}" if s.delta else "")
+            + f", gamma={info.gamma:g}, {s.neighbouring}): not a DP guarantee, because the "
+            f"sensitivity was sampled from {info.population or 'non-private data'} and bounds "
+            f"all but a fraction {info.gamma:g} of neighbouring pairs drawn from it (with "
+            f"confidence {info.confidence:g}); it covers pairs containing the real members only "
+            "if the members are exchangeable with that population"
+        )
+    elif g is Guarantee.PER_QUERY:
+        text = (
+            f"({s.epsilon:g}, {s.delta:g})-DP per query, {s.neighbouring}: each answer only, "
+            "no guarantee for the model"
+        )
+    elif g is Guarantee.PURE_DP:
+        text = f"{s.epsilon:g}-DP (pure), {s.neighbouring}"
+    else:
+        text = f"({s.epsilon:g}, {s.delta:g})-DP, {s.neighbouring}"
+    if s.sensitivity is not None and s.sensitivity.source is SensitivitySource.CALLER:
+        text += ", if the caller's sensitivity bound holds"
+    if s.seeded:
+        text += ", only while the noise seed stays secret"
+    if s.unprotected_parameters:
+        text += f"; {', '.join(s.unprotected_parameters)} released without noise"
+    return text

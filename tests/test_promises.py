@@ -135,7 +135,10 @@ def test_the_ledger_adds_up_per_clean_head(head, data) -> None:  # type: ignore[
     info = SensitivityInfo(value=0.5, norm="l2", source="analytic")
     gauss.make_private(head, epsilon=1.0, delta=1e-6, sensitivity=info)
     last = gauss.make_private(head, epsilon=1.0, delta=2e-6, sensitivity=info).statement
-    assert last.epsilon_spent == 2.0 and last.delta_spent == pytest.approx(3e-6)
+    # the accountant composes the two Gaussians more tightly than basic composition's 2
+    # (tests/test_ledger.py checks the value against the exact one-Gaussian composition)
+    assert last.epsilon_spent is not None and 1.0 < last.epsilon_spent < 2.0
+    assert last.delta_spent == pytest.approx(3e-6)
 
 
 def test_a_partial_release_must_declare_the_rest_public(head) -> None:  # type: ignore[no-untyped-def]

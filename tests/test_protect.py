@@ -18,6 +18,7 @@ from alm_opacus.protect import (
     ProtectedModule,
     SensitivityInfo,
 )
+from alm_opacus.statement import describe
 
 FAST = HeadConfig(steps=60, lr=0.05)
 
@@ -77,6 +78,21 @@ def test_statement_kinds_follow_the_sensitivity_source(head) -> None:  # type: i
         source="analytic"), seed=0,
     ).statement  # fmt: skip
     assert gauss.guarantee is Guarantee.APPROX_DP and gauss.delta == 1e-5
+
+
+def test_a_public_population_sensitivity_names_its_assumption(head) -> None:  # type: ignore[no-untyped-def]
+    # Issue 23: the members are not drawn from the public split, so the random-DP bound
+    # covers pairs containing them only if they are exchangeable with it; the statement
+    # now says so, and so do its plain words.
+    sampled = SensitivityInfo(value=1.0, norm="l1", source="sampled", m=200, gamma=0.05,
+                              confidence=0.99996, population="the public split")  # fmt: skip
+    st = (
+        PostTrainingPrivacyEngine(mechanism="alm")
+        .make_private(head, epsilon=1.0, sensitivity=sampled)
+        .statement
+    )
+    assert "the members are exchangeable with that population" in str(st)
+    assert "only if the members are exchangeable" in describe(st)
 
 
 def test_classic_gaussian_states_its_actual_delta_beyond_its_theorem(head) -> None:  # type: ignore[no-untyped-def]

@@ -89,8 +89,8 @@ class PipelineAccountant(IAccountant):
             sample_rate: Poisson sampling probability in (0, 1].
             mechanism: ``"gaussian"`` (L2 clipping), ``"alm"``/``"logistic"`` or
                 ``"laplace"`` (L1 clipping).
-            dim: number of noised coordinates (``1``: exact scalar profile; ``None`` or
-                more: a profile proven for every dimension). Not used by Gaussian steps.
+            dim: number of noised coordinates (``None``: any). Kept in the record; every
+                registered profile holds in every dimension (``docs/accounting.md``).
             num_steps: how many identical steps to record, ≥ 1.
 
         Raises:
@@ -134,8 +134,8 @@ class PipelineAccountant(IAccountant):
             mechanism: mechanism name (aliases accepted; stored under the canonical name).
             scale: noise scale > 0.
             sensitivity: sensitivity in the mechanism's norm, > 0, under ``neighbouring``.
-            dim: released coordinates; ``1`` allows the exact scalar logistic PLD; ``None``
-                means any dimension.
+            dim: released coordinates; ``None`` means any dimension (every registered
+                release PLD holds in every dimension).
             neighbouring: the relation ``sensitivity`` bounds: ``"add-remove"`` or
                 ``"replace-one"``.
 

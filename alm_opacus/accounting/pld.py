@@ -8,7 +8,8 @@ floating-point error. Which PLD a one-shot release gets:
   dimension by rotation invariance.
 - ``laplace``: dp_accounting's scalar Laplace PLD, for every dimension: under an L1 bound the
   one-coordinate shift dominates (``docs/accounting.md``, Theorem 1).
-- ``alm`` with ``dim=1``: the exact scalar PLD (`LogisticPrivacyLoss`).
+- ``alm``: the exact scalar PLD (`LogisticPrivacyLoss`), for every dimension: under an L1
+  bound the one-coordinate shift dominates (``docs/accounting.md``, Theorem 3).
 - ``alm`` otherwise: the randomized-response PLD of a pure ε₀-DP mechanism, ε₀ = Δ₁/scale,
   which dominates every ε₀-DP mechanism (no proof that one coordinate dominates).
 """
@@ -193,20 +194,6 @@ def _laplace_scalar_pld(
     )
 
 
-def _pure_pld(
-    scalar: Callable[..., PrivacyLossDistribution],
-) -> Callable[..., PrivacyLossDistribution]:
-    def build(
-        *, scale: float, sensitivity: float, dim: int | None, interval: float
-    ) -> PrivacyLossDistribution:
-        if dim == 1:
-            return scalar(scale=scale, sensitivity=sensitivity, interval=interval)
-        pure = common.DifferentialPrivacyParameters(epsilon=sensitivity / scale, delta=0.0)
-        return pld_lib.from_privacy_parameters(pure, value_discretization_interval=interval)
-
-    return build
-
-
 def _gaussian_pld(
     *, scale: float, sensitivity: float, dim: int | None, interval: float
 ) -> PrivacyLossDistribution:
@@ -250,7 +237,14 @@ def _laplace_pld(
     return _laplace_scalar_pld(scale=scale, sensitivity=sensitivity, interval=interval)
 
 
-register_release_pld("alm", _pure_pld(_logistic_scalar_pld))
+def _logistic_pld(
+    *, scale: float, sensitivity: float, dim: int | None, interval: float
+) -> PrivacyLossDistribution:
+    # Every dim: the one-coordinate shift dominates under L1 (docs/accounting.md, Theorem 3).
+    return _logistic_scalar_pld(scale=scale, sensitivity=sensitivity, interval=interval)
+
+
+register_release_pld("alm", _logistic_pld)
 register_release_pld("laplace", _laplace_pld)
 register_release_pld("gaussian", _gaussian_pld)
 register_release_pld("gaussian-classic", _gaussian_pld)
@@ -270,9 +264,9 @@ def release_pld(
         mechanism: registered mechanism name (aliases accepted).
         scale: noise scale > 0.
         sensitivity: sensitivity in the mechanism's norm, > 0.
-        dim: number of released coordinates; ``1`` uses the exact scalar PLD for ``alm``,
-            ``None`` (any dimension) the pure-DP bound. Ignored for Laplace (its scalar PLD
-            holds in every dimension) and Gaussians.
+        dim: number of released coordinates (``None``: any). Ignored: the scalar PLDs of
+            ALM and Laplace hold in every dimension under an L1 bound (Theorems 1 and 3 of
+            ``docs/accounting.md``), and the Gaussian's by rotation.
         value_discretization_interval: PLD grid step; smaller is tighter and slower.
 
     Returns:

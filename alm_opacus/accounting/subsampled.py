@@ -12,9 +12,10 @@ Which profile each mechanism gets (proofs in ``docs/accounting.md``):
 - ``gaussian`` (L2 clipping): dp_accounting's subsampled Gaussian PLD, exact in any dimension.
 - ``laplace`` (L1 clipping): dp_accounting's subsampled scalar Laplace PLD, valid in every
   dimension (Theorem 1 there: under an L1 bound the one-coordinate shift dominates).
-- ``alm`` (L1 clipping): with ``dim=1`` the scalar logistic PLD, subsampled; otherwise the
-  subsampled randomized-response pair of a pure (1/σ)-DP mechanism (Theorem 2), which
-  dominates every dimension.
+- ``alm`` (L1 clipping): the scalar logistic PLD, subsampled, valid in every dimension
+  (Theorem 3 there: under an L1 bound the one-coordinate shift dominates, as for Laplace).
+  The subsampled randomized-response pair of a pure (1/σ)-DP mechanism (Theorem 2), which
+  `alm` used before Theorem 3, stays available as `pure_step_pld`.
 
 Every PLD is pessimistic (connect-the-dots), so composing them bounds δ(ε) from above.
 """
@@ -48,9 +49,11 @@ from alm_opacus.mechanisms import create_mechanism
 from alm_opacus.mechanisms.base import _check_dim
 
 __all__ = [
+    "PURE_STEP_PROFILE",
     "StepProfile",
     "available_step_mechanisms",
     "canonical_step_mechanism",
+    "pure_step_pld",
     "pure_subsampled_delta",
     "pure_subsampled_pairs",
     "register_step_profile",
@@ -184,10 +187,8 @@ def _laplace_step(
 def _logistic_step(
     *, noise_multiplier: float, sample_rate: float, dim: int | None, interval: float
 ) -> PrivacyLossDistribution:
-    if dim != 1:  # no proof that one coordinate dominates: the pure pair (Theorem 2)
-        return _pure_step(
-            noise_multiplier=noise_multiplier, sample_rate=sample_rate, interval=interval
-        )
+    # The scalar subsampled logistic PLD, valid for every dim: under an L1 bound the
+    # one-coordinate shift dominates (docs/accounting.md, Theorem 3).
 
     def pmf(adjacency: AdjacencyType) -> pld_pmf.PLDPmf:
         loss = LogisticPrivacyLoss(
@@ -245,8 +246,48 @@ def register_step_profile(name: str, profile: StepProfile, *, force: bool = Fals
     """
     if name in _STEP_PROFILES and not force:
         raise ValueError(f"a step profile for mechanism {name!r} is already registered")
+    if name in _STEP_PROFILES:  # PLDs cached under the old profile would answer for it
+        from alm_opacus.accounting.entries import entry_pld  # (entries imports this module)
+
+        entry_pld.cache_clear()
     _STEP_PROFILES[name] = profile
 
+
+def pure_step_pld(
+    *,
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int = 1,
+    value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+) -> PrivacyLossDistribution:
+    """PLD of ``steps`` subsampled pure (1/σ)-DP steps through randomized response.
+
+    Valid for any pure (1/σ)-DP step in any dimension (Theorem 2 in ``docs/accounting.md``);
+    the profile ``alm`` steps had before Theorem 3 made the scalar logistic one valid.
+
+    Raises:
+        ValueError: if an argument is out of range.
+    """
+    single = _pure_step(
+        noise_multiplier=check_positive(noise_multiplier, name="noise_multiplier"),
+        sample_rate=_check_sample_rate(sample_rate),
+        interval=_check_interval(value_discretization_interval),
+    )
+    n = _check_steps(steps)
+    return single.self_compose(n) if n > 1 else single
+
+
+def _pure_build(
+    *, noise_multiplier: float, sample_rate: float, dim: int | None, interval: float
+) -> PrivacyLossDistribution:
+    return _pure_step(noise_multiplier=noise_multiplier, sample_rate=sample_rate,
+                      interval=interval)  # fmt: skip
+
+
+#: The randomized-response step profile (Theorem 2), valid for any pure (1/σ)-DP step;
+#: ``register_step_profile("alm", PURE_STEP_PROFILE, force=True)`` restores the accounting
+#: ``alm`` had before Theorem 3 (``scripts/logistic_accounting.py`` compares the two).
+PURE_STEP_PROFILE = StepProfile(_pure_build, _pure_span, "l1")
 
 register_step_profile("gaussian", StepProfile(_gaussian_step, _gaussian_span, "l2"))
 register_step_profile("laplace", StepProfile(_laplace_step, _pure_span, "l1"))
@@ -305,8 +346,9 @@ def step_pld(
         noise_multiplier: σ > 0; the noise scale is σ times the clipping norm.
         sample_rate: Poisson sampling probability q in (0, 1].
         steps: number of identical steps ≥ 1.
-        dim: number of noised coordinates. ``1`` uses the exact scalar profile; ``None``
-            (any dimension) or ``> 1`` a profile proven for every dimension.
+        dim: number of noised coordinates (``None``: any). Every registered profile holds
+            in every dimension (Theorems 1 and 3 of ``docs/accounting.md``); a profile
+            registered later may use it.
         value_discretization_interval: PLD grid step.
 
     Returns:

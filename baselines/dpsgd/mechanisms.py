@@ -90,11 +90,9 @@ class DPSGDALMMethod(DPSGDMechanismMethod):
     mechanism: ClassVar[str] = "dp-sgd with logistic noise"
     float_note: ClassVar[str] = _FLOAT_NOTE.format(law="logistic")
     notes: ClassVar[tuple[str, ...]] = (
-        "accounting profile: each step is a Poisson-subsampled pure (1/sigma)-DP step under "
-        "L1 clipping (ALM paper, Theorem 4.1), composed through the subsampled "
-        "randomized-response profile, which dominates every dimension (docs/accounting.md, "
-        "Theorem 2); the exact scalar logistic profile holds for one coordinate only and is "
-        "not claimed for the head's gradient",
+        "accounting profile: the Poisson-subsampled scalar logistic PLD, valid for the "
+        "head's gradient in every dimension under L1 clipping (docs/accounting.md, Theorem 3: "
+        "the one-coordinate shift dominates)",
     )
 
 

@@ -103,12 +103,14 @@ def test_from_privacy_guarantee_is_pure_calibration():
     assert LogisticPrivacyLoss.from_privacy_guarantee(params, sensitivity=2.0).scale == 4.0
 
 
-@pytest.mark.parametrize("dim", [None, 7])
-def test_vector_logistic_release_uses_randomized_response(dim):
+@pytest.mark.parametrize("dim", [None, 1, 7])
+def test_logistic_release_uses_the_scalar_profile_in_every_dimension(dim):
+    # docs/accounting.md, Theorem 3 (before it, a vector got randomized response's profile)
     ours = release_pld(mechanism="alm", scale=2.0, sensitivity=1.0, dim=dim)
     for eps in [0.1, 0.3, 0.45]:
-        rr = analysis.pure_dp_delta(epsilon=eps, pure_epsilon=0.5)
-        assert ours.get_delta_for_epsilon(eps) == pytest.approx(rr, rel=1e-3)
+        exact = analysis.logistic_delta(epsilon=eps, scale=2.0, sensitivity=1.0)
+        assert exact <= ours.get_delta_for_epsilon(eps) == pytest.approx(exact, rel=1e-3)
+        assert exact < analysis.pure_dp_delta(epsilon=eps, pure_epsilon=0.5)
 
 
 @pytest.mark.parametrize("dim", [None, 1, 7])

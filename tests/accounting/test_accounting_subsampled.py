@@ -19,9 +19,11 @@ from alm_opacus.accounting import (
     LogisticPrivacyLoss,
     PipelineAccountant,
     pure_subsampled_delta,
+    release_pld,
     step_pld,
 )
-from alm_opacus.accounting.subsampled import step_loss_span
+from alm_opacus.accounting.subsampled import pure_step_pld, step_loss_span
+from alm_opacus.mechanisms import analysis
 
 
 def laplace_accountant(*, sigma, q, steps, dim):
@@ -141,11 +143,9 @@ def test_pure_subsampled_pair_matches_closed_form_and_brute_force(direction, eps
 
 
 @pytest.mark.parametrize(("sigma", "q"), [(0.5, 0.1), (2.0, 1.0), (0.01, 0.5)])
-def test_vector_logistic_step_is_the_pure_pair_on_the_grid(sigma, q):
+def test_pure_step_is_the_pure_pair_on_the_grid(sigma, q):
     h = 1e-4
-    pld = step_pld(
-        mechanism="alm", noise_multiplier=sigma, sample_rate=q, value_discretization_interval=h
-    )
+    pld = pure_step_pld(noise_multiplier=sigma, sample_rate=q, value_discretization_interval=h)
     for epsilon in [0.0, 0.05, 0.3, 1.0]:
         exact = max(
             pure_subsampled_delta(epsilon=epsilon, pure_epsilon=1 / sigma, sample_rate=q,
@@ -170,10 +170,13 @@ def test_scalar_logistic_step_is_below_the_pure_pair(sigma, q):
     h = 1e-4
     scalar = step_pld(mechanism="alm", noise_multiplier=sigma, sample_rate=q, dim=1,
                       value_discretization_interval=h)  # fmt: skip
+    pure = pure_step_pld(noise_multiplier=sigma, sample_rate=q, value_discretization_interval=h)
     vector = step_pld(mechanism="alm", noise_multiplier=sigma, sample_rate=q,
                       value_discretization_interval=h)  # fmt: skip
     for epsilon in np.linspace(0, 1 / sigma, 9):
-        assert scalar.get_delta_for_epsilon(epsilon) <= vector.get_delta_for_epsilon(epsilon)
+        # Theorem 3: any dimension gets the scalar profile, which Theorem 2's pure pair bounds
+        assert vector.get_delta_for_epsilon(epsilon) == scalar.get_delta_for_epsilon(epsilon)
+        assert scalar.get_delta_for_epsilon(epsilon) <= pure.get_delta_for_epsilon(epsilon)
 
 
 def two_laplace_closed_form(a, b, epsilon):
@@ -221,6 +224,86 @@ def test_subsampled_two_dimensional_laplace_is_dominated_by_the_scalar_step(shif
             assert two_d <= scalar.get_delta_for_epsilon(epsilon) + 2e-3
 
 
+@pytest.mark.parametrize("t", [0.1, 1.0, 5.0])
+def test_the_logistic_likelihood_ratio_has_the_lemmas_law(t):
+    # docs/accounting.md, Theorem 3, Lemma: with U = expit(X) uniform, W_t = f(X − t)/f(X)
+    # equals e^{-t}(1 − (1 − e^{-t})U)^{-2}; the identity pointwise, then its hockey-stick
+    # E[(W − e^ε)+] in closed form against the logistic profile.
+    u = np.linspace(1e-6, 1 - 1e-6, 1001)
+    x = np.log(u) - np.log1p(-u)
+    ratio = np.exp(stats.logistic.logpdf(x - t) - stats.logistic.logpdf(x))
+    kappa = -math.expm1(-t)
+    np.testing.assert_allclose(ratio, math.exp(-t) / (1 - kappa * u) ** 2, rtol=1e-9)
+    for epsilon in np.linspace(-0.9 * t, 0.9 * t, 7):
+        gamma = math.exp(epsilon)
+        low = max(1.0, gamma * math.exp(t))  # Y = e^t W has density y^{-3/2}/(2 kappa)
+
+        def antiderivative(y, gamma=gamma):
+            return math.exp(-t) * math.sqrt(y) + gamma / math.sqrt(y)
+
+        closed = (antiderivative(math.exp(2 * t)) - antiderivative(low)) / kappa
+        if epsilon > 0:
+            expected = analysis.logistic_delta(epsilon=epsilon, scale=1.0, sensitivity=t)
+            assert closed == pytest.approx(expected, rel=1e-9, abs=1e-15)
+        else:  # the same hockey-stick, computed by quadrature
+            quad = integrate.quad(lambda z, g=gamma: max(0.0, stats.logistic.pdf(z - t)
+                                  - g * stats.logistic.pdf(z)), -60, 60 + t, points=[t / 2],
+                                  epsabs=1e-13, limit=200)[0]  # fmt: skip
+            assert closed == pytest.approx(quad, rel=1e-7)
+
+
+def two_logistic_delta(a, b, epsilon):
+    """δ(ε) of logistic noise on two coordinates shifted by (a, b), from the proof of
+    Theorem 3: log W + a + b has density ∝ e^{-z/2}·m(z) on [0, 2(a + b)], m the
+    convolution of the indicators of [0, 2a] and [0, 2b]."""
+    s, gamma = a + b, math.exp(epsilon)
+    norm = 4 * -math.expm1(-a) * -math.expm1(-b)
+
+    def m(z):
+        return max(0.0, min(z, 2 * a, 2 * b, 2 * s - z))
+
+    def integrand(z):
+        return max(0.0, math.exp(z - s) - gamma) * math.exp(-z / 2) * m(z) / norm
+
+    return integrate.quad(integrand, 0, 2 * s, points=[2 * min(a, b), 2 * max(a, b)],
+                          epsabs=1e-14, limit=200)[0]  # fmt: skip
+
+
+@pytest.mark.parametrize(("a", "b"), [(1.0, 0.5), (0.3, 0.3), (2.0, 1.0), (0.2, 1.5)])
+def test_two_logistic_coordinates_match_the_proof_and_stay_below_one(a, b):
+    # The proof's law against dp_accounting composing two scalar logistic PLDs (grid 1e-5),
+    # then the theorem's claim: one coordinate shifted by a + b is worse at every ε.
+    h = 1e-5
+    two = release_pld(mechanism="alm", scale=1.0, sensitivity=a, dim=1,
+                      value_discretization_interval=h)  # fmt: skip
+    two = two.compose(release_pld(mechanism="alm", scale=1.0, sensitivity=b, dim=1,
+                                  value_discretization_interval=h))  # fmt: skip
+    for epsilon in np.linspace(0.01, 0.99, 8) * (a + b):
+        proof = two_logistic_delta(a, b, epsilon)
+        assert two.get_delta_for_epsilon(epsilon) == pytest.approx(proof, abs=1e-7)
+        one = analysis.logistic_delta(epsilon=epsilon, scale=1.0, sensitivity=a + b)
+        assert proof <= one
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shift", [(0.5, 0.5), (0.8, 0.2)])
+def test_subsampled_two_dimensional_logistic_is_dominated_by_the_scalar_step(shift):
+    # Direct 2-D integration of the subsampled mixtures (no PLD, no proof used): midpoint
+    # sum on a 0.02 grid over [-25, 25]² (truncated mass < 1e-10; the smooth logistic
+    # density makes the grid error ~1e-5 here), against the scalar step's PLD.
+    q, sigma, cell = 0.5, 1.0, 0.02
+    x = np.arange(-25, 25, cell) + cell / 2
+    f = lambda t: stats.logistic.pdf(t, scale=sigma)  # noqa: E731
+    p0 = np.outer(f(x), f(x))
+    mixed = (1 - q) * p0 + q * np.outer(f(x + shift[0]), f(x + shift[1]))
+    scalar = step_pld(mechanism="alm", noise_multiplier=sigma, sample_rate=q, dim=1,
+                      value_discretization_interval=1e-5)  # fmt: skip
+    for epsilon in [0.0, 0.1, 0.3, 0.45]:
+        for upper, lower in [(mixed, p0), (p0, mixed)]:
+            two_d = float(np.sum(np.maximum(0.0, upper - math.exp(epsilon) * lower))) * cell**2
+            assert two_d <= scalar.get_delta_for_epsilon(epsilon) + 1e-4
+
+
 @pytest.mark.parametrize("mechanism", ["gaussian", "alm", "laplace"])
 def test_step_loss_span_bounds_the_pld_support(mechanism):
     h = 1e-3
@@ -260,11 +343,14 @@ def test_many_nearly_silent_pure_steps_do_not_drift_on_a_coarse_grid():
     # 5000 steps at ε₀ = 1e-6 on a grid 6.4e-3: rounding each loss up to the grid would add
     # ~h/2 per step (ε ≈ 16); connect-the-dots keeps Σp·e^{−L} and δ at grid points exact.
     # The pure bound, 5000·ln(1 + q(e^{1e-6} − 1)) = 2e-5, caps the true ε.
-    pld = step_pld(mechanism="alm", noise_multiplier=1e6, sample_rate=0.004, steps=5000,
-                   value_discretization_interval=6.4e-3)  # fmt: skip
+    pld = pure_step_pld(noise_multiplier=1e6, sample_rate=0.004, steps=5000,
+                        value_discretization_interval=6.4e-3)  # fmt: skip
     assert pld.get_epsilon_for_delta(1e-5) <= 6.4e-3
+    logistic = step_pld(mechanism="alm", noise_multiplier=1e6, sample_rate=0.004, steps=5000,
+                        value_discretization_interval=6.4e-3)  # fmt: skip
+    assert logistic.get_epsilon_for_delta(1e-5) <= 6.4e-3
     exact = pure_subsampled_delta(epsilon=0.0, pure_epsilon=1e-6, sample_rate=0.004,
                                   direction="remove")  # fmt: skip
-    one = step_pld(mechanism="alm", noise_multiplier=1e6, sample_rate=0.004,
-                   value_discretization_interval=6.4e-3)  # fmt: skip
+    one = pure_step_pld(noise_multiplier=1e6, sample_rate=0.004,
+                        value_discretization_interval=6.4e-3)  # fmt: skip
     assert one.get_delta_for_epsilon(0.0) == pytest.approx(exact, rel=1e-6)
