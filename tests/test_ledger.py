@@ -143,7 +143,12 @@ def test_two_gaussian_releases_compose_as_one_gaussian(head: torch.nn.Linear) ->
     last = gauss.make_private(head, epsilon=1.0, delta=2e-6, sensitivity=L2).statement
     assert first.noise_scale is not None and last.noise_scale is not None
     # Two Gaussian releases are one Gaussian with mu^2 = mu_1^2 + mu_2^2: exact reference.
-    mu = math.hypot(0.5 / first.noise_scale, 0.5 / last.noise_scale)
+    # Each exact release's noise is calibrated to its grid's sensitivity (0.5 plus rounding).
+    assert first.grid_sensitivity is not None and last.grid_sensitivity is not None
+    assert 0.5 < first.grid_sensitivity <= 0.5 * (1 + 2**-7)
+    mu = math.hypot(
+        first.grid_sensitivity / first.noise_scale, last.grid_sensitivity / last.noise_scale
+    )
     exact = analysis.gaussian_epsilon(delta=3e-6, scale=1.0, sensitivity=mu)
     assert last.delta_spent == pytest.approx(3e-6) and last.guarantee_spent is Guarantee.APPROX_DP
     assert exact <= last.epsilon_spent <= exact + 3e-4 < 2.0  # pessimistic grid 1e-4, 2 PLDs
