@@ -368,7 +368,7 @@ class RunFolder:
     def _rollback(self) -> None:
         """Undo a start that wrote no result: remove what it created, restore what it
         rewrote, and remove the lock it created."""
-        for name in (*RUN_FILES, PRIVATE_README):
+        for name in RUN_FILES:
             path = self.out / name
             if name not in self._present and os.path.lexists(path):
                 _remove(path)
@@ -376,24 +376,24 @@ class RunFolder:
             path = self.out / name
             if not path.is_file() or path.read_bytes() != data:
                 _write_bytes(path, data)
+        # A README goes only with a folder left empty: a cache written meanwhile keeps it.
+        readmes = [self.out / PRIVATE_README] if PRIVATE_README not in self._present else []
         if self._cache_readme and self.cache is not None:
-            with contextlib.suppress(FileNotFoundError):
-                (self.cache / "README.txt").unlink()
+            readmes.append(self.cache / "README.txt")
+        for readme in readmes:
+            if readme.is_file() and [p.name for p in readme.parent.iterdir()] == ["README.txt"]:
+                readme.unlink()
         if _LOCK not in self._present:
             with contextlib.suppress(FileNotFoundError):
                 (self.out / _LOCK).unlink()
 
     def _remove_created_dirs(self) -> None:
-        for folder in sorted(self._created_dirs, key=lambda p: len(p.parts), reverse=True):
-            private = folder / PRIVATE_DIR
-            if private.is_dir() and PRIVATE_DIR not in self._present:
-                with contextlib.suppress(OSError):
-                    private.rmdir()
-            with contextlib.suppress(OSError):
-                folder.rmdir()  # only if empty: a cache written meanwhile stays
         with contextlib.suppress(OSError):
             if PRIVATE_README not in self._present:
-                (self.out / PRIVATE_DIR).rmdir()
+                (self.out / PRIVATE_DIR).rmdir()  # only if empty
+        for folder in sorted(self._created_dirs, key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only if empty: a cache written meanwhile stays
 
     def _clean_residues(self) -> None:
         """Remove the temporary files and folders a killed run left (the lock is held, so no
