@@ -216,12 +216,7 @@ class RunFolder:
         path = self.out / "config.json"
         if not os.path.lexists(path):
             return None
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise ValueError(
-                f"{path}: not a readable config.json ({exc}); use --overwrite"
-            ) from exc
+        data = _read_json(path, what="config.json", hint="use --overwrite")
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a JSON object; use --overwrite")
         return data
@@ -406,6 +401,14 @@ class RunFolder:
                     _remove(entry)
 
 
+def _read_json(path: Path, *, what: str, hint: str, prefix: str = "") -> Any:
+    """``path``'s JSON, or a one-line ValueError naming it, what it should be, and what to do."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{prefix}{path}: not a readable {what} ({exc}); {hint}") from exc
+
+
 def _write_bytes(path: Path, data: bytes) -> None:
     from alm_opacus.io import atomic_open
 
@@ -545,12 +548,7 @@ def check_rocs(path: Path, *, settings: dict[str, Any]) -> None:
     Raises:
         ValueError: naming ``path`` and the first bad entry.
     """
-    try:
-        items = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(
-            f"--resume: {path}: not a readable rocs.json ({exc}); use --overwrite"
-        ) from exc
+    items = _read_json(path, what="rocs.json", hint="use --overwrite", prefix="--resume: ")
     methods = _str_list(settings, "methods", path)
     grid = {cell_key("", e, 0)[1] for e in _float_list(settings, "epsilons", path)} | {"inf"}
     seen: set[tuple[str, str, str]] = set()
@@ -658,10 +656,7 @@ def export_run(run: Path, dest: Path) -> list[str]:
 
 
 def _shareable_config(path: Path) -> dict[str, Any]:
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"export: {path}: not a readable config.json ({exc})") from exc
+    config = _read_json(path, what="config.json", hint="is it a run folder?", prefix="export: ")
     if not isinstance(config, dict):
         raise ValueError(f"export: {path}: expected a JSON object")
     withheld = [k for k in WITHHELD_KEYS if k in config]
