@@ -83,6 +83,8 @@ RUN_FILES = ("config.json", SPLIT_FILE, "results.csv", "rocs.json", "tb", "plots
 #: describe the owner's machine.
 WITHHELD_KEYS = ("split_seed", "out", "cache_dir", "data_root")
 _LOCK = ".lock"
+#: Files a run rewrites before its first cell: a rolled-back start restores them.
+_REWRITTEN_EARLY = ("config.json", SPLIT_FILE, PRIVATE_README)
 #: Leftovers of a killed writer: ``atomic_open``'s ``.NAME.*.tmp``, ``replace_folder``'s
 #: ``.NAME.new-*`` / ``.NAME.old-*``, and write probes.
 _RESIDUE = re.compile(r"^\..+\.tmp$|^\..+\.(new|old)-[^/]+$|^\.probe-\d+$")
@@ -321,8 +323,9 @@ class RunFolder:
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
         try:
-            self._snapshot = {n: (self.out / n).read_bytes() for n in self._present
-                              if n != _LOCK and (self.out / n).is_file()}  # fmt: skip
+            # what a start may rewrite before its first cell (results are written after it)
+            self._snapshot = {n: (self.out / n).read_bytes() for n in _REWRITTEN_EARLY
+                              if n in self._present and (self.out / n).is_file()}  # fmt: skip
             self._clean_residues()
             write_private_readme(self.out / PRIVATE_DIR)
             if self.cache is not None and not _inside(self.cache, self.out / PRIVATE_DIR):
