@@ -18,8 +18,8 @@ A block, in any ``docs/*.md`` or ``README.md``::
 code as it is now: the script, a dependency or the arguments changed since (``inputs``), or
 the text was edited by hand (``output``). It is decided without re-running anything, so the
 test is cheap; re-running the command is what makes a block fresh again. A placeholder
-(``<!-- generated NAME -->``, never run) may say which command fills it, but may hold no
-digit: a number there would be hand-typed.
+(``<!-- generated NAME -->``, never run) may say which command fills it (in backticks), but
+holds no digit outside code spans: a number there would be hand-typed.
 
 Scripts write blocks with :func:`write_block`. The digests guard against drift and
 hand-edits, not against a forger (who could recompute them).
@@ -155,7 +155,7 @@ def staleness(block: Block, *, root: Path = ROOT) -> str | None:
     """
     where = f"{block.doc.name}: block {block.name!r}"
     if not block.script:  # a placeholder may say how to fill it, but hold no number
-        if re.search(r"\d", block.body):
+        if re.search(r"\d", re.sub(r"`[^`]*`", "", block.body)):
             return f"{where} holds numbers but was never generated (a placeholder)"
         return None
     redo = f"; re-run `{block.command}`"

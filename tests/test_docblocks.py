@@ -100,6 +100,8 @@ def test_what_does_not_make_a_block_stale(repo: Path) -> None:
 
 def test_placeholders_hold_no_numbers_and_markers_must_pair(repo: Path) -> None:
     text = (repo / "doc.md").read_text()
+    (repo / "doc.md").write_text(text.replace("(run the script)", "run `measure.py --n 3`"))
+    assert _stale(repo) is None  # a command in a code span is no measurement
     (repo / "doc.md").write_text(text.replace("(run the script)", "accuracy 0.9"))
     reason = _stale(repo)
     assert reason is not None and "holds numbers but was never generated" in reason
