@@ -1,4 +1,9 @@
-"""Atomic file writes: a reader (or a Ctrl-C) never sees a half-written file."""
+"""Atomic file writes (a reader, or a Ctrl-C, never sees a half-written file) and caches
+that are never used unless they are exactly what their producer wrote.
+
+Caches guard against corruption and stale versions, not against a forger: whoever can write
+the cache folder can also write a matching digest (``docs/threat_model.md``).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,17 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
+
+from alm_opacus._hashing import content_digest
+
+T = TypeVar("T")
+
+#: Bumped when the layout of a cache record changes; older records are recomputed.
+CACHE_FORMAT = 2
 
 
 @contextlib.contextmanager
@@ -17,10 +30,17 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[An
 
     On any exception (KeyboardInterrupt included) the temporary file is removed and
     ``path`` keeps its previous content.
+
+    Raises:
+        OSError: from the file system, naming ``path`` (a full disk's error from ``write``
+            names no file by itself).
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise _naming(exc, target) from exc
     os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide results from other users
     try:
         with os.fdopen(fd, mode) as handle:
@@ -28,10 +48,19 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[An
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None:
+            raise _naming(exc, target) from exc
         raise
+
+
+def _naming(exc: OSError, target: Path) -> OSError:
+    """``exc`` with ``target`` as its file name where it names none."""
+    if exc.filename is not None:
+        return exc
+    return type(exc)(exc.errno, exc.strerror or str(exc), str(target))
 
 
 def _umask() -> int:
@@ -73,27 +102,87 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
         torch.save(obj, handle)
 
 
-def cached(path: Path | None, *, kind: str, key: str, compute: Any) -> Any:
-    """Return ``compute()``, cached at ``path`` (atomically written, checked on load).
+class StaleCacheWarning(UserWarning):
+    """A cache file was not used (unreadable, another kind or key, written by other code, or
+    altered since it was written) and is being recomputed."""
+
+
+#: What :func:`read_cache` returns when there is no usable cache.
+MISSING: Any = object()
+
+
+def write_cache(path: Path, *, kind: str, key: str, code: str, payload: Any) -> None:
+    """Write ``payload`` atomically as a cache record: its kind, key, the digest of the code
+    that produced it (``code``, e.g. :func:`~alm_opacus._hashing.code_digest`) and the
+    digest of its own content, all checked by :func:`read_cache`."""
+    record = {"kind": kind, "key": key, "format": CACHE_FORMAT, "code": code,
+              "digest": content_digest(payload), "payload": payload}  # fmt: skip
+    atomic_torch_save(record, path)
+
+
+def read_cache(path: Path, *, kind: str, key: str, code: str) -> Any:
+    """The payload cached at ``path``, or :data:`MISSING`.
+
+    A record is used only if it loads as plain data (``torch.load(weights_only=True)``: a
+    file never runs code), has this ``kind``, ``key``, format and ``code`` digest, and its
+    content matches its digest. Otherwise a :class:`StaleCacheWarning` names the file and the
+    reason, and the caller recomputes (and overwrites) it.
+    """
+    import torch
+
+    if not path.exists():
+        return MISSING
+    try:
+        record = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated files, foreign pickles and refused globals alike
+        # torch's refusals run to a dozen lines; the first sentence says what was refused
+        first = (str(exc).strip().splitlines() or [""])[0].split(". ")[0]
+        return _stale(path, f"not a readable cache file ({type(exc).__name__}: {first})")
+    if not isinstance(record, dict) or record.get("kind") != kind:
+        found = record.get("kind") if isinstance(record, dict) else type(record).__name__
+        return _stale(path, f"holds {found!r}, expected a {kind!r} cache")
+    if record.get("key") != key:
+        return _stale(path, "is a cache for other inputs (its key differs)")
+    if record.get("format") != CACHE_FORMAT or record.get("code") != code:
+        return _stale(
+            path,
+            "was written by other code (an older format or version, or an "
+            f"edited module: code {record.get('code')!r}, expected {code!r})",
+        )
+    payload = record.get("payload")
+    try:
+        digest = content_digest(payload)
+    except TypeError as exc:
+        return _stale(path, f"holds a payload without a stable digest ({exc})")
+    if record.get("digest") != digest:
+        return _stale(path, "does not match its content digest (altered or corrupt)")
+    return payload
+
+
+def _stale(path: Path, reason: str) -> Any:
+    warnings.warn(f"{path}: {reason}; recomputing it", StaleCacheWarning, stacklevel=3)
+    return MISSING
+
+
+def cached(path: Path | None, *, kind: str, key: str, code: str, compute: Callable[[], T]) -> T:
+    """Return ``compute()``, cached at ``path`` (atomically written, checked on load by
+    :func:`read_cache`; a cache that fails a check is recomputed, never used).
 
     The payload must load with ``torch.load(weights_only=True)`` (tensors, numbers, strings,
     lists and dicts). ``path=None`` disables caching.
 
-    Raises:
-        ValueError: if the file at ``path`` is unreadable, or holds another kind or key.
+    Args:
+        path: the cache file (``None``: no caching).
+        kind: what the file holds.
+        key: everything that determines the payload besides the code (the inputs).
+        code: digest of the code that computes it (:func:`~alm_opacus._hashing.code_digest`).
+        compute: computes the payload.
     """
-    import torch
-
     if path is None:
         return compute()
-    if path.exists():
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise ValueError(f"{path}: not a readable cache file ({exc}); delete it") from exc
-        if not isinstance(state, dict) or state.get("kind") != kind or state.get("key") != key:
-            raise ValueError(f"{path}: expected a {kind!r} cache for key {key!r}; delete it")
-        return state["payload"]
+    payload = read_cache(path, kind=kind, key=key, code=code)
+    if payload is not MISSING:
+        return payload
     payload = compute()
-    atomic_torch_save({"kind": kind, "key": key, "payload": payload}, path)
+    write_cache(path, kind=kind, key=key, code=code, payload=payload)
     return payload

@@ -249,6 +249,12 @@ class Method(Generic[OptionsT, PreparedT]):
             )
         self.options: OptionsT = options
 
+    @property
+    def needs_delta(self) -> bool:
+        """Whether this method's releases need ``delta > 0`` (approximate DP): a run refuses
+        ``delta = 0`` for it before its first cell (default: False)."""
+        return False
+
     def prepare(
         self, *, features: Tensor, labels: Tensor, seed: int, context: MethodContext
     ) -> PreparedT:

@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor
 
-from alm_opacus._hashing import derive_seed, tensor_digest
+from alm_opacus._hashing import code_digest, derive_seed, tensor_digest
 from alm_opacus._validation import check_positive
 from alm_opacus.heads import Head, HeadConfig, batched_logits, flat_params, train_heads
 from alm_opacus.io import cached
@@ -56,6 +56,10 @@ ANALYTIC_L2 = 0.1
 ANALYTIC_CLIP = 1.0
 
 SensitivitySourceName = Literal["sampled", "sampled-members", "analytic"]
+
+#: The modules whose code trains the clean and shadow heads and finds the sensitivity: their
+#: cache files record its digest and are recomputed when it differs (``alm_opacus.io``).
+CODE = ("alm_opacus.heads", "alm_opacus.sensitivity", "alm_opacus.posthoc", "alm_opacus._hashing")
 
 
 @dataclass(frozen=True)
@@ -113,9 +117,15 @@ def prepare_head(
 ) -> PreparedHead:  # fmt: skip
     """Train the clean head and find its sensitivity. Memoised on the run (ALM, Laplace and
     Gaussian protect the very same head) and, with ``context.cache_dir``, cached on disk by a
-    hash of everything that determines it, so a resumed run does not redo Algorithm 2."""
+    hash of everything that determines it, so a resumed run does not redo Algorithm 2.
+
+    The key holds the members, the public split the population sampler draws from, the
+    recipe, the options and the seed; the cache file adds the code's digest (:data:`CODE`)."""
     digest = tensor_digest(features, labels)
-    key = (digest, seed, context.head, options)
+    px, py = context.public_features, context.public_labels
+    public = (tensor_digest(px, py) if options.sensitivity == "sampled" and px is not None
+              and py is not None else None)  # fmt: skip
+    key = (digest, public, seed, context.head, options, context.num_classes, context.dataset)
     return context.memo.get(
         ("posthoc-head", key),
         lambda: _load_or_prepare(features, labels, seed=seed, context=context, options=options,
@@ -131,7 +141,7 @@ def _load_or_prepare(
     if context.cache_dir is not None:
         path = Path(context.cache_dir) / f"posthoc-head-{config_hash(repr(key))}.pt"
     payload = cached(
-        path, kind="alm_opacus.posthoc-head", key=repr(key),
+        path, kind="alm_opacus.posthoc-head", key=repr(key), code=code_digest(*CODE),
         compute=lambda: _prepare_payload(features, labels, seed=seed, context=context,
                                          options=options),
     )  # fmt: skip
@@ -230,6 +240,10 @@ class PostTrainingMethod(Method[PostTrainingOptions, PreparedHead]):
     mechanism: ClassVar[str] = ""
     post_training = True
 
+    @property
+    def needs_delta(self) -> bool:
+        return not create_mechanism(self.mechanism).pure
+
     def prepare(
         self, *, features: Tensor, labels: Tensor, seed: int, context: MethodContext
     ) -> PreparedHead:
@@ -311,7 +325,7 @@ def clean_shadow_heads(
             Path(cache_dir) / f"shadow-heads-{config_hash(repr(key))}.pt"
         )  # fmt: skip
         out: dict[str, Tensor] = cached(path, kind="alm_opacus.shadow-heads", key=repr(key),
-                                        compute=train)  # fmt: skip
+                                        code=code_digest(*CODE), compute=train)  # fmt: skip
         return out
 
     return load() if memo is None else memo.get(("shadow-heads", key), load)

@@ -114,8 +114,8 @@ class ProtectedModule(nn.Module):
         that would run code when unpickled is refused.
 
         Raises:
-            ValueError: if the file is not a release, holds anything but plain data, or its
-                weights do not fit ``module``.
+            ValueError: if the file is not a release, holds anything but plain data, its
+                weights do not fit ``module``, or a weight is NaN or infinite.
         """
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -133,6 +133,17 @@ class ProtectedModule(nn.Module):
             raise ValueError(
                 f"{path}: the release does not fit this architecture; mismatched "
                 f"parameters (name: saved vs module): {'; '.join(diff)}"
+            )
+        weights = state.get("state_dict")
+        if not isinstance(weights, dict):
+            raise ValueError(f"{path}: expected a state_dict of tensors in the release")
+        broken = [k for k, v in weights.items()
+                  if isinstance(v, torch.Tensor) and v.is_floating_point()
+                  and not bool(torch.isfinite(v).all())]  # fmt: skip
+        if broken:  # no statement covers NaN or infinite weights: they are no release
+            raise ValueError(
+                f"{path}: the release holds non-finite weights in {', '.join(broken[:5])}: "
+                "expected finite numbers (a corrupt or altered file)"
             )
         target = copy.deepcopy(module)
         target.load_state_dict(state["state_dict"])

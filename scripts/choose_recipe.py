@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from alm_opacus.docblocks import relative, write_block
 from alm_opacus.heads import HeadConfig, accuracy, head_objective
-from alm_opacus.io import atomic_write_text, replace_marked
 from alm_opacus.mechanisms import create_mechanism, make_generator
 from alm_opacus.run.config import RunConfig
 from alm_opacus.run.harness import Cell, Session, load_plugins, prepare, run_cell
@@ -151,15 +151,10 @@ def render(args: argparse.Namespace, results: list[dict[str, Any]], chosen: str)
     return "\n".join(lines)
 
 
-def write_block(path: Path, *, dataset: str, block: str) -> None:
-    """Replace ``dataset``'s marked block in ``path`` (atomically), appending it if absent."""
-    begin, end = f"<!-- recipes:{dataset}:begin -->", f"<!-- recipes:{dataset}:end -->"
-    text = path.read_text() if path.exists() else ""
-    if begin in text and end in text:
-        text = replace_marked(text, begin=begin, end=end, block=block)
-    else:
-        text = text.rstrip("\n") + f"\n\n## {dataset}\n\n{begin}\n{block}\n{end}\n"
-    atomic_write_text(path, text)
+#: What the measurements depend on besides this script (a change makes the block stale).
+DEPS = ("alm_opacus/heads.py", "alm_opacus/posthoc.py", "alm_opacus/protect.py",
+        "alm_opacus/sensitivity", "alm_opacus/mechanisms", "alm_opacus/attacks",
+        "alm_opacus/ssl", "alm_opacus/data", "constraints.txt")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="write the measurements as JSON here")
     parser.add_argument(
         "--markdown", type=Path, default=None,
-        help="replace this dataset's block between <!-- recipes:DATASET:begin/end --> markers",
+        help="replace this dataset's generated block recipes:DATASET (alm_opacus.docblocks)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     load_plugins()
@@ -190,7 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     chosen = choose(results)
     print(f"chosen: {chosen}")
     if args.markdown is not None:
-        write_block(args.markdown, dataset=args.dataset, block=render(args, results, chosen))
+        shown = ["--dataset", args.dataset, "--draws", str(args.draws),
+                 *(["--only", args.only] if args.only else []),
+                 "--markdown", relative(args.markdown)]  # fmt: skip
+        write_block(args.markdown, name=f"recipes:{args.dataset}", script=__file__, args=shown,
+                    deps=DEPS, body=render(args, results, chosen))  # fmt: skip
     if args.out:
         Path(args.out).write_text(
             json.dumps({"dataset": args.dataset, "chosen": chosen, "candidates": results}, indent=2)

@@ -11,8 +11,8 @@ non-members and the median AUC of the loss attack (members against non-members):
 
     python scripts/dpsgd_noise_answer.py --write docs/dpsgd_noise.md
 
-``--write`` replaces the block between ``<!-- answer:begin -->`` and ``<!-- answer:end -->``
-(atomically); without it the table is printed only.
+``--write`` replaces the generated block ``answer`` (:mod:`alm_opacus.docblocks`, atomically);
+without it the table is printed only.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from alm_opacus.data import dataset_spec
+from alm_opacus.docblocks import relative, write_block
 from alm_opacus.heads import HeadConfig
-from alm_opacus.io import atomic_write_text, replace_marked
 from alm_opacus.run.config import RunConfig
 from alm_opacus.run.harness import prepare
 from baselines._common import derive_seed
@@ -43,8 +43,7 @@ from baselines.dpsgd.head import head_size, train_dpsgd_head
 from baselines.dpsgd.mechanisms import ALM_TRAINING, l1_clip
 
 __all__ = [
-    "BEGIN",
-    "END",
+    "DEPS",
     "L2_CLIP_GRID",
     "LR_GRID",
     "Row",
@@ -52,7 +51,6 @@ __all__ = [
     "head_params",
     "public_tuning_split",
     "render_table",
-    "replace_block",
     "select_on_public",
 ]
 
@@ -62,8 +60,10 @@ MECHANISMS = ("gaussian", "alm", "laplace")
 #: the SimCLR features have L2 norm of order 1.
 LR_GRID = tuple(dict.fromkeys(c["lr"] for c in TUNING_GRID))
 L2_CLIP_GRID = tuple(dict.fromkeys(c["max_grad_norm"] for c in TUNING_GRID))
-BEGIN = "<!-- answer:begin -->"
-END = "<!-- answer:end -->"
+#: What the table depends on besides this script (a change makes the doc's block stale).
+DEPS = ("alm_opacus/training", "alm_opacus/accounting", "alm_opacus/mechanisms",
+        "alm_opacus/heads.py", "alm_opacus/ssl", "alm_opacus/data", "baselines/dpsgd",
+        "baselines/_common.py", "constraints.txt")  # fmt: skip
 
 
 def head_params(*, d: int, num_classes: int, hidden: int | None) -> int:
@@ -138,15 +138,6 @@ def render_table(rows: Sequence[Row]) -> str:
         line += ["" if c is None else f"{c.sigma:.3g} / {c.clip:.3g}" for c in cells]
         lines.append("| " + " | ".join(line) + " |")
     return "\n".join(lines) + "\n"
-
-
-def replace_block(text: str, block: str) -> str:
-    """``text`` with everything between :data:`BEGIN` and :data:`END` replaced by ``block``.
-
-    Raises:
-        ValueError: unless each marker occurs exactly once, BEGIN first.
-    """
-    return replace_marked(text, begin=BEGIN, end=END, block=block)
 
 
 def _loss_auc_and_accuracy(
@@ -311,8 +302,12 @@ def main(argv: list[str] | None = None) -> int:
     table = render_table(rows)
     print(table)
     if args.write is not None:
-        text = args.write.read_text(encoding="utf-8")
-        atomic_write_text(args.write, replace_block(text, table))
+        shown = ["--datasets", args.datasets, "--heads", args.heads, "--max-params",
+                 str(args.max_params), "--mechanisms", args.mechanisms, "--epsilons",
+                 args.epsilons, "--draws", str(args.draws), "--tuning-draws",
+                 str(args.tuning_draws), "--write", relative(args.write)]  # fmt: skip
+        write_block(args.write, name="answer", script=__file__, args=shown, deps=DEPS,
+                    body=table)  # fmt: skip
     return 0
 
 

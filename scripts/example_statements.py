@@ -5,7 +5,7 @@ Runs the harness on the embedded ``digits`` at epsilon = 1 (one noise draw, no a
 every registered method, once per post-training sensitivity source; ``lu`` on a two-class
 task (odd against even digits); and protects a small head through the engine with a
 caller-supplied bound. With ``--write docs/guarantees.md`` the
-statements replace the block between the ``<!-- statements:begin/end -->`` markers, so the
+statements replace the generated block ``statements`` (:mod:`alm_opacus.docblocks`), so the
 examples in the docs are generated, never hand-written.
 
     python scripts/example_statements.py --write docs/guarantees.md
@@ -22,12 +22,16 @@ import torch
 
 import alm_opacus.run.harness as harness
 from alm_opacus.data import dataset_spec
-from alm_opacus.io import atomic_write_text, replace_marked
+from alm_opacus.docblocks import relative, write_block
 from alm_opacus.methods import MethodContext, available_methods, create_method
 from alm_opacus.protect import PostTrainingPrivacyEngine
 from alm_opacus.run.config import RunConfig
 
-BEGIN, END = "<!-- statements:begin -->", "<!-- statements:end -->"
+#: What the statements depend on besides this script (a change makes the block stale).
+DEPS = ("alm_opacus/statement.py", "alm_opacus/protect.py", "alm_opacus/posthoc.py",
+        "alm_opacus/heads.py", "alm_opacus/methods.py", "alm_opacus/sensitivity",
+        "alm_opacus/mechanisms", "alm_opacus/accounting", "alm_opacus/training",
+        "alm_opacus/ssl", "alm_opacus/data", "baselines", "constraints.txt")  # fmt: skip
 #: Post-training sensitivity sources the harness offers (``--sensitivity``).
 SOURCES = ("sampled", "analytic", "sampled-members")
 
@@ -101,11 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         print(block)
         return 0
     try:
-        text = replace_marked(args.write.read_text(), begin=BEGIN, end=END, block=block)
+        write_block(args.write, name="statements", script=__file__,
+                    args=["--write", relative(args.write)], deps=DEPS, body=block)  # fmt: skip
     except ValueError as exc:
         print(f"{args.write}: {exc}", file=sys.stderr)
         return 2
-    atomic_write_text(args.write, text)
     print(f"wrote {len(statements)} statements to {args.write}")
     return 0
 

@@ -30,6 +30,8 @@ sys.path.insert(0, str(ROOT))
 from alm_opacus.report.results import ResultRow, read_results  # noqa: E402
 
 POST = ("alm", "laplace", "gaussian")
+#: The runs behind the page use every method: all the code, and the pinned libraries.
+DEPS = ("alm_opacus", "baselines", "scripts/compare.py", "constraints.txt")
 HOLDS, FAILS, UNTESTABLE = "holds", "fails", "not testable here"
 
 
@@ -325,9 +327,14 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--resume"] if table.exists() else []
             subprocess.run(cmd, check=True)
         runs.append(Run(dataset, read_results(table), table))
+    from alm_opacus.docblocks import relative, write_block
     from alm_opacus.io import atomic_write_text
 
-    atomic_write_text(args.out, render(runs))
+    page = Path(args.out)
+    if not page.exists():  # the page is one generated block
+        atomic_write_text(page, "<!-- generated results -->\n<!-- end generated results -->\n")
+    write_block(page, name="results", script=__file__, deps=DEPS, body=render(runs),
+                args=["--datasets", args.datasets, "--out", relative(page)])  # fmt: skip
     print(f"written: {args.out}")
     return 0
 

@@ -18,6 +18,7 @@ from alm_opacus.attacks import DEFAULT_ATTACKS
 from alm_opacus.heads import HeadConfig, accuracy, train_head
 from alm_opacus.report.results import RESULT_COLUMNS, read_results
 from alm_opacus.run.cli import main, parse_config
+from alm_opacus.run.rundir import SPLIT_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,7 +82,7 @@ def test_methods_none_writes_the_contract_table(tmp_path: Path, shared_cache: Pa
         # the encoder's last bits (docs/recipes.md); chance is 0.1.
         assert row.test_accuracy >= 0.90
         assert 0.0 <= row.mia_auc <= 1.0 and not math.isnan(row.eps_lower_bound)
-    for name in ("config.json", "split.json"):
+    for name in ("config.json", SPLIT_FILE):
         assert (out / name).exists()
     assert any((out / "tb").iterdir())
     # --resume finds the finished cell and does not redo it.

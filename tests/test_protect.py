@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,6 +14,7 @@ import torch
 from scipy import stats
 
 from alm_opacus.heads import HeadConfig, train_head, utility_loss
+from alm_opacus.io import StaleCacheWarning, atomic_torch_save
 from alm_opacus.methods import MethodContext, NoisePolicy, create_method, plain_shadow_trainer
 from alm_opacus.protect import (
     Guarantee,
@@ -245,5 +249,73 @@ def test_prepared_head_and_sensitivity_are_cached_on_disk(
         assert torch.equal(a, b)
     context = _context(pixel_features, cache_dir=tmp_path)
     path.write_bytes(b"garbage")
-    with pytest.raises(ValueError, match="cache"):
-        posthoc.prepare_head(features=x, labels=y, seed=3, context=context, options=options)
+    with pytest.warns(StaleCacheWarning, match="not a readable cache file"):
+        redone = posthoc.prepare_head(features=x, labels=y, seed=3, context=context,
+                                      options=options)  # fmt: skip
+    assert redone.sensitivity == first.sensitivity
+
+
+def _scale_sensitivity(record: dict[str, Any]) -> None:
+    # The hostile input of issue 23: sensitivity x 1e-6, kind, key and digest kept.
+    for info in record["payload"]["sensitivity"].values():
+        info["value"] *= 1e-6
+
+
+@pytest.mark.parametrize(
+    ("tamper", "reason"),
+    [
+        (_scale_sensitivity, "does not match its content digest"),
+        (lambda r: [r.pop(k) for k in ("format", "code", "digest")], "older format"),
+        (lambda r: r.update(code="0123456789abcdef"), "written by other code"),
+        (lambda r: r.update(key=r["key"] + " "), "other inputs"),
+        (lambda r: r.update(kind="alm_opacus.shadow-heads"),
+         "expected a 'alm_opacus.posthoc-head'"),
+    ],
+    ids=["sensitivity-x1e-6", "legacy-no-digest", "other-code", "other-key", "other-kind"],
+)  # fmt: skip
+def test_an_altered_or_stale_head_cache_is_recomputed_never_used(
+    small, pixel_features, tmp_path: Path, tamper: Callable[[dict[str, Any]], object],
+    reason: str,
+) -> None:  # type: ignore[no-untyped-def]  # fmt: skip
+    import alm_opacus.posthoc as posthoc
+
+    x, y = small
+    options = posthoc.PostTrainingOptions(m=6)
+
+    def prepare() -> posthoc.PreparedHead:  # a new run each time: only the disk is shared
+        context = _context(pixel_features, cache_dir=tmp_path)
+        return posthoc.prepare_head(features=x, labels=y, seed=3, options=options,
+                                    context=context)  # fmt: skip
+
+    first = prepare()
+    (path,) = tmp_path.glob("posthoc-head-*.pt")
+    record = torch.load(path, weights_only=True)
+    tamper(record)
+    atomic_torch_save(record, path)
+    with pytest.warns(StaleCacheWarning, match=reason) as seen:
+        again = prepare()
+    assert str(path) in str(seen[0].message)
+    # The true sensitivity, not the altered one; and the file is whole again.
+    assert again.sensitivity == first.sensitivity
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StaleCacheWarning)
+        third = prepare()
+    assert third.sensitivity == first.sensitivity
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_release_with_non_finite_weights_is_refused(head, tmp_path: Path, bad: float) -> None:  # type: ignore[no-untyped-def]
+    # Issue 23: a pure-DP release whose weights were replaced by NaN loaded as if protected.
+    engine = PostTrainingPrivacyEngine(mechanism="laplace")
+    release = engine.make_private(head, epsilon=1.0, seed=0,
+                                  sensitivity=SensitivityInfo(value=0.2, norm="l1",
+                                                              source="analytic"))  # fmt: skip
+    assert release.statement.guarantee.value == "pure-dp"
+    path = tmp_path / "release.pt"
+    release.save(path, allow_seeded=True)
+    assert torch.equal(_flat(ProtectedModule.load(path, module=head)), _flat(release))
+    state = torch.load(path, weights_only=True)
+    state["state_dict"]["fc.weight"][0, 0] = bad
+    atomic_torch_save(state, path)
+    with pytest.raises(ValueError, match=r"non-finite weights in fc\.weight"):
+        ProtectedModule.load(path, module=head)

@@ -7,16 +7,18 @@ import errno
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import alm_opacus.run.harness as harness
 import alm_opacus.run.writer as writer
-from alm_opacus.report.results import read_results
+from alm_opacus.report.results import read_results, write_results
 from alm_opacus.run.cli import main, parse_config
 from alm_opacus.run.config import RunConfig
-from alm_opacus.run.rundir import RunFolder
+from alm_opacus.run.rundir import DEFAULT_CACHE, SHARED_FILES, SPLIT_FILE, RunFolder
 
 TINY = ["--methods", "none,alm", "--epsilons", "1", "--noise-draws", "1", "--attacks", "loss",
         "--m", "4", "--no-progress", "--reproducible-noise"]  # fmt: skip
@@ -47,16 +49,30 @@ def _table(out: Path) -> list[tuple[object, ...]]:
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
-    """One finished tiny run, copied by the tests that damage it."""
+    """One finished tiny run with its cache in the default place (``private/cache``), copied
+    by the tests that damage it; its encoder and features seed the shared cache."""
     out = tmp_path_factory.mktemp("finished") / "run"
-    assert _run(out, shared_cache) == 0
+    _share(shared_cache, out / DEFAULT_CACHE)
+    assert _exit([*TINY, "--out", str(out)]) == 0
+    _share(out / DEFAULT_CACHE, shared_cache)
     return out
+
+
+def _share(src: Path, dst: Path) -> None:
+    """Copy the encoder and features caches from ``src`` to ``dst`` (pre-training is the
+    slow part of a tiny run)."""
+    import shutil
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for path in [*src.glob("encoder-*.pt"), *src.glob("features-*.pt")]:
+        if not (dst / path.name).exists():
+            shutil.copyfile(path, dst / path.name)
 
 
 def _copy(src: Path, dst: Path) -> Path:
     import shutil
 
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".lock"))
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".lock", "cache"))
     return dst
 
 
@@ -233,3 +249,266 @@ def test_options_are_typed_and_named(tmp_path, capsys) -> None:  # type: ignore[
         with pytest.raises(SystemExit):
             parse_config([*bad, "--out", str(tmp_path)])
         _one_line_error(capsys, needle)
+
+
+# -- issue 23: a shareable run folder -----------------------------------------------------
+
+
+def _weight_windows(clean: dict[str, torch.Tensor]) -> list[bytes]:
+    """Byte windows of the clean weights, as float32 and float64, from three places in each
+    tensor: any copy of a weight tensor contains them."""
+    out = []
+    for tensor in clean.values():
+        flat = tensor.detach().flatten()
+        for dtype in (torch.float32, torch.float64):
+            raw = flat.to(dtype).numpy().tobytes()
+            width = 4 * flat.to(dtype).element_size()
+            for start in (0, len(raw) // 2, len(raw) - width):
+                start -= start % flat.to(dtype).element_size()
+                out.append(raw[start : start + width])
+    return out
+
+
+def _leaks(folder: Path, clean: dict[str, torch.Tensor], members: list[int]) -> set[str]:
+    """Files under ``folder`` holding a clean weight's bytes, or (JSON, CSV, text) the member
+    indices: in their order, or half of them or more anywhere."""
+    windows = _weight_windows(clean)
+    found = set()
+    for path in (p for p in folder.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        if any(w in data for w in windows):
+            found.add(path.relative_to(folder).as_posix())
+        if path.suffix in (".json", ".csv", ".txt"):
+            numbers = [int(t) for t in re.findall(rb"\d+", data)]
+            text = ",".join(map(str, numbers))
+            ordered = ",".join(map(str, members[:8])) in text
+            if ordered or len(set(numbers) & set(members)) >= len(members) / 2:
+                found.add(path.relative_to(folder).as_posix())
+    return found
+
+
+@pytest.mark.slow
+def test_export_shares_no_clean_weight_and_no_member_index(finished, tmp_path, capsys):  # type: ignore[no-untyped-def]
+    (head_file,) = (finished / DEFAULT_CACHE).glob("posthoc-head-*.pt")
+    clean = torch.load(head_file, weights_only=True)["payload"]["state_dict"]
+    members = json.loads((finished / SPLIT_FILE).read_text())["members"]
+    assert len(members) == 150
+    # The detector has power: in the run folder it finds both, and only under private/.
+    leaks = _leaks(finished, clean, members)
+    assert {SPLIT_FILE, head_file.relative_to(finished).as_posix()} <= leaks
+    assert all(name.startswith("private/") for name in leaks), leaks
+    readme = (finished / "private" / "README.txt").read_text()
+    assert "split.json" in readme and "posthoc-head" in readme and "never to be shared" in readme
+    dest = tmp_path / "shared"
+    assert _exit(["export", str(finished), str(dest)]) == 0
+    assert "exported" in capsys.readouterr().out
+    assert _leaks(dest, clean, members) == set()
+    assert sorted(p.name for p in dest.iterdir()) == sorted(
+        n for n in SHARED_FILES if (finished / n).exists())  # fmt: skip
+    assert (dest / "results.csv").read_bytes() == (finished / "results.csv").read_bytes()
+    config = json.loads((dest / "config.json").read_text())
+    assert "split_seed" not in config and "split_seed" in config["exported"]["withheld"]
+    # A second export into the same place is refused, and leaves it as it was.
+    stamp = sorted(p.relative_to(dest) for p in dest.rglob("*"))
+    assert _exit(["export", str(finished), str(dest)]) == 2
+    _one_line_error(capsys, "expected a new (or empty) folder")
+    assert sorted(p.relative_to(dest) for p in dest.rglob("*")) == stamp
+
+
+@pytest.mark.slow
+def test_export_refuses_a_symlinked_shared_file(finished, tmp_path, capsys):  # type: ignore[no-untyped-def]
+    out = _copy(finished, tmp_path / "run")
+    (out / "plots" / "fig1_utility_loss.png").unlink()
+    (out / "plots" / "fig1_utility_loss.png").symlink_to(out / SPLIT_FILE)
+    assert _exit(["export", str(out), str(tmp_path / "shared")]) == 2
+    _one_line_error(capsys, "is a symlink")
+    assert not (tmp_path / "shared").exists()
+    assert not list(tmp_path.glob(".shared.new-*"))
+
+
+# -- issue 23: a run folder that cannot lie -----------------------------------------------
+
+
+def _rows_edit(edit):  # type: ignore[no-untyped-def]
+    def apply(out: Path) -> None:
+        rows = read_results(out / "results.csv")
+        write_results(out / "results.csv", edit(rows))
+
+    return apply
+
+
+def _set(index: int, **changes: object):  # type: ignore[no-untyped-def]
+    return _rows_edit(lambda rows: [r.replace(**changes) if i == index else r
+                                    for i, r in enumerate(rows)])  # fmt: skip
+
+
+def _symlink_results(out: Path) -> None:
+    other = _copy(out, out.parent / "other-run")
+    (out / "results.csv").unlink()
+    (out / "results.csv").symlink_to(other / "results.csv")
+
+
+def _json_edit(name: str, edit):  # type: ignore[no-untyped-def]
+    def apply(out: Path) -> None:
+        data = json.loads((out / name).read_text())
+        (out / name).write_text(json.dumps(edit(data)))
+
+    return apply
+
+
+# rows of the finished run: 0 = none (the baseline), 1 = alm (loss), 2 = alm (loss-clean)
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        (_set(0, test_accuracy=5.0), "line 2: test_accuracy=5.0 is invalid"),
+        (_rows_edit(lambda rows: [*rows, rows[1]]), "line 5: repeats the row of line 3"),
+        (_symlink_results, "results.csv is a symlink"),
+        (_set(1, epsilon=3.0), "line 3: epsilon=3.0 is invalid: expected one of config.json's"),
+        (_set(1, method="laplace"), "line 3: method='laplace' is invalid"),
+        (_set(1, seed=7), "line 3: seed=7 is invalid"),
+        (_set(0, epsilon=1.0), "line 2: epsilon=1.0 is invalid: expected inf for the baseline"),
+        (_set(1, mia_auc=1.5), "line 3: mia_auc=1.5 is invalid"),
+        (_set(2, tpr_at_fpr_0_01=-0.1), "line 4: tpr_at_fpr_0.01=-0.1 is invalid"),
+        (_set(1, noise_scale=-1.0), "line 3: noise_scale=-1.0 is invalid"),
+        (_set(1, delta=1.0), "line 3: delta=1.0 is invalid"),
+        (_set(1, guarantee="pure-ish"), "line 3: guarantee='pure-ish' is invalid"),
+        (_set(1, utility_loss=0.0), "line 3: utility_loss=0.0 is not 1 - test_accuracy"),
+        (_set(1, dataset="mnist"), "line 3: dataset='mnist' is invalid"),
+        (_json_edit("rocs.json", lambda items: [*items, items[0]]), "repeats the curve"),
+        (_json_edit("rocs.json", lambda items: [{**items[0], "tpr": [2.0] * len(items[0]["tpr"])},
+                                                *items[1:]]), "all in [0, 1]"),
+        (_json_edit("config.json", lambda c: {**c, "epsilons": [-1]}),
+         "'epsilons' is [-1]: expected a list of positive numbers"),
+    ],
+    ids=["accuracy-5", "duplicate-row", "symlinked-results", "epsilon-off-grid",
+         "method-not-run", "seed-not-run", "baseline-epsilon", "auc-1.5", "tpr-negative",
+         "negative-scale", "delta-1", "unknown-guarantee", "utility-loss-mismatch",
+         "other-dataset", "duplicate-roc", "roc-out-of-range", "config-epsilons"],
+)  # fmt: skip
+def test_resume_refuses_rows_it_cannot_trust(finished, tmp_path, shared_cache, capsys, damage,
+                                             needle):  # type: ignore[no-untyped-def]  # fmt: skip
+    out = _copy(finished, tmp_path / "run")
+    damage(out)
+    stamp = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and not p.is_symlink()}
+    assert _run(out, shared_cache, "--resume") == 2
+    _one_line_error(capsys, needle)
+    assert {p: p.read_bytes() for p in out.rglob("*")
+            if p.is_file() and not p.is_symlink()} == stamp  # fmt: skip
+
+
+@pytest.mark.slow
+def test_resume_removes_what_a_killed_run_left_behind(finished, tmp_path, shared_cache):  # type: ignore[no-untyped-def]
+    out = _copy(finished, tmp_path / "run")
+    before = (out / "results.csv").read_text()
+    residues = [out / ".results.csv.k2l1x.tmp", out / ".rocs.json.9a7b.tmp",
+                out / "private" / ".split.json.x0.tmp", out / ".plots.new-3f2a" / "a.png",
+                out / ".tb.old-77" / "events", out / ".probe-4242"]  # fmt: skip
+    for path in residues:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("left by SIGKILL")
+    assert _run(out, shared_cache, "--resume") == 0
+    assert not [p for p in residues if p.exists()]
+    assert not [p for p in out.iterdir() if p.name.startswith(".") and p.name != ".lock"]
+    assert (out / "results.csv").read_text() == before
+
+
+def _boom(*args: object, **kwargs: object) -> None:
+    raise ValueError("boom: a refusal after the folder was taken")
+
+
+def _interrupt(*args: object, **kwargs: object) -> None:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("failure", [_boom, _interrupt])
+@pytest.mark.parametrize("exists", [False, True])
+def test_a_refused_start_leaves_the_folder_as_it_found_it(tmp_path, monkeypatch, failure, exists):  # type: ignore[no-untyped-def]
+    # Issue 23: .lock and config.json left by a refused start made the folder look like a
+    # previous run. The failure comes after the lock is taken, before any cell.
+    out = tmp_path / "runs" / "fresh"
+    if exists:
+        out.mkdir(parents=True)
+    monkeypatch.setattr(harness, "prepare", failure)
+    code = _exit([*TINY, "--out", str(out), "--cache-dir", str(tmp_path / "cache")])
+    assert code == (2 if failure is _boom else 130)
+    assert sorted(p.name for p in out.iterdir()) == [] if exists else not out.exists()
+    assert not (tmp_path / "cache").exists()
+    # And the same command can start there again (nothing looks like a previous run).
+    monkeypatch.setattr(harness, "prepare", _boom)
+    assert _exit([*TINY, "--out", str(out), "--cache-dir", str(tmp_path / "cache")]) == 2
+
+
+@pytest.mark.slow
+def test_a_refused_overwrite_keeps_the_previous_run(finished, tmp_path, shared_cache, capsys,
+                                                    monkeypatch):  # type: ignore[no-untyped-def]  # fmt: skip
+    from types import SimpleNamespace
+
+    from alm_opacus.data import dataset_spec, load_dataset
+    from alm_opacus.data.split import make_split
+
+    out = _copy(finished, tmp_path / "run")
+    stamp = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    other = make_split(load_dataset("digits"), sizes=dataset_spec("digits").split, seed=5)
+    monkeypatch.setattr(harness, "prepare", lambda config: SimpleNamespace(split=other))
+    monkeypatch.setattr(harness.Session, "open", _boom)  # after private/split.json is rewritten
+    assert _run(out, shared_cache, "--overwrite") == 2
+    _one_line_error(capsys, "boom")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == stamp
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--delta", "0", "--methods", "none,alm,gaussian"],
+         "--delta=0 cannot be met by gaussian"),
+        (["--delta", "0", "--methods", "dpsgd-alm"], "--delta=0 cannot be met by dpsgd-alm"),
+        (["--split", "members=1"], "--split: members=1 is too small"),
+        (["--split", "nonmembers=1"], "--split: nonmembers=1 is too small"),
+        (["--split", "attacker=0"], "--split: attacker=0 is too small"),
+        (["--split", "public=1"], "--split: public=1 is too small: alm's sensitivity sampler"),
+        (["--split", "members=1500"], "--split: digits: split sizes"),
+        (["--num-reference", "6", "--attacks", "lira-online"], None),
+        (["--num-reference", "5"], "num_reference=5 is invalid"),
+        (["--resume"], "does not exist, so there is nothing to resume"),
+    ],
+)  # fmt: skip
+def test_what_can_be_checked_before_the_first_cell_is(tmp_path, capsys, monkeypatch, argv,
+                                                      needle):  # type: ignore[no-untyped-def]  # fmt: skip
+    # Issue 23: --delta 0 was refused after the baseline cell was written, --split members=1
+    # after 97 s of pre-training, without naming --split.
+    started = []
+    monkeypatch.setattr(harness, "prepare", lambda config: started.append(1) or _boom())
+    out = tmp_path / "fresh"
+    code = _exit([*TINY, "--out", str(out), "--cache-dir", str(tmp_path / "c"), *argv])
+    assert code == 2
+    if needle is None:  # valid: it got as far as preparing the data
+        assert started
+        return
+    _one_line_error(capsys, needle)
+    assert not started and not out.exists() and not (tmp_path / "c").exists()
+
+
+def test_delta_zero_is_fine_for_pure_methods(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = parse_config(["--delta", "0", "--methods", "none,alm,laplace,dperm",
+                           "--out", str(tmp_path / "o")])  # fmt: skip
+    assert config.delta == 0.0
+
+
+def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    cfg = tmp_path / "run.yaml"
+    cfg.write_bytes(b"methods: alm\nout: \xff\xfe\x00bad\n")
+    assert _exit(["--config", str(cfg)]) == 2
+    _one_line_error(capsys, "not UTF-8 text (byte 18)")
+
+
+def test_a_symlink_inside_private_is_refused(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "run"
+    (out / "private").mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (out / "private" / "cache").symlink_to(elsewhere)
+    assert _exit([*TINY, "--out", str(out)]) == 2
+    _one_line_error(capsys, "private/cache is a symlink")
+    assert not list(elsewhere.iterdir())
+    assert sorted(p.name for p in out.iterdir()) == ["private"]

@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from alm_opacus.io import atomic_torch_save
+from alm_opacus._hashing import code_digest
+from alm_opacus.io import StaleCacheWarning, atomic_torch_save, write_cache
 from alm_opacus.ssl import (
     SSLConfig,
     available_augmentations,
@@ -113,13 +114,23 @@ def test_pretrain_caches_and_checks_key(digits, tmp_path: Path) -> None:  # type
     assert path.stat().st_mtime_ns == stamp  # reused, not retrained
     for a, b in zip(enc1.state_dict().values(), enc2.state_dict().values(), strict=True):
         assert torch.equal(a, b)
-    # A checkpoint written for another config is refused with a message naming both keys.
+    # A checkpoint written for another config, or garbage, is never used: it is retrained.
     (tmp_path / "encoder-k2.pt").write_bytes(path.read_bytes())
-    with pytest.raises(ValueError, match=r"'k1'.*'k2'"):
+    with pytest.warns(StaleCacheWarning, match="encoder-k2.pt: is a cache for other inputs"):
         pretrain(images, config=cfg, key="k2", cache_dir=tmp_path, progress=False)
+    assert torch.load(tmp_path / "encoder-k2.pt", weights_only=True)["key"] == "k2"
     (tmp_path / "encoder-k3.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match="not a readable checkpoint"):
+    with pytest.warns(StaleCacheWarning, match="encoder-k3.pt: not a readable cache file"):
         pretrain(images, config=cfg, key="k3", cache_dir=tmp_path, progress=False)
+    # An encoder altered after it was written (its digest kept) is retrained too.
+    record = torch.load(path, weights_only=True)
+    first = next(iter(record["payload"]["state_dict"]))
+    record["payload"]["state_dict"][first] += 1
+    atomic_torch_save(record, path)
+    with pytest.warns(StaleCacheWarning, match="does not match its content digest"):
+        enc3 = pretrain(images, config=cfg, key="k1", cache_dir=tmp_path, progress=False)
+    for a, b in zip(enc1.state_dict().values(), enc3.state_dict().values(), strict=True):
+        assert torch.allclose(a.float(), b.float(), atol=1e-6)
 
 
 def test_pretrain_resumes_after_interrupt_to_the_same_weights(digits, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
@@ -180,14 +191,14 @@ def test_malicious_cache_file_is_refused_and_never_runs(digits, tmp_path: Path, 
     marker.unlink()
     path = _plant(kind, tmp_path, marker)
     images = digits.images[:64]
-    with pytest.raises(ValueError) as info:
+    with pytest.warns(StaleCacheWarning) as seen:
         if kind == "features":
             encoder = create_encoder("small-cnn", in_channels=1)
             extract_features(encoder, images, key="k", cache_dir=tmp_path, progress=False)
         else:
             pretrain(images, config=_tiny(images), key="k", cache_dir=tmp_path, progress=False)
-    message = str(info.value)
-    assert message.startswith(f"{path}: not a readable ") and "delete it" in message
+    message = str(seen[0].message)
+    assert message.startswith(f"{path}: not a readable ") and "recomputing" in message
     assert "\n" not in message
     assert not marker.exists()
 
@@ -197,44 +208,57 @@ def _encoder() -> torch.nn.Module:
     return create_encoder("small-cnn", in_channels=1)
 
 
+def _valid_features(x: torch.Tensor) -> dict[str, object]:
+    """A well-formed record (this code, a matching digest) holding ``x``."""
+    return {"write": {"kind": pretrain_module.FEATURES_KIND, "key": "k",
+                      "code": code_digest(*pretrain_module.CODE), "payload": {"x": x}}}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
-        (b"garbage, not a torch file", "not a readable features cache"),
+        (b"garbage, not a torch file", "not a readable cache file"),
         ({"kind": "alm_opacus.simclr-encoder", "key": "k", "x": torch.zeros(8, 4)},
-         "expected a 'alm_opacus.features' cache"),
+         "holds 'alm_opacus.simclr-encoder', expected a 'alm_opacus.features' cache"),
         ({"kind": "alm_opacus.features", "key": "other", "x": torch.zeros(8, 4)},
-         "expected features for key 'k'"),
-        ({"kind": "alm_opacus.features", "key": "k", "x": torch.zeros(7, 4)},
+         "a cache for other inputs"),
+        (_valid_features(torch.zeros(7, 4)),
          r"expected float32 features of shape \(8, D\), got torch.float32 \(7, 4\)"),
-        ({"key": "k", "x": torch.zeros(8, 4, dtype=torch.float64)}, "got torch.float64"),
-        ([1, 2], "expected a 'alm_opacus.features' cache"),
+        (_valid_features(torch.zeros(8, 4, dtype=torch.float64)), "got torch.float64"),
+        ({"kind": "alm_opacus.features", "key": "k", "x": torch.zeros(8, 4)}, "older format"),
+        ({"key": "k", "x": torch.zeros(8, 4)}, "holds None"),  # before the kind field existed
+        ([1, 2], "holds 'list'"),
     ],
 )  # fmt: skip
-def test_corrupt_or_foreign_features_cache_is_one_line(digits, tmp_path: Path, content: object,
-                                                       expected: str) -> None:  # type: ignore[no-untyped-def]  # fmt: skip
+def test_corrupt_foreign_or_stale_features_cache_is_recomputed(
+    digits, tmp_path: Path, content: object, expected: str
+) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "features-k.pt"
+    fresh = extract_features(_encoder(), digits.images[:8], key="k", cache_dir=tmp_path / "ok",
+                             progress=False)  # fmt: skip
     if isinstance(content, bytes):
         path.write_bytes(content)
+    elif isinstance(content, dict) and "write" in content:
+        write_cache(path, **content["write"])  # type: ignore[arg-type]
     else:
         atomic_torch_save(content, path)
-    with pytest.raises(ValueError, match=expected) as info:
-        extract_features(_encoder(), digits.images[:8], key="k", cache_dir=tmp_path,
-                         progress=False)  # fmt: skip
-    assert str(info.value).startswith(f"{path}: ") and "\n" not in str(info.value)
-    assert "delete it" in str(info.value)
+    with pytest.warns(StaleCacheWarning, match=expected) as seen:
+        again = extract_features(_encoder(), digits.images[:8], key="k", cache_dir=tmp_path,
+                                 progress=False)  # fmt: skip
+    message = str(seen[0].message)
+    assert message.startswith(f"{path}: ") and "\n" not in message
+    assert torch.equal(again, fresh)  # recomputed, never the file's content
 
 
-def test_features_cache_round_trips_and_legacy_files_still_load(digits, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_features_cache_round_trips(digits, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     images = digits.images[:16]
     first = extract_features(_encoder(), images, key="k", cache_dir=tmp_path, progress=False)
     assert torch.allclose(first.norm(dim=1), torch.ones(16), atol=1e-6)  # unit-norm rows
     stored = torch.load(tmp_path / "features-k.pt", weights_only=True)
     assert stored["kind"] == "alm_opacus.features" and stored["key"] == "k"
-    # A file written before the kind field existed ({"key", "x"}) is still accepted.
-    atomic_torch_save({"key": "k", "x": first + 1}, tmp_path / "features-k.pt")
+    assert torch.equal(stored["payload"]["x"], first)
     again = extract_features(_encoder(), images, key="k", cache_dir=tmp_path, progress=False)
-    assert torch.equal(again, first + 1)
+    assert torch.equal(again, first)
 
 
 def test_mnist_encoder_reads_28x28_and_keeps_the_spatial_map() -> None:

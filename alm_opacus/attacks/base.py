@@ -96,6 +96,10 @@ class EpsilonBoundMethod(str, enum.Enum):
     SHADOW_THRESHOLD = "shadow-threshold"
 
 
+#: The smallest attacker's pool the shadow and reference heads can be drawn from.
+ATTACKER_POOL_MIN = 4
+
+
 @dataclass(frozen=True)
 class AttackConfig:
     """Knobs of the attacks. Defaults follow the papers where they give a value, and
@@ -311,8 +315,10 @@ class AttackerKnowledge:
                 f"features (n, d) and labels (n,) expected; got {tuple(self.features.shape)} "
                 f"and {tuple(self.labels.shape)}"
             )
-        if n < 4:
-            raise ValueError(f"the attacker's pool has {n} rows; expected at least 4")
+        if n < ATTACKER_POOL_MIN:
+            raise ValueError(
+                f"the attacker's pool has {n} rows; expected at least {ATTACKER_POOL_MIN}"
+            )
         if self.train_size is not None:
             _check_int(self.train_size, name="train_size", low=1)
         _check_labels(self.labels, self.num_classes)

@@ -11,17 +11,19 @@ import datetime
 import math
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 from alm_opacus.data import DataError, available_datasets, dataset_spec, parse_split_sizes
+from alm_opacus.io import StaleCacheWarning
 from alm_opacus.methods import available_methods, default_methods
 from alm_opacus.report.table import format_tradeoff_table
 from alm_opacus.report.tensorboard import dashboard_urls
 from alm_opacus.run.config import RunConfig
 from alm_opacus.run.harness import load_plugins, run
-from alm_opacus.run.rundir import check_can_create
+from alm_opacus.run.rundir import PRIVATE_DIR, check_can_create, export_run
 
 
 def _comma_list(
@@ -96,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="alm-opacus",
         description="Protect a fine-tuned head in several ways, attack every release with the "
-        "same membership-inference attacks, and report privacy against utility.",
+        "same membership-inference attacks, and report privacy against utility. "
+        "`alm-opacus export RUN DEST` copies what may be shared of a run folder.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     data = parser.add_argument_group("data")
@@ -210,8 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     runopts.add_argument(
         "--cache-dir", default=None,
-        help=f"encoder, feature and head cache (default: {RUNS}/cache without --out, else "
-        "<out>/cache)",
+        help=f"encoder, feature and head cache; it holds the clean heads, never share it "
+        f"(default: {RUNS}/cache without --out, else <out>/{PRIVATE_DIR}/cache)",
     )  # fmt: skip
     runopts.add_argument(
         "--resume", action="store_true",
@@ -240,9 +243,13 @@ def _apply_config_file(parser: argparse.ArgumentParser, argv: Sequence[str]) -> 
 
     path = Path(known.config)
     try:
-        loaded = yaml.safe_load(path.read_text())
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        parser.error(f"--config={known.config!r}: not UTF-8 text (byte {exc.start}): expected "
+                     "a YAML file")  # fmt: skip
     except (OSError, yaml.YAMLError) as exc:
-        parser.error(f"--config={known.config!r}: cannot read a YAML mapping ({exc})")
+        parser.error(f"--config={known.config!r}: cannot read a YAML mapping "
+                     f"({' '.join(str(exc).split())})")  # fmt: skip
     if not isinstance(loaded, dict):
         parser.error(f"--config={known.config!r}: expected a YAML mapping of flag names to values")
     dests = {a.dest: a for a in parser._actions}
@@ -364,9 +371,52 @@ def _methods(parser: argparse.ArgumentParser, text: str) -> list[str]:
     return list(dict.fromkeys(methods))
 
 
+def export_main(argv: Sequence[str]) -> int:
+    """``alm-opacus export RUN DEST``: copy what may be shared of a run folder."""
+    parser = _Parser(
+        prog="alm-opacus export",
+        description="Copy what may be shared of a run folder (results, ROC curves, plots, "
+        "TensorBoard events, config.json without the split seed) into a new folder; never "
+        f"{PRIVATE_DIR}/ (member indices, clean weights) or a cache.",
+    )
+    parser.add_argument("run", help="the run folder")
+    parser.add_argument("dest", help="a new folder for the shareable copy")
+    args = parser.parse_args(list(argv))
+    try:
+        copied = export_run(Path(args.run), Path(args.dest))
+    except ValueError as exc:
+        print(f"alm-opacus export: error: {_one_line(str(exc))}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"alm-opacus export: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"exported {len(copied)} files to {args.dest} (left out: {PRIVATE_DIR}/, caches, "
+          "and anything but the shared results)")  # fmt: skip
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the comparison; return the process exit code."""
+    """Run the comparison (or ``export RUN DEST``); return the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["export"]:
+        return export_main(argv[1:])
     config = parse_config(argv)
+    with warnings.catch_warnings():
+        shown = warnings.showwarning
+
+        def show(message: Warning | str, category: type[Warning], *args: Any,
+                 **kwargs: Any) -> None:  # fmt: skip
+            if issubclass(category, StaleCacheWarning):  # one line per recomputed cache file
+                print(f"alm-opacus: warning: {message}", file=sys.stderr)
+            else:
+                shown(message, category, *args, **kwargs)
+
+        warnings.showwarning = show
+        return _run(config)
+
+
+def _run(config: RunConfig) -> int:
     try:
         result = run(config, on_start=_link_latest)
     except (ValueError, DataError) as exc:
@@ -377,9 +427,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"alm-opacus: error: cannot write {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        results = Path(config.out) / "results.csv"
         print(
-            f"\ninterrupted; finished cells are in {Path(config.out) / 'results.csv'}; "
-            "re-run with --resume to continue",
+            f"\ninterrupted; finished cells are in {results}; re-run with --resume to continue"
+            if results.exists()
+            else "\ninterrupted before the first cell finished; the run folder is as it was "
+            "(caches are kept): re-run the same command",
             file=sys.stderr,
         )
         return 130

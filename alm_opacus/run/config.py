@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from alm_opacus._validation import check_delta, check_epsilon
-from alm_opacus.attacks import DEFAULT_ATTACKS, available_attacks
+from alm_opacus.attacks import DEFAULT_ATTACKS, AttackConfig, available_attacks
 from alm_opacus.data import DatasetSpec, dataset_spec
 from alm_opacus.data.split import SplitSizes
 from alm_opacus.heads import HeadConfig
-from alm_opacus.methods import method_class, validate_options
+from alm_opacus.methods import create_method, method_class, method_options, validate_options
 from alm_opacus.ssl.pretrain import SSLConfig
 
 __all__ = ["RESUME_KEYS", "RunConfig", "config_mismatch", "dedupe"]
@@ -40,7 +40,8 @@ class RunConfig:
         split_seed: seeds the split and pre-training (shared by all seeds).
         device: ``"cpu"`` or ``"cuda[:N]"``.
         out: the run folder.
-        cache_dir: encoder/feature/head cache (default ``<out>/cache``, or ``$ALM_OPACUS_CACHE``).
+        cache_dir: encoder/feature/head cache (default ``<out>/private/cache``, or
+            ``$ALM_OPACUS_CACHE``).
         noise_draws: independent noise draws per (method, epsilon, seed).
         options: method options: shared keys (``"m"``) and scoped ones (``"dpsgd.lr"``).
         attacks: attack names (``all`` for every registered attack; ``none`` for none).
@@ -119,6 +120,18 @@ class RunConfig:
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device={self.device!r} is invalid: expected 'cpu' or 'cuda[:N]'")
         validate_options(self.options)
+        if self.delta == 0:
+            needy = [m for m in self.methods
+                     if create_method(m, method_options(m, self.options)).needs_delta]  # fmt: skip
+            if needy:
+                raise ValueError(
+                    f"--delta=0 cannot be met by {', '.join(needy)}: their guarantees are "
+                    "approximate DP (delta > 0); pass --delta > 0, or leave them out"
+                )
+        try:
+            AttackConfig(**self.attack_options)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"attack options: {exc}") from exc
 
     @property
     def attack_names(self) -> tuple[str, ...]:
@@ -154,9 +167,13 @@ class RunConfig:
 
     @property
     def cache_path(self) -> Path:
+        """``cache_dir``, else ``$ALM_OPACUS_CACHE``, else ``<out>/private/cache`` (it holds
+        the clean heads: ``alm_opacus.run.rundir``)."""
+        from alm_opacus.run.rundir import DEFAULT_CACHE  # rundir imports this module
+
         if self.cache_dir is not None:
             return Path(self.cache_dir)
-        return Path(os.environ.get("ALM_OPACUS_CACHE", Path(self.out) / "cache"))
+        return Path(os.environ.get("ALM_OPACUS_CACHE", Path(self.out) / DEFAULT_CACHE))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for ``config.json`` (defaults resolved)."""

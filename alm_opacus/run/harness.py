@@ -27,7 +27,8 @@ from tqdm.auto import tqdm
 
 from alm_opacus._validation import default_delta
 from alm_opacus.attacks import AttackConfig, AttackResult, PreparedAttacks
-from alm_opacus.data import load_dataset, to_float
+from alm_opacus.attacks.base import ATTACKER_POOL_MIN
+from alm_opacus.data import Dataset, load_dataset, to_float
 from alm_opacus.data.split import Split, make_split
 from alm_opacus.errors import InfeasibleRelease
 from alm_opacus.heads import accuracy
@@ -53,7 +54,7 @@ from alm_opacus.run.evaluation import (
     infeasible_row,
     torch_threads,
 )
-from alm_opacus.run.rundir import RunFolder, check_writable_dir
+from alm_opacus.run.rundir import SPLIT_FILE, RunFolder, check_can_create
 from alm_opacus.run.writer import RunWriter, run_settings, tensorboard_hparams
 from alm_opacus.ssl.pretrain import array_digest, config_hash, extract_features, pretrain
 
@@ -135,7 +136,7 @@ def prepare(config: RunConfig) -> Prepared:
     source = "unlabeled" if dataset.unlabeled is not None else array_digest(split.public)
     key = config_hash(
         {"dataset": dataset.name, "public": source, "n": len(public_images), "ssl": ssl.to_dict(),
-         "seed": config.split_seed, "version": 1}
+         "seed": config.split_seed, "version": 1, "data": _data_digest(dataset)}
     )  # fmt: skip
     cache = config.cache_path
     encoder = pretrain(
@@ -155,19 +156,54 @@ def prepare(config: RunConfig) -> Prepared:
     )  # fmt: skip
 
 
+def _data_digest(dataset: Dataset) -> str:
+    """The bytes of the images (and unlabeled images) the encoder and features come from:
+    the cache key pins the data, not only its name and split."""
+    parts = [dataset.images, *([] if dataset.unlabeled is None else [dataset.unlabeled])]
+    return "/".join(array_digest(part) for part in parts)
+
+
 def preflight(config: RunConfig) -> None:
-    """Every check that can fail before the run writes anything.
+    """Every check that can fail before the run writes anything (it writes nothing).
 
     Raises:
-        ValueError: for an unusable device or cache folder; DataError for missing data.
+        ValueError: for an unusable device or cache folder, or split sizes the data or the
+            run cannot use (naming ``--split``); DataError for missing data.
     """
-    if config.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(
-            f"--device={config.device!r}: CUDA is not available here (torch "
-            f"{torch.__version__}); use --device cpu"
-        )
-    check_writable_dir(config.cache_path, flag="--cache-dir")
-    load_dataset(config.dataset, root=config.data_root)  # missing or corrupt files fail here
+    if config.device.startswith("cuda"):
+        index = int(config.device.partition(":")[2] or 0)
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            raise ValueError(
+                f"--device={config.device!r}: CUDA is not available here (torch "
+                f"{torch.__version__}, {torch.cuda.device_count()} devices); use --device cpu"
+            )
+    check_can_create(config.cache_path, flag="--cache-dir")
+    dataset = load_dataset(config.dataset, root=config.data_root)  # missing/corrupt files fail
+    try:
+        split = make_split(dataset, sizes=config.split_sizes, seed=config.split_seed)
+    except ValueError as exc:
+        raise ValueError(f"--split: {exc}") from exc
+    _check_split(config, split.sizes())
+
+
+def _check_split(config: RunConfig, sizes: dict[str, int]) -> None:
+    """Split sizes too small for what the run does fail here, not after pre-training."""
+    needs = [("members", 2, "a head, the sensitivity sampler and the attacks")]
+    if config.attack_names:
+        needs.append(("nonmembers", 2, "the attacks' split-half epsilon bound (halves of "
+                                       "members and non-members)"))  # fmt: skip
+        needs.append(("attacker", ATTACKER_POOL_MIN, "the attacker's shadow heads"))
+    sampled = [m for m in config.methods if getattr(method_options(m, config.options),
+                                                    "sensitivity", None) == "sampled"]  # fmt: skip
+    if sampled:
+        needs.append(("public", 2, f"{', '.join(sampled)}'s sensitivity sampler, which draws "
+                                   "neighbouring data sets from the public split"))  # fmt: skip
+    for part, low, why in needs:
+        if sizes[part] < low:
+            raise ValueError(
+                f"--split: {part}={sizes[part]} is too small: {why} need at least {low}; "
+                f"expected e.g. --split {part}={2 * low}"
+            )
 
 
 def baseline_methods(config: RunConfig) -> list[str]:
@@ -341,7 +377,8 @@ def run(
     Args:
         config: the run.
         on_cell: called before each cell is computed (tests use it to interrupt a run).
-        on_start: called with the run folder once it is validated and locked.
+        on_start: called with the run folder once it is validated, locked, and about to
+            hold this run's first result.
 
     Raises:
         ValueError: for an invalid configuration, an unusable ``out`` or cache, a run folder
@@ -351,16 +388,21 @@ def run(
     start = time.perf_counter()
     out = Path(config.out)
     preflight(config)
-    folder = RunFolder(out, resume=config.resume, overwrite=config.overwrite)
+    folder = RunFolder(out, resume=config.resume, overwrite=config.overwrite,
+                       cache=config.cache_path)  # fmt: skip
     settings = run_settings(config)
     folder.check(settings)
-    with folder, contextlib.ExitStack() as stack:
+
+    def commit() -> None:  # before the first result: the folder now holds this run
+        folder.commit()
         if on_start is not None:
             on_start(out)
+
+    with folder, contextlib.ExitStack() as stack:
         writer = RunWriter(out, settings=settings, resume=config.resume,
-                           hparams=tensorboard_hparams(config))  # fmt: skip
+                           hparams=tensorboard_hparams(config), before_write=commit)  # fmt: skip
         data = prepare(config)
-        data.split.save(out / "split.json")
+        data.split.save(out / SPLIT_FILE)
         session = Session.open(config, data)
         baselines = baseline_methods(config)
         for row in writer.rows:  # a resumed run measures utility against its finished baseline

@@ -1,10 +1,31 @@
-"""The run folder: one run at a time, nothing half-written, nothing stale.
+"""The run folder: one run at a time, nothing half-written, nothing stale, nothing private in
+what may be shared.
+
+Layout of ``<out>``:
+
+* shareable (:data:`SHARED_FILES`, what ``alm-opacus export RUN DEST`` copies):
+  ``config.json``, ``results.csv``, ``rocs.json``, ``tb/``, ``plots/``;
+* ``private/`` (:data:`PRIVATE_DIR`): everything computed from the members without noise,
+  never to be shared (``private/README.txt`` says why): ``split.json`` (the member indices),
+  ``cache/`` (the default cache: the clean head and its sensitivity sample, features of every
+  example, shadow heads), per-example scores;
+* ``.lock``.
+
+Rules:
 
 * A lock (``<out>/.lock``, ``flock``) keeps a second run out of the folder.
 * A non-empty folder is refused unless the run resumes it (its ``config.json`` must agree on
-  every key that decides the rows) or overwrites it (results, ROC curves, TensorBoard events
-  and plots of the previous run are removed; caches are kept).
+  every key that decides the rows, and every kept row must be valid: :func:`check_rows`) or
+  overwrites it (results, ROC curves, TensorBoard events and plots of the previous run are
+  removed once the first new cell is written; caches are kept).
+* Symlinks among the run's own files are refused (an overwrite replaces them, never
+  following them).
+* A start that fails before its first cell is written leaves the folder as it found it.
+* Temporary files left by a killed run are removed when the next run takes the lock.
 * Every file is written atomically; probes never follow symlinks.
+
+Whoever can write the run folder is trusted: the checks guard against corruption, stale
+versions and mistakes, not against a forger (``docs/threat_model.md``).
 """
 
 from __future__ import annotations
@@ -13,18 +34,91 @@ import contextlib
 import errno
 import fcntl
 import json
+import math
 import os
+import re
 import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from alm_opacus.io import atomic_write_json, atomic_write_text
+from alm_opacus.report.results import ResultRow, cell_key, read_results
 from alm_opacus.run.config import config_mismatch
 
-__all__ = ["RUN_FILES", "RunFolder", "check_can_create", "check_writable_dir"]
+__all__ = [
+    "DEFAULT_CACHE",
+    "PRIVATE_DIR",
+    "PRIVATE_README",
+    "RUN_FILES",
+    "SHARED_FILES",
+    "SPLIT_FILE",
+    "WITHHELD_KEYS",
+    "RunFolder",
+    "check_can_create",
+    "check_rocs",
+    "check_rows",
+    "check_writable_dir",
+    "export_run",
+    "write_private_readme",
+]
 
-#: What a run writes in its folder (besides ``cache/``), removed by an overwrite.
-RUN_FILES = ("config.json", "split.json", "results.csv", "rocs.json", "tb", "plots")
+#: The folder of a run that holds what was computed from the members without noise.
+PRIVATE_DIR = "private"
+#: The split's indices, members included.
+SPLIT_FILE = f"{PRIVATE_DIR}/split.json"
+#: Says what ``private/`` holds and why it is never shared.
+PRIVATE_README = f"{PRIVATE_DIR}/README.txt"
+#: The cache of a run given ``--out`` and no ``--cache-dir`` (clean heads live there).
+DEFAULT_CACHE = f"{PRIVATE_DIR}/cache"
+#: What may be shared: aggregates over the evaluation set, with no member index and no
+#: clean weight. ``export_run`` copies exactly these (others add theirs here).
+SHARED_FILES = ("config.json", "results.csv", "rocs.json", "tb", "plots")
+#: What a run writes in its folder (besides caches), removed by an overwrite.
+#: ``split.json`` at the top is the layout before ``private/`` existed.
+RUN_FILES = ("config.json", SPLIT_FILE, "results.csv", "rocs.json", "tb", "plots", "split.json")
+#: ``config.json`` keys an export withholds: the split seed re-draws the member indices
+#: (the split is a public, deterministic function of data set, sizes and seed), and paths
+#: describe the owner's machine.
+WITHHELD_KEYS = ("split_seed", "out", "cache_dir", "data_root")
 _LOCK = ".lock"
+#: Files a run rewrites before its first cell: a rolled-back start restores them.
+_REWRITTEN_EARLY = ("config.json", SPLIT_FILE, PRIVATE_README)
+#: Leftovers of a killed writer: ``atomic_open``'s ``.NAME.*.tmp``, ``replace_folder``'s
+#: ``.NAME.new-*`` / ``.NAME.old-*``, and write probes.
+_RESIDUE = re.compile(r"^\..+\.tmp$|^\..+\.(new|old)-[^/]+$|^\.probe-\d+$")
+
+_README = """\
+This folder holds what the run computed from the members (the private split) without
+noise. It is never to be shared:
+
+- split.json: the indices of the members (and of every other part of the split);
+- cache/ (unless --cache-dir put the cache elsewhere): the clean, unprotected head and its
+  sensitivity sample (posthoc-head-*.pt), the features of every example (features-*.pt),
+  shadow heads and the encoder;
+- per-example membership scores, where a report writes them.
+
+Sharing any of it can disclose who the members are or undo the protection of every release.
+`alm-opacus export RUN DEST` copies only what may be shared (results, ROC curves, plots,
+TensorBoard events, config.json without the split seed). See docs/threat_model.md.
+"""
+
+_CACHE_README = """\
+This cache holds work computed from private data without noise: clean, unprotected heads
+and their sensitivity samples (posthoc-head-*.pt), features of every example
+(features-*.pt), shadow heads and encoders. Never share it. Every file carries a digest of
+its content and of the code that wrote it, checked on load; a file that fails is recomputed.
+See docs/threat_model.md.
+"""
+
+
+def write_private_readme(folder: Path, *, cache: bool = False) -> None:
+    """Write ``folder/README.txt``, saying that ``folder`` holds private data and why."""
+    path = Path(folder) / "README.txt"
+    text = _CACHE_README if cache else _README
+    if not (path.is_file() and not path.is_symlink() and path.read_text() == text):
+        atomic_write_text(path, text)
 
 
 def check_writable_dir(path: Path, *, flag: str) -> None:
@@ -60,10 +154,9 @@ def check_can_create(path: Path, *, flag: str) -> None:
         if not os.access(path, os.W_OK | os.X_OK):
             raise ValueError(f"{flag}={str(path)!r} is not writable: expected a writable folder")
         return
-    missing = [path, *(p for p in path.parents if not p.exists())]
     created: list[Path] = []
     try:
-        for folder in reversed(missing):
+        for folder in reversed(_missing(path)):
             folder.mkdir()
             created.append(folder)
     except OSError as exc:
@@ -74,20 +167,47 @@ def check_can_create(path: Path, *, flag: str) -> None:
                 folder.rmdir()
 
 
+def _missing(path: Path) -> list[Path]:
+    """``path`` and its ancestors that do not exist, deepest first."""
+    path = Path(os.path.abspath(path))
+    return [p for p in (path, *path.parents) if not os.path.lexists(p)]
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
 class RunFolder:
-    """A locked run folder. Use as a context manager around the whole run.
+    """A locked run folder. Use as a context manager around the whole run, and call
+    :meth:`commit` before the first result is written.
+
+    Until :meth:`commit`, the folder is as it was found: an overwrite has removed nothing
+    yet, and a start that fails (or is interrupted) is rolled back on exit (what it created
+    is removed, the files it rewrote are restored, the lock it created is removed).
 
     Args:
         out: the folder.
         resume: continue a previous run (its ``config.json`` must agree).
         overwrite: replace a previous run.
+        cache: the run's cache folder (given a ``README.txt`` saying it is private).
     """
 
-    def __init__(self, out: Path, *, resume: bool, overwrite: bool) -> None:
+    def __init__(
+        self, out: Path, *, resume: bool, overwrite: bool, cache: Path | None = None
+    ) -> None:
         self.out = Path(out)
         self.resume = resume
         self.overwrite = overwrite
+        self.cache = None if cache is None else Path(cache)
+        self.committed = False
         self._fd: int | None = None
+        self._created_dirs: list[Path] = []
+        self._present: set[str] = set()
+        self._snapshot: dict[str, bytes] = {}
+        self._cache_readme = False
 
     def previous_config(self) -> dict[str, Any] | None:
         """The previous run's ``config.json``, if any.
@@ -96,29 +216,33 @@ class RunFolder:
             ValueError: if it exists but cannot be read.
         """
         path = self.out / "config.json"
-        if not path.exists():
+        if not os.path.lexists(path):
             return None
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise ValueError(
-                f"{path}: not a readable config.json ({exc}); use --overwrite"
-            ) from exc
+        data = _read_json(path, what="config.json", hint="use --overwrite")
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a JSON object; use --overwrite")
         return data
 
     def check(self, settings: dict[str, Any]) -> None:
-        """Refuse a folder that holds another run, before anything is written.
+        """Refuse a folder that holds another run, or anything a resume cannot trust, before
+        anything is written.
 
         Raises:
-            ValueError: for a file in place of the folder, a previous run without
-                ``resume``/``overwrite``, or a resumed run whose config differs (naming the
-                keys that differ).
+            ValueError: for a file in place of the folder, a resume of a folder that does not
+                exist, a symlink among the run's files, a previous run without
+                ``resume``/``overwrite``, a resumed run whose config differs (naming the keys
+                that differ), or a kept row or ROC curve that fails :func:`check_rows` /
+                :func:`check_rocs`.
         """
         if self.out.exists() and not self.out.is_dir():
             raise ValueError(f"--out={str(self.out)!r} is a file: expected a folder")
-        present = [n for n in RUN_FILES if (self.out / n).exists()]
+        if self.resume and not self.out.exists():
+            raise ValueError(
+                f"--resume: --out={str(self.out)!r} does not exist, so there is nothing to "
+                "resume; check the path, or drop --resume to start a new run"
+            )
+        self._refuse_symlinks()
+        present = [n for n in RUN_FILES if os.path.lexists(self.out / n)]
         if not present or self.overwrite:
             return
         if not self.resume:
@@ -139,13 +263,51 @@ class RunFolder:
                 f"--resume: this run's config differs from {self.out / 'config.json'} in "
                 f"{'; '.join(diff[:6])}; use the same settings, --overwrite, or another --out"
             )
+        results = self.out / "results.csv"
+        if results.exists():
+            try:
+                rows = read_results(results)
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"--resume: {exc}; use --overwrite to start again") from exc
+            check_rows(rows, settings=previous, path=results)
+        rocs = self.out / "rocs.json"
+        if rocs.exists():
+            check_rocs(rocs, settings=previous)
+
+    def _refuse_symlinks(self) -> None:
+        """A symlink among the run's files would make a resume read another run's rows, or
+        a write land outside the folder. An overwrite replaces those it removes (never
+        following them); inside ``private/`` and the folders, none is accepted."""
+        for name in (*RUN_FILES, PRIVATE_DIR):
+            path = self.out / name
+            if path.is_symlink():
+                if self.overwrite and name in RUN_FILES and name != SPLIT_FILE:
+                    continue
+                raise ValueError(
+                    f"--out: {path} is a symlink; a run folder's own files must be real files "
+                    "(symlinked results could belong to another run): remove it, or use "
+                    "--overwrite" + (" or --cache-dir" if name == PRIVATE_DIR else "")
+                )
+            if path.is_dir():
+                for inner in _walk(path):
+                    if inner.is_symlink():
+                        raise ValueError(
+                            f"--out: {inner} is a symlink; a run folder holds real files only "
+                            "(pass --cache-dir to keep a cache elsewhere)"
+                        )
 
     def __enter__(self) -> RunFolder:
+        self._created_dirs = [*_missing(self.out)]
+        if self.cache is not None:
+            self._created_dirs += [p for p in _missing(self.cache) if p not in self._created_dirs]
         check_writable_dir(self.out, flag="--out")
+        self._present = {n for n in (*RUN_FILES, PRIVATE_README, _LOCK)
+                         if os.path.lexists(self.out / n)}  # fmt: skip
         path = self.out / _LOCK
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
+            self._remove_created_dirs()
             raise ValueError(f"--out: cannot open the lock file {path}: {exc.strerror}") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -160,21 +322,350 @@ class RunFolder:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
-        if self.overwrite:
-            self._clear()
+        try:
+            # what a start may rewrite before its first cell (results are written after it)
+            self._snapshot = {n: (self.out / n).read_bytes() for n in _REWRITTEN_EARLY
+                              if n in self._present and (self.out / n).is_file()}  # fmt: skip
+            self._clean_residues()
+            write_private_readme(self.out / PRIVATE_DIR)
+            if self.cache is not None and not _inside(self.cache, self.out / PRIVATE_DIR):
+                self._cache_readme = not os.path.lexists(self.cache / "README.txt")
+                write_private_readme(self.cache, cache=True)
+        except BaseException:
+            self._close(rollback=True)
+            raise
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-                os.close(self._fd)
-            self._fd = None
+    def commit(self) -> None:
+        """Called before the first result is written: from here on the folder holds this run
+        (an overwrite removes the previous run's results now, keeping this run's split)."""
+        if self.committed:
+            return
+        if self.overwrite:
+            for name in RUN_FILES:
+                if name != SPLIT_FILE and os.path.lexists(self.out / name):
+                    _remove(self.out / name)
+        self.committed = True
 
-    def _clear(self) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self._close(rollback=exc_type is not None and not self.committed)
+
+    def _close(self, *, rollback: bool) -> None:
+        try:
+            if rollback:
+                self._rollback()
+        finally:
+            if self._fd is not None:
+                with contextlib.suppress(OSError):
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                    os.close(self._fd)
+                self._fd = None
+            if rollback:
+                self._remove_created_dirs()
+
+    def _rollback(self) -> None:
+        """Undo a start that wrote no result: remove what it created, restore what it
+        rewrote, and remove the lock it created."""
         for name in RUN_FILES:
             path = self.out / name
-            if path.is_symlink() or path.is_file():
-                path.unlink()
-            elif path.is_dir():
-                shutil.rmtree(path)
+            if name not in self._present and os.path.lexists(path):
+                _remove(path)
+        for name, data in self._snapshot.items():
+            path = self.out / name
+            if not path.is_file() or path.read_bytes() != data:
+                _write_bytes(path, data)
+        # A README goes only with a folder left empty: a cache written meanwhile keeps it.
+        readmes = [self.out / PRIVATE_README] if PRIVATE_README not in self._present else []
+        if self._cache_readme and self.cache is not None:
+            readmes.append(self.cache / "README.txt")
+        for readme in readmes:
+            if readme.is_file() and [p.name for p in readme.parent.iterdir()] == ["README.txt"]:
+                readme.unlink()
+        if _LOCK not in self._present:
+            with contextlib.suppress(FileNotFoundError):
+                (self.out / _LOCK).unlink()
+
+    def _remove_created_dirs(self) -> None:
+        with contextlib.suppress(OSError):
+            if PRIVATE_README not in self._present:
+                (self.out / PRIVATE_DIR).rmdir()  # only if empty
+        for folder in sorted(self._created_dirs, key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only if empty: a cache written meanwhile stays
+
+    def _clean_residues(self) -> None:
+        """Remove the temporary files and folders a killed run left (the lock is held, so no
+        other run of this folder is writing them)."""
+        for folder in (self.out, self.out / PRIVATE_DIR, self.out / "tb", self.out / "plots"):
+            if not folder.is_dir() or folder.is_symlink():
+                continue
+            for entry in folder.iterdir():
+                if _RESIDUE.match(entry.name) and entry.name != _LOCK:
+                    _remove(entry)
+
+
+def _read_json(path: Path, *, what: str, hint: str, prefix: str = "") -> Any:
+    """``path``'s JSON, or a one-line ValueError naming it, what it should be, and what to do."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{prefix}{path}: not a readable {what} ({exc}); {hint}") from exc
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    from alm_opacus.io import atomic_open
+
+    with atomic_open(path, "wb") as handle:
+        handle.write(data)
+
+
+def _walk(folder: Path) -> Iterator[Path]:
+    """Every entry below ``folder`` (symlinks reported, never followed)."""
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        for name in (*dirs, *files):
+            yield Path(root) / name
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        Path(os.path.abspath(path)).relative_to(os.path.abspath(folder))
+    except ValueError:
+        return False
+    return True
+
+
+# -- kept rows ----------------------------------------------------------------------------
+
+#: Columns whose values are probabilities or rates: in [0, 1] (NaN: not measured).
+_UNIT = ("mia_accuracy", "mia_advantage", "mia_auc", "tpr_at_fpr_0_001", "tpr_at_fpr_0_01",
+         "mia_auc_ci_low", "mia_auc_ci_high", "tpr_at_fpr_0_001_ci_low",
+         "tpr_at_fpr_0_001_ci_high", "tpr_at_fpr_0_01_ci_low", "tpr_at_fpr_0_01_ci_high",
+         "delta_replace_one")  # fmt: skip
+#: Columns that are >= 0 (NaN: not applicable; inf allowed where a scale or bound is).
+_NON_NEGATIVE = ("sensitivity", "noise_scale", "noise_std", "noise_multiplier", "clip_norm",
+                 "eps_lower_bound", "eps_lower_bound_ceiling", "epsilon_replace_one",
+                 "epsilon_spent", "test_accuracy_std", "mia_auc_std", "mia_accuracy_std",
+                 "utility_loss_std")  # fmt: skip
+#: How far a kept utility loss may sit from 1 - accuracy / reference: the three numbers are
+#: written with 6 significant digits, so their rounding moves it by at most ~1e-5 for any
+#: reference accuracy >= 0.1.
+_UTILITY_TOLERANCE = 1e-4
+
+
+def check_rows(rows: Sequence[ResultRow], *, settings: dict[str, Any], path: Path) -> None:
+    """Check the rows a resumed run keeps against the previous ``config.json`` (``settings``).
+
+    Every row must belong to that run's grid (its data set, methods, epsilons, seeds; the
+    baselines at epsilon ``inf``), appear once per (method, epsilon, seed, attack), hold
+    values in their ranges (accuracies, AUCs and rates in [0, 1], scales and bounds >= 0,
+    delta in [0, 1), a known guarantee and status), and its utility loss must be
+    ``1 - accuracy / reference`` for its seed's unprotected baseline.
+
+    Raises:
+        ValueError: naming ``path``, the line, the column, the value and what was expected.
+    """
+    from alm_opacus.methods import method_class
+    from alm_opacus.statement import Guarantee
+
+    methods = _str_list(settings, "methods", path)
+    seeds = settings.get("seeds")
+    if not isinstance(seeds, list) or not all(type(s) is int for s in seeds):
+        raise ValueError(f"--resume: {path.parent / 'config.json'}: 'seeds' is {seeds!r}: "
+                         "expected a list of integers; use --overwrite")  # fmt: skip
+    grid = {cell_key("", e, 0)[1] for e in _float_list(settings, "epsilons", path)}
+    draws = settings.get("noise_draws", 1)
+    guarantees = {g.value for g in Guarantee}
+    seen: dict[tuple[str, str, int, str], int] = {}
+    baselines: dict[int, list[float]] = {}
+    for line, row in enumerate(rows, start=2):
+        where = f"--resume: {path}: line {line}"
+
+        def bad(column: str, value: object, expected: str, where: str = where) -> ValueError:
+            return ValueError(f"{where}: {column}={value!r} is invalid: expected {expected}; "
+                              "use --overwrite to start again")  # fmt: skip
+
+        if row.dataset != settings.get("dataset"):
+            raise bad("dataset", row.dataset, f"{settings.get('dataset')!r} (config.json)")
+        if row.method not in methods:
+            raise bad("method", row.method, f"one of config.json's methods {methods}")
+        baseline = method_class(row.method).baseline
+        label = cell_key(row.method, row.epsilon, row.seed)[1]
+        if baseline and not math.isinf(row.epsilon):
+            raise bad("epsilon", row.epsilon, f"inf for the baseline {row.method!r}")
+        if not baseline and label not in grid:
+            raise bad("epsilon", row.epsilon, "one of config.json's epsilons")
+        if row.seed not in seeds:
+            raise bad("seed", row.seed, f"one of config.json's seeds {seeds}")
+        key = (row.method, label, row.seed, row.attack)
+        if key in seen:
+            raise ValueError(f"{where}: repeats the row of line {seen[key]} (method "
+                             f"{row.method!r}, epsilon {label}, seed {row.seed}, attack "
+                             f"{row.attack!r}); use --overwrite to start again")  # fmt: skip
+        seen[key] = line
+        if row.status not in ("ok", "infeasible"):
+            raise bad("status", row.status, "'ok' or 'infeasible'")
+        if row.guarantee not in guarantees:
+            raise bad("guarantee", row.guarantee, f"one of {sorted(guarantees)}")
+        if not 0 <= row.delta < 1:
+            raise bad("delta", row.delta, "a number in [0, 1)")
+        if not (isinstance(row.seconds, float) and 0 <= row.seconds < math.inf):
+            raise bad("seconds", row.seconds, "a finite number >= 0")
+        if not 0 <= row.noise_draws <= max(1, int(draws)):
+            raise bad("noise_draws", row.noise_draws, f"an integer in [0, {draws}]")
+        measured = row.status == "ok"
+        ranges = (("test_accuracy", row.test_accuracy, 0.0, 1.0),
+                  ("utility_loss", row.utility_loss, -math.inf, 1.0))  # fmt: skip
+        for name, value, low, high in ranges:
+            if math.isnan(value) and measured:
+                raise bad(name, value, "a number (the row's status is 'ok')")
+            if not math.isnan(value) and not low <= value <= high:
+                raise bad(name, value, f"a number in [{low:g}, {high:g}]")
+        for name in _UNIT:
+            value = getattr(row, name)
+            if not (math.isnan(value) or 0 <= value <= 1):
+                raise bad(name.replace("_0_", "_0."), value, "a number in [0, 1] (or empty)")
+        for name in _NON_NEGATIVE:
+            value = getattr(row, name)
+            if not (math.isnan(value) or value >= 0):
+                raise bad(name, value, "a number >= 0 (or empty)")
+        if baseline and measured:
+            baselines.setdefault(row.seed, []).append(row.test_accuracy)
+    for line, row in enumerate(rows, start=2):
+        refs = baselines.get(row.seed, [])
+        if row.status != "ok" or not refs:
+            continue
+        expected = [1 - row.test_accuracy / r for r in refs if r > 0]
+        if not any(abs(row.utility_loss - e) <= _UTILITY_TOLERANCE for e in expected):
+            raise ValueError(
+                f"--resume: {path}: line {line}: utility_loss={row.utility_loss!r} is not "
+                f"1 - test_accuracy / the baseline's accuracy for seed {row.seed} "
+                f"({', '.join(f'{e:.6g}' for e in expected) or 'no baseline above 0'}); "
+                "use --overwrite to start again"
+            )
+
+
+def check_rocs(path: Path, *, settings: dict[str, Any]) -> None:
+    """Check a resumed run's ``rocs.json``: each curve once, of a method and epsilon of
+    ``config.json`` (``settings``), with as many FPRs as TPRs, all in [0, 1].
+
+    Raises:
+        ValueError: naming ``path`` and the first bad entry.
+    """
+    items = _read_json(path, what="rocs.json", hint="use --overwrite", prefix="--resume: ")
+    methods = _str_list(settings, "methods", path)
+    grid = {cell_key("", e, 0)[1] for e in _float_list(settings, "epsilons", path)} | {"inf"}
+    seen: set[tuple[str, str, str]] = set()
+    for i, item in enumerate(items if isinstance(items, list) else [None]):
+        where = f"--resume: {path}: entry {i}"
+        try:
+            method, attack = str(item["method"]), str(item["attack"])
+            label = cell_key("", float(item["epsilon"]), 0)[1]
+            fpr, tpr = [float(v) for v in item["fpr"]], [float(v) for v in item["tpr"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: expected method, epsilon, attack, fpr and tpr "
+                             f"({exc!r}); use --overwrite") from exc  # fmt: skip
+        if method not in methods or label not in grid:
+            raise ValueError(f"{where}: ({method!r}, epsilon {label}) is not a cell of "
+                             "config.json's grid; use --overwrite")  # fmt: skip
+        if (method, label, attack) in seen:
+            raise ValueError(f"{where}: repeats the curve of ({method!r}, epsilon {label}, "
+                             f"{attack!r}); use --overwrite")  # fmt: skip
+        seen.add((method, label, attack))
+        if len(fpr) != len(tpr) or not all(0 <= v <= 1 for v in (*fpr, *tpr)):
+            raise ValueError(f"{where}: expected as many FPRs as TPRs, all in [0, 1]; use "
+                             "--overwrite")  # fmt: skip
+
+
+def _str_list(settings: dict[str, Any], key: str, path: Path) -> list[str]:
+    value = settings.get(key)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"--resume: {path.parent / 'config.json'}: {key!r} is {value!r}: "
+                         "expected a list of names; use --overwrite")  # fmt: skip
+    return value
+
+
+def _float_list(settings: dict[str, Any], key: str, path: Path) -> list[float]:
+    value = settings.get(key)
+    ok = isinstance(value, list) and all(
+        isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < math.inf for v in value
+    )
+    if not ok:
+        raise ValueError(f"--resume: {path.parent / 'config.json'}: {key!r} is {value!r}: "
+                         "expected a list of positive numbers; use --overwrite")  # fmt: skip
+    return [float(v) for v in value]  # type: ignore[union-attr]
+
+
+# -- export -------------------------------------------------------------------------------
+
+
+def export_run(run: Path, dest: Path) -> list[str]:
+    """Copy what may be shared of the run folder ``run`` into the new folder ``dest``.
+
+    Only :data:`SHARED_FILES` are copied (never ``private/``, a cache, or anything a run did
+    not write there), ``config.json`` without :data:`WITHHELD_KEYS`. The copy is built beside
+    ``dest`` and renamed into place: ``dest`` is complete or absent.
+
+    Args:
+        run: a run folder (it holds ``config.json``).
+        dest: a folder that does not exist yet (or is empty).
+
+    Returns:
+        The paths copied, relative to ``dest``.
+
+    Raises:
+        ValueError: if ``run`` is not a run folder, ``dest`` is not new, lies inside ``run``,
+            or a shared file is a symlink or not a plain file.
+    """
+    run, dest = Path(run), Path(dest)
+    if not (run / "config.json").is_file():
+        raise ValueError(f"export: {str(run)!r} is not a run folder (no config.json)")
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise ValueError(f"export: {str(dest)!r} exists: expected a new (or empty) folder")
+    if _inside(dest, run):
+        raise ValueError(f"export: {str(dest)!r} lies inside the run folder: expected a folder "
+                         "outside it")  # fmt: skip
+    parent = Path(os.path.abspath(dest)).parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{dest.name}.new-"))
+    copied: list[str] = []
+    try:
+        for name in SHARED_FILES:
+            source = run / name
+            if not os.path.lexists(source):
+                continue
+            entries = [source, *_walk(source)] if source.is_dir() else [source]
+            for entry in entries:
+                rel = entry.relative_to(run)
+                if entry.is_symlink() or not (entry.is_file() or entry.is_dir()):
+                    raise ValueError(f"export: {entry} is a symlink or a special file: "
+                                     "expected plain files only")  # fmt: skip
+                target = tmp / rel
+                if entry.is_dir():
+                    target.mkdir(parents=True, exist_ok=True)
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if rel.as_posix() == "config.json":
+                    atomic_write_json(target, _shareable_config(entry))
+                else:
+                    shutil.copyfile(entry, target, follow_symlinks=False)
+                copied.append(rel.as_posix())
+        if dest.exists():
+            dest.rmdir()
+        os.rename(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return copied
+
+
+def _shareable_config(path: Path) -> dict[str, Any]:
+    config = _read_json(path, what="config.json", hint="is it a run folder?", prefix="export: ")
+    if not isinstance(config, dict):
+        raise ValueError(f"export: {path}: expected a JSON object")
+    withheld = [k for k in WITHHELD_KEYS if k in config]
+    out = {k: v for k, v in config.items() if k not in WITHHELD_KEYS}
+    out["exported"] = {
+        "withheld": withheld,
+        "why": "the split seed re-draws the member indices; paths describe the owner's machine",
+    }
+    return out

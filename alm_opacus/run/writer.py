@@ -8,6 +8,7 @@ import json
 import math
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +57,20 @@ class RunWriter:
 
     On resume it starts from the previous run's rows, ROC curves and chosen configurations,
     and ``config.json``'s grid becomes the union of the previous grid and this one.
+
+    Nothing is written before the first :meth:`add` (or :meth:`finish`), which first calls
+    ``before_write`` (the run folder's ``commit``): a start that fails earlier leaves the
+    folder as it was.
     """
 
     def __init__(
         self, out: Path, *, settings: dict[str, Any], resume: bool,
         hparams: dict[str, object] | None = None,
+        before_write: Callable[[], None] | None = None,
     ) -> None:  # fmt: skip
         self.out = out
+        self.before_write = before_write
+        self.wrote = False
         self.hparams = dict(hparams or {})
         self.rows: list[ResultRow] = []
         self.rocs: RocMap = {}
@@ -72,7 +80,6 @@ class RunWriter:
             self._load_previous()
         self.done = {row.cell() for row in self.rows}
         self._board_written = -math.inf
-        self._write_config()
 
     def _load_previous(self) -> None:
         path = self.out / "results.csv"
@@ -91,6 +98,7 @@ class RunWriter:
 
     def add(self, outcome: CellOutcome) -> None:
         """Record one finished cell and rewrite results, ROC curves, config and TensorBoard."""
+        self._start_writing()
         self.rows.extend(outcome.rows)
         self.rocs.update(outcome.rocs)
         if outcome.chosen is not None:
@@ -102,15 +110,24 @@ class RunWriter:
             self._write_tensorboard(images=False)
 
     def interrupted(self) -> None:
-        """Bring ``tb/`` up to the finished cells (results.csv already is), after a Ctrl-C."""
-        self._write_tensorboard(images=False)
+        """Bring ``tb/`` up to the finished cells (results.csv already is), after a Ctrl-C
+        (nothing, if this run wrote nothing yet)."""
+        if self.wrote:
+            self._write_tensorboard(images=False)
 
     def finish(self, *, force: bool) -> None:
         """Render the plots once and TensorBoard with them; a resume that computed nothing and
         finds them skips the work."""
+        self._start_writing()
+        self._write_config()
         if force or not (self.out / "plots" / "fig1_utility_loss.png").exists():
             write_plots(self.rows, self.rocs, self.out / "plots")
             self._write_tensorboard(images=True)
+
+    def _start_writing(self) -> None:
+        if not self.wrote and self.before_write is not None:
+            self.before_write()
+        self.wrote = True
 
     def _write_config(self) -> None:
         atomic_write_json(self.out / "config.json", {**self.settings,

@@ -1,19 +1,20 @@
 """SimCLR pre-training on the public split, and cached feature extraction.
 
 Every artefact is cached under ``cache_dir`` by a hash of everything that determines it,
-written atomically, and checked on load: a re-run reuses it, and an interrupted
-pre-training resumes from its last epoch checkpoint.
+written atomically, and checked on load (:func:`alm_opacus.io.read_cache`): a re-run reuses
+it, and an interrupted pre-training resumes from its last epoch checkpoint.
 
 Loading never runs code: every cache file is read with ``torch.load(weights_only=True)``,
 which admits only tensors and plain types, and holds configs as plain dicts. A corrupt,
-foreign or malicious file is refused with a one-line ``ValueError`` naming it and saying
-to delete it.
+foreign, malicious, altered or stale file (written by other code: :data:`CODE`) is never
+used: a :class:`~alm_opacus.io.StaleCacheWarning` names it, and it is recomputed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +23,26 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from alm_opacus._hashing import code_digest
 from alm_opacus.data.registry import to_float
-from alm_opacus.io import atomic_torch_save
+from alm_opacus.io import MISSING, StaleCacheWarning, read_cache, write_cache
 from alm_opacus.ssl.augment import create_augmentation
 from alm_opacus.ssl.config import SSLConfig
 from alm_opacus.ssl.encoders import create_encoder
 from alm_opacus.ssl.losses import nt_xent
 
 CHECKPOINT_KIND = "alm_opacus.simclr-encoder"
+PARTIAL_KIND = "alm_opacus.simclr-partial"
 FEATURES_KIND = "alm_opacus.features"
+#: The modules whose code produces the encoder and the features: a cache records their
+#: digest (:func:`~alm_opacus._hashing.code_digest`) and is recomputed when it differs.
+CODE = ("alm_opacus.ssl", "alm_opacus.data.registry")
 
 __all__ = [
     "CHECKPOINT_KIND",
+    "CODE",
     "FEATURES_KIND",
+    "PARTIAL_KIND",
     "SSLConfig",
     "SimCLRModel",
     "array_digest",
@@ -52,8 +60,15 @@ def config_hash(obj: Any) -> str:
 
 
 def array_digest(array: np.ndarray) -> str:
-    """Hash of an index array (so a cache key pins the exact public examples)."""
-    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()[:16]
+    """Hash of an array's bytes (so a cache key pins the exact examples or indices), read in
+    chunks of about 64 MiB so that a memmapped data set is never copied whole."""
+    h = hashlib.sha256()
+    if array.ndim == 0:
+        h.update(np.ascontiguousarray(array).tobytes())
+    rows = max(1, (64 << 20) // max(1, array[:1].nbytes))
+    for lo in range(0, len(array) if array.ndim else 0, rows):
+        h.update(np.ascontiguousarray(array[lo : lo + rows]).tobytes())
+    return h.hexdigest()[:16]
 
 
 class SimCLRModel(nn.Module):
@@ -104,8 +119,7 @@ def pretrain(
     Returns:
         The encoder in eval mode on ``device``.
 
-    Raises:
-        ValueError: if a cached checkpoint's kind or key does not match.
+    A cached encoder or partial checkpoint that fails its checks is retrained, never used.
     """
     device = torch.device(device)
     final = Path(cache_dir) / f"encoder-{key}.pt"
@@ -117,8 +131,9 @@ def pretrain(
     model = SimCLRModel(
         create_encoder(config.encoder, in_channels=in_channels), config.projection_dim
     ).to(device)
-    if final.exists():
-        load_checkpoint(model.encoder, final, key=key)
+    code = code_digest(*CODE)
+    state = read_cache(final, kind=CHECKPOINT_KIND, key=key, code=code)
+    if state is not MISSING and _load_encoder(model.encoder, state, path=final):
         return model.encoder.eval()
 
     optimizer = torch.optim.AdamW(
@@ -128,8 +143,8 @@ def pretrain(
     augment = create_augmentation(config.augmentation).to(device)
     rng = np.random.default_rng(seed)
     start = 0
-    if partial.exists():
-        state = _read_checkpoint(partial, key=key)
+    state = read_cache(partial, kind=PARTIAL_KIND, key=key, code=code)
+    if state is not MISSING:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -161,78 +176,46 @@ def pretrain(
         scheduler.step()
         bar.set_postfix(loss=f"{np.mean(losses):.3f}")
         if (epoch + 1) % checkpoint_every == 0 and epoch + 1 < config.epochs:
-            atomic_torch_save(
-                {
-                    "kind": CHECKPOINT_KIND,
-                    "key": key,
-                    "epoch": epoch + 1,
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "numpy_rng": rng.bit_generator.state,
-                    "torch_rng": torch.get_rng_state(),
-                },
-                partial,
-            )
-    atomic_torch_save(
-        {
-            "kind": CHECKPOINT_KIND,
-            "key": key,
-            "config": config.to_dict(),
-            "in_channels": in_channels,
-            "state_dict": model.encoder.state_dict(),
-        },
-        final,
-    )
+            write_cache(partial, kind=PARTIAL_KIND, key=key, code=code, payload={
+                "epoch": epoch + 1,
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "numpy_rng": rng.bit_generator.state,
+                "torch_rng": torch.get_rng_state(),
+            })  # fmt: skip
+    write_cache(final, kind=CHECKPOINT_KIND, key=key, code=code, payload={
+        "config": config.to_dict(),
+        "in_channels": in_channels,
+        "state_dict": model.encoder.state_dict(),
+    })  # fmt: skip
     partial.unlink(missing_ok=True)
     return model.encoder.eval()
 
 
-def _first_line(exc: BaseException) -> str:
-    # torch's refusal messages run to a dozen lines; the first says what was refused.
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
-
-
-def read_cache_file(path: Path, *, what: str) -> Any:
-    """``torch.load(path, weights_only=True)``: tensors and plain types only, never code.
-
-    Raises:
-        ValueError: one line naming ``path``, for a truncated, foreign or malicious file.
-    """
+def _load_encoder(encoder: nn.Module, state: Any, *, path: Path) -> bool:
+    """Load a checked cache record's weights into ``encoder``; False (with a warning) if
+    they do not fit its architecture."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # truncated files, foreign pickles and refused globals alike
-        raise ValueError(
-            f"{path}: not a readable {what} ({_first_line(exc)}); delete it to rebuild it"
-        ) from exc
-
-
-def _read_checkpoint(path: Path, *, key: str) -> dict[str, Any]:
-    state = read_cache_file(path, what="checkpoint")
-    if not isinstance(state, dict) or state.get("kind") != CHECKPOINT_KIND:
-        raise ValueError(
-            f"{path}: expected a checkpoint of kind {CHECKPOINT_KIND!r}; delete it to retrain"
-        )
-    if state.get("key") != key:
-        raise ValueError(
-            f"{path}: checkpoint is for config {state.get('key')!r}, expected {key!r}; "
-            "delete it to retrain"
-        )
-    return state
+        encoder.load_state_dict(state["state_dict"])
+    except (RuntimeError, KeyError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        warnings.warn(f"{path}: encoder weights do not fit the architecture ({first}); "
+                      "retraining", StaleCacheWarning, stacklevel=3)  # fmt: skip
+        return False
+    return True
 
 
 def load_checkpoint(encoder: nn.Module, path: Path, *, key: str) -> None:
-    """Load a cached encoder, checking its kind, its key and its architecture.
+    """Load a cached encoder, checking its kind, key, code digest, content digest and
+    architecture.
 
     Raises:
-        ValueError: on a foreign file, another config's key, or mismatched weights.
+        ValueError: naming ``path``, if it is missing or fails a check.
     """
-    state = _read_checkpoint(path, key=key)
-    try:
-        encoder.load_state_dict(state["state_dict"])
-    except RuntimeError as exc:
-        raise ValueError(f"{path}: encoder weights do not match the architecture: {exc}") from exc
+    state = read_cache(Path(path), kind=CHECKPOINT_KIND, key=key, code=code_digest(*CODE))
+    if state is MISSING or not _load_encoder(encoder, state, path=Path(path)):
+        raise ValueError(f"{path}: not a usable encoder checkpoint for key {key!r}")
 
 
 @torch.no_grad()
@@ -249,11 +232,15 @@ def extract_features(
     """Encode ``images`` (cached by ``key``), L2-normalised, as a float32 CPU tensor (N, D).
 
     Unit-norm features make the feature radius ``R = 1`` exact for the analytic
-    sensitivity, and need no statistics of the private data.
+    sensitivity, and need no statistics of the private data. A cache that fails its checks
+    (:func:`alm_opacus.io.read_cache`, or a shape other than ``(len(images), D)``) is
+    recomputed, never used.
     """
     path = Path(cache_dir) / f"features-{key}.pt"
-    if path.exists():
-        return _read_features(path, key=key, rows=len(images))
+    code = code_digest(*CODE)
+    found = read_cache(path, kind=FEATURES_KIND, key=key, code=code)
+    if found is not MISSING and _features_fit(found, path=path, rows=len(images)):
+        return found["x"]
     device = torch.device(device)
     encoder = encoder.to(device).eval()
     chunks = []
@@ -261,21 +248,15 @@ def extract_features(
         x = torch.from_numpy(to_float(np.asarray(images[lo : lo + batch_size]))).to(device)
         chunks.append(torch.nn.functional.normalize(encoder(x), dim=1).float().cpu())
     feats = torch.cat(chunks)
-    atomic_torch_save({"kind": FEATURES_KIND, "key": key, "x": feats}, path)
+    write_cache(path, kind=FEATURES_KIND, key=key, code=code, payload={"x": feats})
     return feats
 
 
-def _read_features(path: Path, *, key: str, rows: int) -> Tensor:
-    cached = read_cache_file(path, what="features cache")
-    # Caches written before FEATURES_KIND existed hold only "key" and "x".
-    if not isinstance(cached, dict) or cached.get("kind", FEATURES_KIND) != FEATURES_KIND:
-        raise ValueError(f"{path}: expected a {FEATURES_KIND!r} cache; delete it")
-    x = cached.get("x")
-    if cached.get("key") != key or not isinstance(x, Tensor):
-        raise ValueError(f"{path}: expected features for key {key!r}; delete it")
-    if x.ndim != 2 or len(x) != rows or x.dtype != torch.float32:
-        raise ValueError(
-            f"{path}: expected float32 features of shape ({rows}, D), "
-            f"got {x.dtype} {tuple(x.shape)}; delete it"
-        )
-    return x
+def _features_fit(found: Any, *, path: Path, rows: int) -> bool:
+    x = found.get("x") if isinstance(found, dict) else None
+    if isinstance(x, Tensor) and x.ndim == 2 and len(x) == rows and x.dtype == torch.float32:
+        return True
+    got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
+    warnings.warn(f"{path}: expected float32 features of shape ({rows}, D), got {got}; "
+                  "recomputing them", StaleCacheWarning, stacklevel=3)  # fmt: skip
+    return False

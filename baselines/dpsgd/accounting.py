@@ -4,8 +4,10 @@ sigma is a deterministic function of (epsilon, delta, sample rate, epochs, accou
 mechanism, noised dimension) and the Opacus version, so it is searched once per key and
 reused: within a run through a :class:`SigmaCache` held in the run's memo (``context.memo``;
 never a module-level cache), and across runs through
-``<cache_dir>/dpsgd_noise_multipliers.json``. Each training run still checks the
-accountant's epsilon afterwards (:func:`checked_epsilon`).
+``<cache_dir>/dpsgd_noise_multipliers.json``. Each entry records the digest of the code
+that computed it (:data:`CODE`) and of its own fields; an entry that fails either check is
+dropped (and searched again), never used. Each training run still checks the accountant's
+epsilon afterwards (:func:`checked_epsilon`).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
 
 import alm_opacus  # noqa: F401  (registers the "alm_pld" accountant into Opacus)
+from alm_opacus._hashing import code_digest, content_digest
 from alm_opacus.accounting import PipelineAccountant
-from alm_opacus.io import atomic_write_json
+from alm_opacus.io import StaleCacheWarning, atomic_write_json
 from alm_opacus.methods import InfeasibleRelease, MethodContext
 from alm_opacus.training import noise_multiplier_for, training_mechanism
 from baselines.dpsgd.config import check_accountant, steps_per_epoch
@@ -40,6 +43,9 @@ __all__ = [
 ]
 
 SIGMA_CACHE_FILE = "dpsgd_noise_multipliers.json"
+#: The modules whose code finds sigma: an entry written by other code is searched again.
+CODE = ("alm_opacus.accounting", "alm_opacus.training", "baselines.dpsgd.accounting",
+        "baselines.dpsgd.config")  # fmt: skip
 #: The mechanism of Opacus's own DP-SGD steps (kept in an accountant's ``history``).
 GAUSSIAN = "gaussian"
 #: A logistic or Laplace step entry of the ``alm_pld`` accountant (its ``noise_steps``):
@@ -195,13 +201,17 @@ class SigmaCache:
     def _path(self) -> Path | None:
         return None if self.cache_dir is None else self.cache_dir / SIGMA_CACHE_FILE
 
-    def _load(self) -> None:
+    def _load(self, *, warn: bool = True) -> None:
         path = self._path()
         try:
             entries = json.loads(path.read_text()) if path is not None else []
         except (OSError, ValueError):
             return
+        code, dropped = code_digest(*CODE), 0
         for e in entries if isinstance(entries, list) else []:
+            if not _entry_checks(e, code=code):
+                dropped += 1
+                continue
             if isinstance(e, dict) and e.get("opacus") == opacus.__version__:
                 try:  # entries written before mechanisms were keyed are Gaussian
                     key = _key(
@@ -216,6 +226,10 @@ class SigmaCache:
                     self._sigmas.setdefault(key, float(e["noise_multiplier"]))
                 except (KeyError, TypeError, ValueError):
                     continue
+        if dropped and warn:
+            warnings.warn(f"{path}: {dropped} entries written by other code, or altered, are "
+                          "not used; searching them again", StaleCacheWarning,
+                          stacklevel=2)  # fmt: skip
 
     def _save(self) -> None:
         """Write the multipliers (merged with the file's) atomically; a read-only cache only
@@ -223,14 +237,18 @@ class SigmaCache:
         path = self._path()
         if path is None:
             return
-        self._load()
+        self._load(warn=False)
         fields = ("epsilon", "delta", "sample_rate", "epochs", "accountant", "mechanism", "dim")
+        code = code_digest(*CODE)
         entries = [
-            {
-                "opacus": opacus.__version__,
-                **dict(zip(fields, k, strict=True)),
-                "noise_multiplier": v,
-            }
+            _signed(
+                {
+                    "opacus": opacus.__version__,
+                    **dict(zip(fields, k, strict=True)),
+                    "noise_multiplier": v,
+                    "code": code,
+                }
+            )
             for k, v in sorted(self._sigmas.items())
         ]
         try:
@@ -238,6 +256,21 @@ class SigmaCache:
             atomic_write_json(path, entries)
         except OSError:
             pass
+
+
+def _signed(entry: dict[str, Any]) -> dict[str, Any]:
+    return {**entry, "digest": content_digest(entry)}
+
+
+def _entry_checks(entry: Any, *, code: str) -> bool:
+    """Whether a cache entry was written by this code and is unaltered since."""
+    if not isinstance(entry, dict) or entry.get("code") != code:
+        return False
+    fields = {k: v for k, v in entry.items() if k != "digest"}
+    try:
+        return bool(entry.get("digest") == content_digest(fields))
+    except TypeError:
+        return False
 
 
 def _key(

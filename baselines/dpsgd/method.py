@@ -161,6 +161,10 @@ class DPSGDMethod(Method[DPSGDRecipeOptions, _Prepared]):
     float_note: ClassVar[str] = GAUSSIAN_FLOAT_NOTE
 
     @property
+    def needs_delta(self) -> bool:
+        return True  # every DP-SGD statement is (epsilon, delta) from an accountant
+
+    @property
     def accountant(self) -> str:
         """The accountant of this method's runs: ``dpsgd``'s ``accountant`` option."""
         return cast(DPSGDOptions, self.options).accountant

@@ -225,6 +225,10 @@ class LuMethod(Method[LuOptions, _Prepared]):
     tuning_grid: ClassVar[tuple[dict[str, Any], ...]] = TUNING_GRID
     post_training: ClassVar[bool] = True
 
+    @property
+    def needs_delta(self) -> bool:
+        return self.options.noise == "gaussian"
+
     def prepare(
         self, *, features: Tensor, labels: Tensor, seed: int, context: MethodContext
     ) -> _Prepared:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from alm_opacus.heads import HeadConfig
+from alm_opacus.io import StaleCacheWarning
 from alm_opacus.methods import InfeasibleRelease, NoisePolicy, create_method
 from baselines.dpsgd import SIGMA_CACHE_FILE, DPSGDConfig, SigmaCache, train_dpsgd_head
 
@@ -53,6 +54,30 @@ def test_sigma_cache_file_is_shared_across_runs(tmp_path):
     assert again.cached(**key) == sigma and again.noise_multiplier(**key) == (sigma, True)
     (tmp_path / SIGMA_CACHE_FILE).write_text("{corrupt")  # a broken file only costs time
     assert SigmaCache(tmp_path).cached(**key) is None
+
+
+@pytest.mark.parametrize(
+    ("tamper", "why"),
+    [
+        (lambda e: e.update(noise_multiplier=e["noise_multiplier"] / 2), "altered"),
+        (lambda e: e.update(code="0123456789abcdef"), "other code"),
+        (lambda e: [e.pop(k) for k in ("code", "digest")], "an entry of an older version"),
+    ],
+)
+def test_an_altered_or_stale_sigma_is_searched_again_never_used(tmp_path, tamper, why) -> None:  # type: ignore[no-untyped-def]
+    # A halved sigma would train with half the noise the target needs (caught only after
+    # training, by checked_epsilon); a digest of each entry and of its code keeps it out.
+    key = dict(epsilon=2.0, delta=1e-5, sample_rate=1 / 3, epochs=2, accountant="rdp")
+    sigma, _ = SigmaCache(tmp_path).noise_multiplier(**key)
+    path = tmp_path / SIGMA_CACHE_FILE
+    entries = json.loads(path.read_text())
+    tamper(entries[0])
+    path.write_text(json.dumps(entries))
+    with pytest.warns(StaleCacheWarning, match="1 entries written by other code, or altered"):
+        cache = SigmaCache(tmp_path)
+    assert cache.cached(**key) is None, why
+    assert cache.noise_multiplier(**key) == (sigma, False)  # searched again
+    assert SigmaCache(tmp_path).cached(**key) == sigma  # and the file is whole again
 
 
 @pytest.mark.parametrize(

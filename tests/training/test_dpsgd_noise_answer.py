@@ -87,17 +87,6 @@ def test_table_puts_mechanisms_side_by_side(script: ModuleType) -> None:
     )
 
 
-def test_replace_block_keeps_the_rest_and_needs_both_markers(script: ModuleType) -> None:
-    text = f"a\n{script.BEGIN}\nold\n{script.END}\nb\n"
-    new = script.replace_block(text, "| t |\n")
-    assert new == f"a\n{script.BEGIN}\n| t |\n{script.END}\nb\n"
-    assert script.replace_block(new, "| t |") == new
-    with pytest.raises(ValueError, match="expected one"):
-        script.replace_block("no markers", "x")
-    with pytest.raises(ValueError, match="expected one"):
-        script.replace_block(f"{script.END}{script.BEGIN}", "x")
-
-
 def test_loss_attack_scores_low_loss_as_member(script: ModuleType) -> None:
     head = torch.nn.Linear(2, 2)
     with torch.no_grad():
