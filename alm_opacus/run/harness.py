@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from alm_opacus._validation import default_delta
 from alm_opacus.attacks import AttackConfig, AttackResult, PreparedAttacks
-from alm_opacus.data import load_dataset, to_float
+from alm_opacus.data import Dataset, load_dataset, to_float
 from alm_opacus.data.split import Split, make_split
 from alm_opacus.errors import InfeasibleRelease
 from alm_opacus.heads import accuracy
@@ -125,9 +125,12 @@ class Prepared:
 
 
 def prepare(config: RunConfig) -> Prepared:
-    """Load the data, split it, pre-train on the public part, and extract features."""
+    """Load the data, split it, pre-train on the public part, and extract features (a dataset
+    of features, ``features:PATH``, brings its own: nothing is pre-trained)."""
     dataset = load_dataset(config.dataset, root=config.data_root)
     split = make_split(dataset, sizes=config.split_sizes, seed=config.split_seed)
+    if dataset.images is None:
+        return given_features(config, dataset, split)
     public_images = (
         dataset.unlabeled if dataset.unlabeled is not None else dataset.images[split.public]
     )
@@ -155,6 +158,19 @@ def prepare(config: RunConfig) -> Prepared:
     )  # fmt: skip
 
 
+def given_features(config: RunConfig, dataset: Dataset, split: Split) -> Prepared:
+    """The run's data from a dataset of features (the user's encoder ran already): the rows
+    are used as the dataset holds them (memory-mapped for ``features:PATH``), not copied."""
+    assert dataset.features is not None
+    n = len(split.members)
+    return Prepared(
+        config=config, split=split, features=torch.from_numpy(dataset.features),
+        labels=torch.from_numpy(np.asarray(dataset.labels, dtype=np.int64)),
+        num_classes=dataset.num_classes,
+        delta=config.delta if config.delta is not None else default_delta(n),
+    )  # fmt: skip
+
+
 def preflight(config: RunConfig) -> None:
     """Every check that can fail before the run writes anything.
 
@@ -167,7 +183,8 @@ def preflight(config: RunConfig) -> None:
             f"{torch.__version__}); use --device cpu"
         )
     check_writable_dir(config.cache_path, flag="--cache-dir")
-    load_dataset(config.dataset, root=config.data_root)  # missing or corrupt files fail here
+    dataset = load_dataset(config.dataset, root=config.data_root)  # missing or corrupt files
+    make_split(dataset, sizes=config.split_sizes, seed=config.split_seed)  # sizes it cannot meet
 
 
 def baseline_methods(config: RunConfig) -> list[str]:
