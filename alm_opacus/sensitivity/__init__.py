@@ -14,6 +14,8 @@ from alm_opacus.sensitivity.analytic import (
 from alm_opacus.sensitivity.convex import DEFAULT_TOL, ConvexFit, train_convex_heads
 from alm_opacus.sensitivity.population import (
     draw_population_pairs,
+    population_chunk,
+    population_pair_rows,
     sample_population_sensitivity,
 )
 from alm_opacus.sensitivity.random_dp import (
@@ -25,9 +27,11 @@ from alm_opacus.sensitivity.random_dp import (
 )
 from alm_opacus.sensitivity.sampler import (
     SOLVERS,
+    SamplerRecipe,
     SensitivitySample,
     default_chunk_size,
     draw_pairs,
+    removal_chunk,
     sample_sensitivity,
     sample_sensitivity_sequential,
 )
@@ -38,6 +42,7 @@ __all__ = [
     "SOLVERS",
     "AnalyticSensitivity",
     "ConvexFit",
+    "SamplerRecipe",
     "SensitivitySample",
     "analytic_sensitivity",
     "default_chunk_size",
@@ -46,6 +51,9 @@ __all__ = [
     "gamma_for_confidence",
     "marginal_gamma",
     "order_for_confidence",
+    "population_chunk",
+    "population_pair_rows",
+    "removal_chunk",
     "sample_population_sensitivity",
     "sample_sensitivity",
     "sample_sensitivity_sequential",
