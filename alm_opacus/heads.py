@@ -197,6 +197,24 @@ def head_objective(
     return data_term + 0.5 * config.l2 * reg
 
 
+def warm_start(
+    features: Tensor, labels: Tensor, *, masks: Tensor, num_classes: int, config: HeadConfig
+) -> Params | None:
+    """A warm start for heads trained on parts of the rows that ``masks`` (B, n) select: the
+    head on all of those rows (each part's minimiser is near it). ``None`` unless the solver
+    reaches a unique minimiser from anywhere (``newton``), where a start changes only the cost.
+
+    Returns:
+        ``{"fc.weight": (C, d), "fc.bias": (C,)}``, or ``None``.
+    """
+    if config.solver != "newton":
+        return None
+    union = masks.to(torch.bool).any(0, keepdim=True)
+    params = train_heads(features, labels, masks=union, num_classes=num_classes, config=config,
+                         seed=0)  # fmt: skip
+    return {k: v[0] for k, v in params.items()}
+
+
 def check_head_inputs(features: Tensor, labels: Tensor, masks: Tensor) -> None:
     """Shapes shared by every batched head trainer.
 

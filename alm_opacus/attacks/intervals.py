@@ -155,8 +155,10 @@ def tpr_intervals(
     rng = np.random.default_rng(seed)
     tail = (1 - level) / 2
     stats_by_level: dict[float, list[FloatArray]] = {lv: [] for lv in supported}
-    for start in range(0, resamples, 500):  # chunks bound memory at 500 * R * q floats
-        b = min(500, resamples - start)
+    # chunks bound memory at 2**22 floats (32 MiB) per resampled array, whatever q and R
+    chunk = max(1, min(500, 2**22 // (draws * s.shape[1])))
+    for start in range(0, resamples, chunk):
+        b = min(chunk, resamples - start)
         which = rng.integers(draws, size=(b, draws)) if draws > 1 else np.zeros((b, 1), int)
         pi = pos_idx[rng.integers(pos_idx.size, size=(b, pos_idx.size))]
         ni = neg_idx[rng.integers(neg_idx.size, size=(b, neg_idx.size))]
