@@ -11,7 +11,13 @@ from alm_opacus.sensitivity.analytic import (
     analytic_sensitivity,
     softmax_ce_lipschitz,
 )
-from alm_opacus.sensitivity.convex import DEFAULT_TOL, ConvexFit, train_convex_heads
+from alm_opacus.sensitivity.convex import (
+    DEFAULT_TOL,
+    ConvexFit,
+    FeatureBasis,
+    feature_basis,
+    train_convex_heads,
+)
 from alm_opacus.sensitivity.population import (
     draw_population_pairs,
     population_chunk,
@@ -42,12 +48,14 @@ __all__ = [
     "SOLVERS",
     "AnalyticSensitivity",
     "ConvexFit",
+    "FeatureBasis",
     "SamplerRecipe",
     "SensitivitySample",
     "analytic_sensitivity",
     "default_chunk_size",
     "draw_pairs",
     "draw_population_pairs",
+    "feature_basis",
     "gamma_for_confidence",
     "marginal_gamma",
     "order_for_confidence",

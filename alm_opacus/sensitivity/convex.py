@@ -26,7 +26,7 @@ from alm_opacus.heads import (
     register_solver,
 )
 
-__all__ = ["DEFAULT_TOL", "ConvexFit", "train_convex_heads"]
+__all__ = ["DEFAULT_TOL", "ConvexFit", "FeatureBasis", "feature_basis", "train_convex_heads"]
 
 #: Default gradient-norm tolerance. Far above float64 rounding of the gradient (~1e-15) and
 #: far below any sensitivity: its contribution to the analytic bound is ``2 * tol / l2``.
@@ -119,6 +119,31 @@ class _Problem:
         return torch.mm(t.view(-1, self.n), self.xt32).double() + self.l2 * v
 
 
+@dataclass(frozen=True)
+class FeatureBasis:
+    """The eigendecomposition ``S = V diag(s) V^T`` of the clipped features' second moment
+    ``S = mean_i x~_i x~_i^T`` (``x~ = (x, 1)``): the fixed factor of Newton-CG's
+    preconditioner. It depends on the rows only, so every Newton-CG call on the same features
+    (every chunk of a sampler) may share one (:func:`feature_basis`); plain data, a unit of
+    work can carry it.
+
+    Attributes:
+        values: (d+1,) float64 eigenvalues ``s`` (clamped at 0).
+        vectors: (d+1, d+1) float32 eigenvectors ``V`` (a preconditioner needs no more).
+    """
+
+    values: Tensor
+    vectors: Tensor
+
+
+def feature_basis(features: Tensor, *, clip_radius: float | None) -> FeatureBasis:
+    """The :class:`FeatureBasis` of ``features`` (n, d) clipped to ``clip_radius``."""
+    x = clip_features(features.to(torch.float64), clip_radius)
+    xt = torch.cat([x, x.new_ones(x.shape[0], 1)], dim=1)
+    values, vectors = torch.linalg.eigh(xt.t() @ xt / x.shape[0])
+    return FeatureBasis(values=values.clamp_min(0.0), vectors=vectors.float())
+
+
 class _Kronecker:
     """The preconditioner ``M_b = A_b (x) S + l2 I`` of each head's Hessian.
 
@@ -133,11 +158,9 @@ class _Kronecker:
     ``M_b^{-1} R = U_b [(U_b^T R V) / (a_b s^T + l2)] V^T``, a few (C, d+1) products.
     """
 
-    def __init__(self, prob: _Problem) -> None:
-        second = prob.xt.t() @ prob.xt / prob.n
-        s, v = torch.linalg.eigh(second)
-        self.s = s.clamp_min(0.0)
-        self.v, self.v_t = v.float(), v.t().float().contiguous()  # a preconditioner: float32
+    def __init__(self, basis: FeatureBasis) -> None:
+        self.s = basis.values
+        self.v, self.v_t = basis.vectors, basis.vectors.t().contiguous()
 
     def at(self, proba: Tensor, prob: _Problem) -> _KroneckerAt:
         """The preconditioner of ``prob``'s heads at probabilities ``proba`` (B, C, n)."""
@@ -207,6 +230,7 @@ def train_convex_heads(
     max_iter: int = 100,
     max_cg: int = 500,
     init: Params | None = None,
+    basis: FeatureBasis | None = None,
 ) -> ConvexFit:
     """Train ``B = len(masks)`` convex heads to ``||grad F_b|| <= tol`` with Newton-CG.
 
@@ -230,6 +254,8 @@ def train_convex_heads(
         max_cg: conjugate-gradient iterations per Newton step.
         init: a warm start, ``{"fc.weight": (C, d) or (B, C, d), "fc.bias": (C,) or (B, C)}``
             (one start for every head, or one each); default zero.
+        basis: :func:`feature_basis` of these features and clip radius, when the caller
+            shares one across calls (default: computed here, a pass of n (d+1)^2).
 
     Returns:
         A :class:`ConvexFit`.
@@ -252,7 +278,7 @@ def train_convex_heads(
     prob = _Problem(x, y, masks.to(device=device), num_classes, config.l2)
     n_heads, d = masks.shape[0], x.shape[1]
     w = _start(init, n_heads=n_heads, num_classes=num_classes, d=d, like=x)
-    kronecker = _Kronecker(prob)
+    kronecker = _Kronecker(basis or feature_basis(features, clip_radius=config.clip_radius))
     value, proba = prob.value_and_proba(w.view(-1, d + 1))
     g = prob.grad(w.view(-1, d + 1), proba).view(n_heads, num_classes, d + 1)
     gnorm = g.flatten(1).norm(dim=1)

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from alm_opacus.heads import HeadConfig, Params, flat_params
-from alm_opacus.sensitivity.convex import DEFAULT_TOL
+from alm_opacus.sensitivity.convex import DEFAULT_TOL, FeatureBasis
 from alm_opacus.sensitivity.sampler import (
     SamplerRecipe,
     SensitivitySample,
@@ -91,12 +91,13 @@ def draw_population_pairs(*, population: int, n: int, m: int, seed: int) -> np.n
 
 def population_chunk(
     features: Tensor, labels: Tensor, *, recipe: SamplerRecipe, n: int, seed: int,
-    pairs: range, start: Params | None = None,
+    pairs: range, start: Params | None = None, basis: FeatureBasis | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """One unit of the sampler's work: the distances of the pairs ``pairs``.
 
     A pure function of its arguments. ``start`` (the head on the whole population sample,
     convex recipes only) warm-starts each ``D``; each ``D'`` then starts from ``D``'s head.
+    ``basis`` is :meth:`SamplerRecipe.basis` of ``features`` (computed here when not given).
 
     Returns:
         ``(l1, l2, rows)``: the distances and the ``(x, x')`` rows of each pair.
@@ -112,8 +113,9 @@ def population_chunk(
     second[pick, ends[:, 1]] += 1
     device = features.device
     if recipe.convex:
-        one = recipe.train(features, labels, first.to(device), init=start)
-        other = recipe.train(features, labels, second.to(device), init=one)
+        basis = basis or recipe.basis(features)
+        one = recipe.train(features, labels, first.to(device), init=start, basis=basis)
+        other = recipe.train(features, labels, second.to(device), init=one, basis=basis)
         diff = flat_params(one) - flat_params(other)
     else:  # both sides in one batch, from the recipe's seeded start
         flat = flat_params(recipe.train(features, labels, torch.cat([first, second]).to(device)))
@@ -181,7 +183,8 @@ def sample_population_sensitivity(
     chunk_pairs = max(1, chunk_size // 2)
     recipe = SamplerRecipe(num_classes=num_classes, config=config, seed=seed, solver=solver,
                            tol=tol)  # fmt: skip
-    start = recipe.whole(features, labels) if warm_start else None
+    basis = recipe.basis(features)
+    start = recipe.whole(features, labels, basis=basis) if warm_start else None
     starts = range(0, m, chunk_pairs)
     if progress:
         from tqdm.auto import tqdm
@@ -193,7 +196,8 @@ def sample_population_sensitivity(
         pairs = range(first, min(m, first + chunk_pairs))
         block = slice(pairs.start, pairs.stop)
         l1[block], l2[block], ends[block] = population_chunk(
-            features, labels, recipe=recipe, n=n, seed=seed, pairs=pairs, start=start
-        )
+            features, labels, recipe=recipe, n=n, seed=seed, pairs=pairs, start=start,
+            basis=basis,
+        )  # fmt: skip
     return _finish(l1, l2, ends, n=n, order=order, gamma=gamma, solver=solver,
                    population=population)  # fmt: skip

@@ -29,7 +29,12 @@ from torch import Tensor
 from alm_opacus.heads import HeadConfig, Params, flat_params, train_heads
 from alm_opacus.protect import SensitivityInfo, SensitivitySource
 from alm_opacus.sensitivity import random_dp
-from alm_opacus.sensitivity.convex import DEFAULT_TOL, train_convex_heads
+from alm_opacus.sensitivity.convex import (
+    DEFAULT_TOL,
+    FeatureBasis,
+    feature_basis,
+    train_convex_heads,
+)
 
 __all__ = [
     "SOLVERS",
@@ -47,9 +52,11 @@ __all__ = [
 SOLVERS = ("adam", "newton")
 
 # Elements of the largest per-chunk activation ((B, C, n) logits, or (B, n, hidden) for the
-# MLP): 2**20 float64 values = 8 MiB, a few times that with temporaries. Measured on digits
-# (n = 300, linear): time per head-step is flat from ~64 heads per chunk up.
-_CHUNK_ELEMENTS = 2**20
+# MLP): 2**22 float64 values = 32 MiB, several times that with the solver's temporaries.
+# Measured on digits (n = 300, linear): time per head-step is flat from ~64 heads per chunk
+# up; at n = 50,000 members (C = 10) a chunk still holds 8 heads, so each pass over the rows
+# is a matrix product of 80 rows, not of 10 (issue 21).
+_CHUNK_ELEMENTS = 2**22
 
 
 @dataclass(frozen=True)
@@ -201,33 +208,44 @@ class SamplerRecipe:
         return self.solver == "newton" or self.config.solver == "newton"
 
     def train(
-        self, features: Tensor, labels: Tensor, masks: Tensor, *, init: Params | None = None
-    ) -> Params:
-        """Heads on the rows of ``masks`` (B, n); ``init`` warm-starts a convex recipe."""
+        self, features: Tensor, labels: Tensor, masks: Tensor, *, init: Params | None = None,
+        basis: FeatureBasis | None = None,
+    ) -> Params:  # fmt: skip
+        """Heads on the rows of ``masks`` (B, n); ``init`` warm-starts a convex recipe and
+        ``basis`` (:meth:`basis`) spares it recomputing its preconditioner's fixed factor."""
         c, config = self.num_classes, self.config
-        if self.solver == "newton":
+        if self.convex:  # the "newton" solver, or a recipe whose own solver is Newton
+            tol = self.tol if self.solver == "newton" else DEFAULT_TOL
             fit = train_convex_heads(features, labels, masks=masks, num_classes=c, config=config,
-                                     tol=self.tol, init=init)  # fmt: skip
+                                     tol=tol, init=init, basis=basis)  # fmt: skip
             return fit.params
         return train_heads(features, labels, masks=masks, num_classes=c, config=config,
-                           seed=self.seed, init=init)  # fmt: skip
+                           seed=self.seed)  # fmt: skip
 
-    def whole(self, features: Tensor, labels: Tensor) -> Params | None:
+    def basis(self, features: Tensor) -> FeatureBasis | None:
+        """The features' :class:`~alm_opacus.sensitivity.convex.FeatureBasis` (convex
+        recipes), computed once per sampler and shared by its chunks."""
+        return feature_basis(features, clip_radius=self.config.clip_radius) if self.convex else None
+
+    def whole(
+        self, features: Tensor, labels: Tensor, *, basis: FeatureBasis | None = None
+    ) -> Params | None:
         """The head on every row, the warm start of its neighbours (``None`` unless convex)."""
         if not self.convex:
             return None
         ones = torch.ones(1, features.shape[0], dtype=torch.bool, device=features.device)
-        return {k: v[0] for k, v in self.train(features, labels, ones).items()}
+        return {k: v[0] for k, v in self.train(features, labels, ones, basis=basis).items()}
 
 
 def removal_chunk(
     features: Tensor, labels: Tensor, *, recipe: SamplerRecipe, rows: np.ndarray,
-    start: Params | None = None,
+    start: Params | None = None, basis: FeatureBasis | None = None,
 ) -> Tensor:  # fmt: skip
     """One unit of Algorithm 2's work: the heads on ``d \\ d_i`` for each ``i`` in ``rows``.
 
     A pure function of its arguments. ``start`` (the head on all of ``d``, convex recipes only)
-    warm-starts every head: each is one row away from it.
+    warm-starts every head: each is one row away from it; ``basis`` is
+    :meth:`SamplerRecipe.basis` of ``features`` (computed here when not given).
 
     Returns:
         (len(rows), P) flat parameters.
@@ -236,7 +254,7 @@ def removal_chunk(
     index = torch.as_tensor(rows, device=features.device)
     masks = torch.ones(len(index), n, dtype=torch.bool, device=features.device)
     masks[torch.arange(len(index), device=features.device), index] = False
-    return flat_params(recipe.train(features, labels, masks, init=start))
+    return flat_params(recipe.train(features, labels, masks, init=start, basis=basis))
 
 
 def _check_inputs(features: Tensor, labels: Tensor, m: int, order: int | None, gamma: float) -> int:
@@ -347,14 +365,15 @@ def sample_sensitivity(
         raise ValueError(f"chunk_size={chunk_size!r} is invalid: expected an integer >= 1")
     recipe = SamplerRecipe(num_classes=num_classes, config=config, seed=seed, solver=solver,
                            tol=tol)  # fmt: skip
-    start = recipe.whole(features, labels) if warm_start else None
+    basis = recipe.basis(features)
+    start = recipe.whole(features, labels, basis=basis) if warm_start else None
     starts = range(0, len(removed), chunk_size)
     if progress:
         from tqdm.auto import tqdm
 
         starts = tqdm(starts, desc="sensitivity sampler", unit="chunk")
     flats = [removal_chunk(features, labels, recipe=recipe, rows=removed[i : i + chunk_size],
-                           start=start) for i in starts]  # fmt: skip
+                           start=start, basis=basis) for i in starts]  # fmt: skip
     flat = torch.cat(flats)
     l1, l2 = np.empty(m), np.empty(m)
     for i in range(0, m, 1024):  # pair differences in blocks: m * P floats can be large
