@@ -11,6 +11,10 @@ The objective of head ``b`` is
     F_b(w) = (1 / n_b) * sum_{i : M[b, i]} CE(f_w(clip_R(x_i)), y_i) + (l2 / 2) * ||w||_2^2
 
 with ``clip_R(x) = x * min(1, R / ||x||)`` and ``||w||`` over all parameters (biases too).
+
+Solvers are registered by name (:func:`register_solver`): ``"adam"`` here, ``"newton"`` (the
+convex head trained to its minimiser) by :mod:`alm_opacus.sensitivity.convex`, which importing
+``alm_opacus`` loads.
 """
 
 from __future__ import annotations
@@ -26,6 +30,30 @@ from torch.nn import functional as F
 from alm_opacus._validation import check_features_labels, check_positive
 
 Params = dict[str, Tensor]
+#: ``solve(features, labels, *, masks, num_classes, config, seed, init) -> Params``: batched
+#: head training (see :func:`train_heads`).
+HeadSolver = Callable[..., Params]
+#: The solvers a :class:`HeadConfig` may name.
+SOLVER_NAMES = ("adam", "newton")
+_SOLVERS: dict[str, HeadSolver] = {}
+
+
+def register_solver(name: str, *, force: bool = False) -> Callable[[HeadSolver], HeadSolver]:
+    """Decorator registering a batched head solver under one of :data:`SOLVER_NAMES`.
+
+    Raises:
+        ValueError: for a name outside :data:`SOLVER_NAMES`, or one taken (without ``force``).
+    """
+    if name not in SOLVER_NAMES:
+        raise ValueError(f"solver name {name!r} is invalid: expected one of {SOLVER_NAMES}")
+
+    def decorator(solve: HeadSolver) -> HeadSolver:
+        if name in _SOLVERS and not force:
+            raise ValueError(f"solver {name!r} is already registered; pass force=True")
+        _SOLVERS[name] = solve
+        return solve
+
+    return decorator
 
 
 @dataclass(frozen=True)
@@ -68,7 +96,7 @@ class HeadConfig:
             check_positive(self.clip_radius, name="clip_radius")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype={self.dtype!r} is invalid: expected 'float32' or 'float64'")
-        if self.solver not in ("adam", "newton"):
+        if self.solver not in SOLVER_NAMES:
             raise ValueError(f"solver={self.solver!r} is invalid: expected 'adam' or 'newton'")
         if self.solver == "newton" and (self.kind != "linear" or not self.l2 > 0
                                         or self.dtype != "float64"):  # fmt: skip
@@ -169,6 +197,24 @@ def head_objective(
     return data_term + 0.5 * config.l2 * reg
 
 
+def warm_start(
+    features: Tensor, labels: Tensor, *, masks: Tensor, num_classes: int, config: HeadConfig
+) -> Params | None:
+    """A warm start for heads trained on parts of the rows that ``masks`` (B, n) select: the
+    head on all of those rows (each part's minimiser is near it). ``None`` unless the solver
+    reaches a unique minimiser from anywhere (``newton``), where a start changes only the cost.
+
+    Returns:
+        ``{"fc.weight": (C, d), "fc.bias": (C,)}``, or ``None``.
+    """
+    if config.solver != "newton":
+        return None
+    union = masks.to(torch.bool).any(0, keepdim=True)
+    params = train_heads(features, labels, masks=union, num_classes=num_classes, config=config,
+                         seed=0)  # fmt: skip
+    return {k: v[0] for k, v in params.items()}
+
+
 def check_head_inputs(features: Tensor, labels: Tensor, masks: Tensor) -> None:
     """Shapes shared by every batched head trainer.
 
@@ -194,6 +240,7 @@ def train_heads(
     num_classes: int,
     config: HeadConfig,
     seed: int,
+    init: Params | None = None,
 ) -> Params:
     """Train ``B = len(masks)`` heads at once, from one seeded initialisation.
 
@@ -211,19 +258,30 @@ def train_heads(
         num_classes: number of output classes.
         config: the recipe.
         seed: seeds the initialisation (shared by all heads).
+        init: a warm start for ``solver="newton"`` only (one start, or one per head): its
+            objective has one minimiser, reached from anywhere, so a start changes the cost and
+            not the result; Adam's result depends on where it starts, so it takes none.
 
     Returns:
         Parameters with a leading head dimension ``B``, detached.
 
     Raises:
-        ValueError: on shape mismatches or an empty mask row.
+        ValueError: on shape mismatches, an empty mask row, or ``init`` for Adam.
     """
     check_head_inputs(features, labels, masks)
-    if config.solver == "newton":
-        from alm_opacus.sensitivity.convex import train_convex_heads
+    if config.solver not in _SOLVERS:
+        raise ValueError(f"solver {config.solver!r} is not registered: import alm_opacus first")
+    return _SOLVERS[config.solver](features, labels, masks=masks, num_classes=num_classes,
+                                   config=config, seed=seed, init=init)  # fmt: skip
 
-        return train_convex_heads(features, labels, masks=masks, num_classes=num_classes,
-                                  config=config).params  # fmt: skip
+
+@register_solver("adam")
+def _train_adam(
+    features: Tensor, labels: Tensor, *, masks: Tensor, num_classes: int, config: HeadConfig,
+    seed: int, init: Params | None,
+) -> Params:  # fmt: skip
+    if init is not None:
+        raise ValueError("init is for solver='newton': Adam's heads start from the seeded init")
     device = features.device
     x = features.to(config.torch_dtype)
     y = labels.to(device=device, dtype=torch.long)

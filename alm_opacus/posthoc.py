@@ -28,7 +28,14 @@ from torch import Tensor
 
 from alm_opacus._hashing import code_digest, derive_seed, tensor_digest
 from alm_opacus._validation import check_positive
-from alm_opacus.heads import Head, HeadConfig, batched_logits, flat_params, train_heads
+from alm_opacus.heads import (
+    Head,
+    HeadConfig,
+    batched_logits,
+    flat_params,
+    train_heads,
+    warm_start,
+)
 from alm_opacus.io import cached
 from alm_opacus.mechanisms import create_mechanism, make_generator
 from alm_opacus.methods import (
@@ -314,9 +321,13 @@ def clean_shadow_heads(
     )  # fmt: skip
 
     def train() -> dict[str, Tensor]:
-        if solver == "newton":
+        if solver == "newton" or config.solver == "newton":
+            # convex heads: each starts from the head on all their rows (same minimisers)
+            convex = config.replace(solver="newton")
+            init = warm_start(features, labels, masks=masks, num_classes=num_classes,
+                              config=convex)  # fmt: skip
             return train_convex_heads(features, labels, masks=masks, num_classes=num_classes,
-                                      config=config).params  # fmt: skip
+                                      config=convex, init=init).params  # fmt: skip
         return train_heads(features, labels, masks=masks, num_classes=num_classes,
                            config=config, seed=seed)  # fmt: skip
 

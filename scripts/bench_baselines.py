@@ -282,6 +282,7 @@ def stand_in(*, n: int, d: int = 128, seed: int = 0) -> tuple[Tensor, Tensor, in
     from alm_opacus.data import load_dataset
 
     ds = load_dataset("digits")
+    assert ds.images is not None  # an image dataset
     x = torch.from_numpy(ds.images[:n].reshape(n, -1).astype(np.float64))
     proj = torch.randn(x.shape[1], d, generator=torch.Generator().manual_seed(seed), dtype=x.dtype)
     feats = torch.nn.functional.normalize(x @ proj, dim=1)

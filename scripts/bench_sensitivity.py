@@ -150,6 +150,7 @@ def main() -> None:
     from alm_opacus.data import load_dataset
 
     ds = load_dataset("digits")
+    assert ds.images is not None  # an image dataset
     x = torch.from_numpy(ds.images[: args.n].reshape(args.n, -1).astype(np.float64))
     y = torch.from_numpy(ds.labels[: args.n])
     result = bench_sampler(

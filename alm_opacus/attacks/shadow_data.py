@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from alm_opacus.attacks.base import BoolArray, FloatArray, Predictor, ShadowTrainer
-from alm_opacus.heads import HeadConfig, Params, batched_logits, train_heads
+from alm_opacus.heads import HeadConfig, Params, batched_logits, train_heads, warm_start
 
 
 def subseed(seed: int, tag: str) -> int:
@@ -263,9 +263,10 @@ def recipe_trainer(
     """
 
     def trainer(features: Tensor, labels: Tensor, masks: Tensor, seed: int) -> Predictor:
-        params = train_heads(
-            features, labels, masks=masks, num_classes=num_classes, config=config, seed=seed
-        )
+        # a convex recipe's heads start from the head on all their rows (the same minimisers)
+        init = warm_start(features, labels, masks=masks, num_classes=num_classes, config=config)
+        params = train_heads(features, labels, masks=masks, num_classes=num_classes,
+                             config=config, seed=seed, init=init)  # fmt: skip
         if protect is not None:
             params = protect(params, subseed(seed, "protect"))
 

@@ -1,9 +1,10 @@
 """One ``DatasetSpec`` per dataset: everything the harness needs to know about it, in one place.
 
 A spec bundles the loader, the default split sizes, the SimCLR recipe (which names the encoder
-and the augmentation), the DP-SGD schedule, the default epsilon grid, and whether the data is
-read from a ``--data-root``. ``register_dataset_spec`` registers the spec and its loader in one
-call; ``dataset_spec(name)`` returns it or raises a ``DataError`` naming the registered ones.
+and the augmentation; none for a dataset of features a user's own encoder made), the DP-SGD
+schedule, the default epsilon grid, and whether the data is read from a ``--data-root``.
+``register_dataset_spec`` registers the spec and its loader in one call; ``dataset_spec(name)``
+returns it or raises a ``DataError`` naming the registered ones.
 Every part is required: a dataset never silently borrows another dataset's recipe.
 """
 
@@ -14,7 +15,14 @@ import math
 import re
 from dataclasses import dataclass, fields
 
-from alm_opacus.data.registry import DataError, DatasetLoader, register_dataset
+from alm_opacus.data.registry import (
+    DataError,
+    DatasetLoader,
+    dataset_families,
+    load_dataset_plugins,
+    register_dataset,
+    resolve_dataset,
+)
 from alm_opacus.data.split import SplitSizes
 from alm_opacus.heads import HeadConfig
 from alm_opacus.ssl.config import SSLConfig
@@ -57,7 +65,9 @@ class DatasetSpec:
         name: registry name (``--dataset``).
         loader: ``loader(*, root: Path | None) -> Dataset``.
         split: default split sizes (``--split`` overrides them).
-        ssl: the SimCLR recipe; it names the encoder and the augmentation.
+        ssl: the SimCLR recipe; it names the encoder and the augmentation. ``None`` for a
+            dataset of features (``features:PATH``): its loader gives features, and nothing
+            is pre-trained.
         dpsgd: DP-SGD's default schedule.
         epsilons: the default epsilon grid, increasing.
         needs_root: whether the loader reads files under ``--data-root``.
@@ -69,7 +79,7 @@ class DatasetSpec:
     name: str
     loader: DatasetLoader
     split: SplitSizes
-    ssl: SSLConfig
+    ssl: SSLConfig | None
     dpsgd: DPSGDSchedule
     epsilons: tuple[float, ...]
     needs_root: bool
@@ -83,6 +93,8 @@ class DatasetSpec:
                     "head": HeadConfig}  # fmt: skip
         for part, kind in expected.items():
             value = getattr(self, part)
+            if part == "ssl" and value is None:
+                continue  # a dataset of features: nothing to pre-train
             if not isinstance(value, kind):
                 raise DataError(
                     f"DatasetSpec {self.name!r}: {part}={value!r} is missing or invalid: "
@@ -137,10 +149,8 @@ def register_dataset_spec(spec: DatasetSpec, *, force: bool = False) -> DatasetS
 
     if not isinstance(spec, DatasetSpec):
         raise DataError(f"expected a DatasetSpec, got {type(spec).__name__}")
-    for part, known in (
-        ("encoder", available_encoders()),
-        ("augmentation", available_augmentations()),
-    ):
+    parts = (("encoder", available_encoders()), ("augmentation", available_augmentations()))
+    for part, known in parts if spec.ssl is not None else ():
         value = getattr(spec.ssl, part)
         if value not in known:
             raise DataError(
@@ -158,18 +168,23 @@ def dataset_spec(name: str) -> DatasetSpec:
     """The registered spec of dataset ``name``.
 
     Raises:
-        DataError: for a name without a spec; the message lists the registered ones.
+        DataError: for a name without a spec (the message lists the registered ones), or a
+            family's name whose argument is bad (``features:PATH`` with a bad file).
     """
+    resolve_dataset(name)
     if name not in _SPECS:
+        families = "".join(f", or {p}:..." for p in dataset_families())
         raise DataError(
             f"no DatasetSpec for dataset {name!r}: expected one of "
-            f"{', '.join(available_dataset_specs())} (register one with register_dataset_spec)"
+            f"{', '.join(available_dataset_specs())}{families} (register one with "
+            "register_dataset_spec)"
         )
     return _SPECS[name]
 
 
 def available_dataset_specs() -> list[str]:
-    """Sorted names of the datasets that have a spec."""
+    """Sorted names of the datasets that have a spec (plugins included)."""
+    load_dataset_plugins()
     return sorted(_SPECS)
 
 

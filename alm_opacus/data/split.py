@@ -12,6 +12,10 @@ from alm_opacus.data.registry import DataError, Dataset
 from alm_opacus.io import atomic_write_json
 
 PARTS = ("public", "members", "nonmembers", "attacker")
+#: What a dataset's ``roles`` (a features file's ``role`` column) say of a row: index ``k``
+#: of :data:`ROLES` puts the row in part ``ROLE_PARTS[k]``.
+ROLES = ("member", "non-member", "attacker", "public")
+ROLE_PARTS = ("members", "nonmembers", "attacker", "public")
 
 
 @dataclass(frozen=True)
@@ -115,9 +119,73 @@ def make_split(dataset: Dataset, *, sizes: SplitSizes, seed: int) -> Split:
     Each part takes, from every class, a share proportional to the class's frequency
     (largest-remainder rounding), so the parts keep the class balance of the pool.
 
+    A dataset with ``roles`` fixes its own split: the parts are its rows of each role, and
+    ``sizes`` must agree with their counts. For a dataset of features (a user's file), every
+    class must have a row in every part.
+
     Raises:
-        DataError: if the requested sizes exceed the pool.
+        DataError: if the requested sizes exceed the pool, differ from the dataset's roles, or
+            leave a class of a features dataset out of a part.
     """
+    if dataset.roles is not None:
+        split = _split_by_roles(dataset, sizes=sizes, seed=seed)
+    else:
+        split = _stratified_split(dataset, sizes=sizes, seed=seed)
+    if dataset.features is not None:
+        _check_classes(dataset, split)
+    return split
+
+
+def role_sizes(roles: np.ndarray) -> SplitSizes:
+    """The sizes of the split that ``roles`` (indices into :data:`ROLES`) fix."""
+    counts = np.bincount(np.asarray(roles, dtype=np.int64), minlength=len(ROLES))
+    return SplitSizes(**{part: int(c) for part, c in zip(ROLE_PARTS, counts, strict=True)})
+
+
+def _resolved(sizes: SplitSizes, n: int) -> dict[str, int]:
+    nonmembers = sizes.members if sizes.nonmembers is None else sizes.nonmembers
+    public = n - sizes.members - nonmembers - sizes.attacker
+    return {"members": sizes.members, "nonmembers": nonmembers, "attacker": sizes.attacker,
+            "public": public if sizes.public is None else sizes.public}  # fmt: skip
+
+
+def _split_by_roles(dataset: Dataset, *, sizes: SplitSizes, seed: int) -> Split:
+    assert dataset.roles is not None
+    n = len(dataset.labels)
+    fixed = role_sizes(dataset.roles)
+    if _resolved(sizes, n) != _resolved(fixed, n):
+        raise DataError(
+            f"{dataset.name}: field 'role' fixes the split ({_resolved(fixed, n)}), but the "
+            f"run asks for {_resolved(sizes, n)}: drop --split, or the role column"
+        )
+    for k, role in enumerate(ROLES):
+        if not (dataset.roles == k).any():
+            raise DataError(f"{dataset.name}: field 'role': no row has role {role!r}")
+    parts = {p: np.flatnonzero(dataset.roles == k) for k, p in enumerate(ROLE_PARTS)}
+    return Split(seed=seed, **parts)
+
+
+def _check_classes(dataset: Dataset, split: Split) -> None:
+    labels = np.asarray(dataset.labels)
+    counts = np.bincount(labels, minlength=dataset.num_classes)
+    for k, part in enumerate(ROLE_PARTS):
+        present = np.bincount(labels[getattr(split, part)], minlength=dataset.num_classes) > 0
+        if present.all():
+            continue
+        c = int(np.flatnonzero(~present)[0])
+        if dataset.roles is not None:
+            raise DataError(
+                f"{dataset.name}: field 'role': no row of class {c} has role {ROLES[k]!r}; "
+                "every class needs a row of each role"
+            )
+        raise DataError(
+            f"{dataset.name}: field 'y': class {c} has {counts[c]} rows, too few for the split "
+            f"to put one in the {part} part; every class needs a row in each of "
+            f"{', '.join(ROLE_PARTS)} (drop the class, add rows, or give a role column)"
+        )
+
+
+def _stratified_split(dataset: Dataset, *, sizes: SplitSizes, seed: int) -> Split:
     n = len(dataset.labels)
     nonmembers = sizes.members if sizes.nonmembers is None else sizes.nonmembers
     fixed = sizes.members + nonmembers + sizes.attacker

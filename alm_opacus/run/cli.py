@@ -104,8 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     data = parser.add_argument_group("data")
     data.add_argument(
-        "--dataset", default="digits", help=f"one of {', '.join(available_datasets())}"
-    )
+        "--dataset", default="digits",
+        help=f"one of {', '.join(available_datasets())}, or features:PATH (your own encoder's "
+        "features in an .npz: docs/own_features.md)",
+    )  # fmt: skip
     data.add_argument(
         "--data-root", default=None, help="folder holding the dataset files (not needed for digits)"
     )
@@ -295,11 +297,10 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
     _apply_config_file(parser, argv)
     args = parser.parse_args(argv)
     methods = _methods(parser, str(args.methods))
-    if args.dataset not in available_datasets():
-        parser.error(
-            f"--dataset: unknown dataset {args.dataset!r}; registered: "
-            f"{', '.join(available_datasets())}"
-        )
+    try:
+        spec = dataset_spec(args.dataset)
+    except DataError as exc:
+        parser.error(f"--dataset={args.dataset!r}: {_one_line(str(exc))}")
     if args.data_root is not None and not Path(args.data_root).is_dir():
         parser.error(f"--data-root={args.data_root!r}: expected an existing folder")
     if args.device not in ("cpu", "cuda") and not str(args.device).startswith("cuda:"):
@@ -322,7 +323,6 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
     shared = {"sensitivity": args.sensitivity, "m": args.m, "accountant": args.accountant,
               "queries": args.queries,
               "analytic_l2": args.l2 if args.l2 is not None and args.l2 > 0 else None}  # fmt: skip
-    spec = dataset_spec(args.dataset)
     try:
         split = None if args.split is None else parse_split_sizes(args.split, default=spec.split)
     except ValueError as exc:

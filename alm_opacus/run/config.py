@@ -88,6 +88,8 @@ class RunConfig:
             raise ValueError("methods is empty: expected at least one method name")
         for name in self.methods:
             method_class(name)  # names the registered ones
+        if spec.ssl is None:
+            _check_features_only(self)
         object.__setattr__(self, "methods", dedupe(self.methods))
         if self.epsilons is not None:
             if not self.epsilons:
@@ -159,7 +161,18 @@ class RunConfig:
 
     @property
     def ssl_config(self) -> SSLConfig:
-        return self.spec.ssl if self.ssl is None else self.ssl
+        """The SimCLR recipe.
+
+        Raises:
+            ValueError: for a dataset of features, which has none (nothing is pre-trained).
+        """
+        ssl = self.spec.ssl if self.ssl is None else self.ssl
+        if ssl is None:
+            raise ValueError(
+                f"dataset {self.dataset!r} has no SimCLR recipe (its spec's ssl is None: a "
+                "dataset of features, whose loader gives features, not images)"
+            )
+        return ssl
 
     @property
     def split_sizes(self) -> SplitSizes:
@@ -180,9 +193,29 @@ class RunConfig:
         out = dataclasses.asdict(self)
         out["epsilons"] = list(self.grid)
         out["head"] = dataclasses.asdict(self.recipe)
-        out["ssl"] = self.ssl_config.to_dict()
+        out["ssl"] = None if self.spec.ssl is None else self.ssl_config.to_dict()
         out["split"] = dataclasses.asdict(self.split_sizes)
         return out
+
+
+def _check_features_only(config: RunConfig) -> None:
+    """A dataset of features (``features:PATH``) has no images and nothing to pre-train.
+
+    Raises:
+        ValueError: naming a method that needs images, or an SSL recipe given anyway.
+    """
+    for name in config.methods:
+        if method_class(name).inputs != "features":
+            raise ValueError(
+                f"method {name!r} trains on images, but dataset {config.dataset!r} holds "
+                "features only: choose methods that work on features (e.g. alm, gaussian, "
+                "dpsgd, dperm)"
+            )
+    if config.ssl is not None:
+        raise ValueError(
+            f"ssl={config.ssl!r}: dataset {config.dataset!r} holds features, so nothing is "
+            "pre-trained; drop the SimCLR recipe"
+        )
 
 
 def dedupe(values: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -126,9 +126,12 @@ class Prepared:
 
 
 def prepare(config: RunConfig) -> Prepared:
-    """Load the data, split it, pre-train on the public part, and extract features."""
+    """Load the data, split it, pre-train on the public part, and extract features (a dataset
+    of features, ``features:PATH``, brings its own: nothing is pre-trained)."""
     dataset = load_dataset(config.dataset, root=config.data_root)
     split = make_split(dataset, sizes=config.split_sizes, seed=config.split_seed)
+    if dataset.images is None:
+        return given_features(config, dataset, split)
     public_images = (
         dataset.unlabeled if dataset.unlabeled is not None else dataset.images[split.public]
     )
@@ -161,6 +164,19 @@ def _data_digest(dataset: Dataset) -> str:
     the cache key pins the data, not only its name and split."""
     parts = [dataset.images, *([] if dataset.unlabeled is None else [dataset.unlabeled])]
     return "/".join(array_digest(part) for part in parts)
+
+
+def given_features(config: RunConfig, dataset: Dataset, split: Split) -> Prepared:
+    """The run's data from a dataset of features (the user's encoder ran already): the rows
+    are used as the dataset holds them (memory-mapped for ``features:PATH``), not copied."""
+    assert dataset.features is not None
+    n = len(split.members)
+    return Prepared(
+        config=config, split=split, features=torch.from_numpy(dataset.features),
+        labels=torch.from_numpy(np.asarray(dataset.labels, dtype=np.int64)),
+        num_classes=dataset.num_classes,
+        delta=config.delta if config.delta is not None else default_delta(n),
+    )  # fmt: skip
 
 
 def preflight(config: RunConfig) -> None:

@@ -11,9 +11,17 @@ from alm_opacus.sensitivity.analytic import (
     analytic_sensitivity,
     softmax_ce_lipschitz,
 )
-from alm_opacus.sensitivity.convex import DEFAULT_TOL, ConvexFit, train_convex_heads
+from alm_opacus.sensitivity.convex import (
+    DEFAULT_TOL,
+    ConvexFit,
+    FeatureBasis,
+    feature_basis,
+    train_convex_heads,
+)
 from alm_opacus.sensitivity.population import (
     draw_population_pairs,
+    population_chunk,
+    population_pair_rows,
     sample_population_sensitivity,
 )
 from alm_opacus.sensitivity.random_dp import (
@@ -25,9 +33,11 @@ from alm_opacus.sensitivity.random_dp import (
 )
 from alm_opacus.sensitivity.sampler import (
     SOLVERS,
+    SamplerRecipe,
     SensitivitySample,
     default_chunk_size,
     draw_pairs,
+    removal_chunk,
     sample_sensitivity,
     sample_sensitivity_sequential,
 )
@@ -38,14 +48,20 @@ __all__ = [
     "SOLVERS",
     "AnalyticSensitivity",
     "ConvexFit",
+    "FeatureBasis",
+    "SamplerRecipe",
     "SensitivitySample",
     "analytic_sensitivity",
     "default_chunk_size",
     "draw_pairs",
     "draw_population_pairs",
+    "feature_basis",
     "gamma_for_confidence",
     "marginal_gamma",
     "order_for_confidence",
+    "population_chunk",
+    "population_pair_rows",
+    "removal_chunk",
     "sample_population_sensitivity",
     "sample_sensitivity",
     "sample_sensitivity_sequential",

@@ -16,6 +16,12 @@ sample, independently for every pair, so the ``m`` distances are i.i.d. and
 differ in one record: replace-one neighbours. Drawing with replacement needs no more public
 rows than members (mnist's public split has exactly the members' size) and makes the
 population precise: data sets of ``n`` i.i.d. draws from the public sample.
+
+Each chunk of pairs is one pure unit of work (:func:`population_chunk`: data, recipe, seed and
+pair indices in, distances out); every pair's rows come from its own seeded stream, so a chunk
+needs nothing of the others. A convex recipe (Newton) starts each ``D`` from the head on the
+whole population sample (``D`` is ``n`` draws from it) and each ``D'`` from ``D``'s head (one
+record away): warm starts change the cost of reaching each unique minimiser, not the minimiser.
 """
 
 from __future__ import annotations
@@ -24,17 +30,47 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from alm_opacus.heads import HeadConfig
-from alm_opacus.sensitivity.convex import DEFAULT_TOL
+from alm_opacus.heads import HeadConfig, Params, flat_params
+from alm_opacus.sensitivity.convex import DEFAULT_TOL, FeatureBasis
 from alm_opacus.sensitivity.sampler import (
+    SamplerRecipe,
     SensitivitySample,
     _check_inputs,
     _finish,
-    _trainer,
     default_chunk_size,
 )
 
-__all__ = ["draw_population_pairs", "sample_population_sensitivity"]
+__all__ = [
+    "draw_population_pairs",
+    "population_chunk",
+    "population_pair_rows",
+    "sample_population_sensitivity",
+]
+
+
+def _check_sizes(population: int, n: int) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n={n!r} is invalid: expected an integer >= 1")
+    if population < 2:
+        raise ValueError(f"population={population!r} is invalid: expected at least 2 rows")
+
+
+def population_pair_rows(*, population: int, n: int, seed: int, pairs: range) -> np.ndarray:
+    """The rows of the pairs ``pairs`` (indices), each from its own stream of ``seed``.
+
+    Returns:
+        (len(pairs), n + 1) indices into ``range(population)``, drawn i.i.d. with
+        replacement: per pair, the ``n - 1`` shared draws ``B``, then ``x`` and ``x'``.
+
+    Raises:
+        ValueError: if ``population < 2`` or ``n < 1``.
+    """
+    _check_sizes(population, n)
+    out = np.empty((len(pairs), n + 1), dtype=np.int64)
+    for k, pair in enumerate(pairs):
+        rng = np.random.default_rng(np.random.SeedSequence([int(seed), 3, int(pair)]))
+        out[k] = rng.integers(0, population, size=n + 1)
+    return out
 
 
 def draw_population_pairs(*, population: int, n: int, m: int, seed: int) -> np.ndarray:
@@ -43,19 +79,50 @@ def draw_population_pairs(*, population: int, n: int, m: int, seed: int) -> np.n
 
     Returns:
         (m, n + 1) row indices: the first ``n - 1`` are the shared draws ``B``, then ``x``
-        and ``x'``. The first ``m'`` pairs do not depend on ``m``.
+        and ``x'``. Pair ``k`` depends only on ``seed`` and ``k`` (not on ``m``).
 
     Raises:
         ValueError: if ``population < 2``, ``n < 1`` or ``m < 1``.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n={n!r} is invalid: expected an integer >= 1")
     if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
         raise ValueError(f"m={m!r} is invalid: expected an integer >= 1")
-    if population < 2:
-        raise ValueError(f"population={population!r} is invalid: expected at least 2 rows")
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 3]))
-    return np.stack([rng.integers(0, population, size=n + 1) for _ in range(m)])
+    return population_pair_rows(population=population, n=n, seed=seed, pairs=range(int(m)))
+
+
+def population_chunk(
+    features: Tensor, labels: Tensor, *, recipe: SamplerRecipe, n: int, seed: int,
+    pairs: range, start: Params | None = None, basis: FeatureBasis | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """One unit of the sampler's work: the distances of the pairs ``pairs``.
+
+    A pure function of its arguments. ``start`` (the head on the whole population sample,
+    convex recipes only) warm-starts each ``D``; each ``D'`` then starts from ``D``'s head.
+    ``basis`` is :meth:`SamplerRecipe.basis` of ``features`` (computed here when not given).
+
+    Returns:
+        ``(l1, l2, rows)``: the distances and the ``(x, x')`` rows of each pair.
+    """
+    total = int(features.shape[0])
+    rows = population_pair_rows(population=total, n=n, seed=seed, pairs=pairs)
+    shared = torch.stack([torch.bincount(torch.as_tensor(r[: n - 1]), minlength=total)
+                          for r in rows])  # fmt: skip
+    ends = torch.as_tensor(rows[:, n - 1 :])
+    pick = torch.arange(len(rows))
+    first, second = shared.clone(), shared
+    first[pick, ends[:, 0]] += 1
+    second[pick, ends[:, 1]] += 1
+    device = features.device
+    if recipe.convex:
+        basis = basis or recipe.basis(features)
+        one = recipe.train(features, labels, first.to(device), init=start, basis=basis)
+        other = recipe.train(features, labels, second.to(device), init=one, basis=basis)
+        diff = flat_params(one) - flat_params(other)
+    else:  # both sides in one batch, from the recipe's seeded start
+        flat = flat_params(recipe.train(features, labels, torch.cat([first, second]).to(device)))
+        diff = flat[: len(rows)] - flat[len(rows) :]
+    l1 = diff.abs().sum(1).cpu().numpy()
+    l2 = torch.linalg.vector_norm(diff, dim=1).cpu().numpy()
+    return l1, l2, rows[:, n - 1 :]
 
 
 def sample_population_sensitivity(
@@ -74,6 +141,7 @@ def sample_population_sensitivity(
     progress: bool = False,
     solver: str = "adam",
     tol: float = DEFAULT_TOL,
+    warm_start: bool = True,
 ) -> SensitivitySample:
     """Sample the sensitivity of the head trained on ``n`` rows, from a population sample.
 
@@ -89,10 +157,13 @@ def sample_population_sensitivity(
             of digits)").
         order: which order statistic to return, 1-based (default ``m``, the maximum).
         gamma: allowed probability that a fresh pair from the population exceeds the value.
-        chunk_size: heads trained at once (default: :func:`default_chunk_size`).
+        chunk_size: heads trained at once, two per pair (default: :func:`default_chunk_size`).
         progress: show a tqdm bar over chunks.
         solver: ``"adam"`` or ``"newton"``.
         tol: gradient-norm tolerance of the ``"newton"`` solver.
+        warm_start: warm-start convex heads (module docstring); each distance is then the cold
+            start's within ``4 tol / l2`` in L2 (each of its two heads lies within
+            ``tol / l2`` of its minimiser either way). No effect on Adam recipes.
 
     Returns:
         A :class:`SensitivitySample` with ``population`` set; ``pairs`` holds ``(x, x')``.
@@ -102,34 +173,31 @@ def sample_population_sensitivity(
             shapes, ``chunk_size`` or ``solver``, or a non-finite distance.
     """
     order = _check_inputs(features, labels, m, order, gamma)
-    rows = draw_population_pairs(population=int(features.shape[0]), n=n, m=m, seed=seed)
     total = int(features.shape[0])
+    _check_sizes(total, n)
     if chunk_size is None:
         chunk_size = default_chunk_size(n=total, num_classes=num_classes, config=config,
                                         heads=2 * m)  # fmt: skip
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 2:
         raise ValueError(f"chunk_size={chunk_size!r} is invalid: expected an integer >= 2")
     chunk_pairs = max(1, chunk_size // 2)
-    train = _trainer(features, labels, num_classes=num_classes, config=config, seed=seed,
-                     solver=solver, tol=tol)  # fmt: skip
+    recipe = SamplerRecipe(num_classes=num_classes, config=config, seed=seed, solver=solver,
+                           tol=tol)  # fmt: skip
+    basis = recipe.basis(features)
+    start = recipe.whole(features, labels, basis=basis) if warm_start else None
     starts = range(0, m, chunk_pairs)
     if progress:
         from tqdm.auto import tqdm
 
         starts = tqdm(starts, desc="sensitivity sampler (public)", unit="chunk")
     l1, l2 = np.empty(m), np.empty(m)
-    for start in starts:
-        block = rows[start : start + chunk_pairs]
-        counts = torch.zeros(2 * len(block), total, dtype=torch.int64)
-        for k, pair in enumerate(block):
-            shared = torch.bincount(torch.as_tensor(pair[: n - 1]), minlength=total)
-            counts[2 * k] = shared
-            counts[2 * k + 1] = shared
-            counts[2 * k, int(pair[n - 1])] += 1
-            counts[2 * k + 1, int(pair[n])] += 1
-        flat = train(counts.to(features.device))
-        diff = flat[0::2] - flat[1::2]
-        l1[start : start + len(block)] = diff.abs().sum(1).cpu().numpy()
-        l2[start : start + len(block)] = torch.linalg.vector_norm(diff, dim=1).cpu().numpy()
-    return _finish(l1, l2, rows[:, n - 1 :].astype(np.int64), n=n, order=order, gamma=gamma,
-                   solver=solver, population=population)  # fmt: skip
+    ends = np.empty((m, 2), dtype=np.int64)
+    for first in starts:
+        pairs = range(first, min(m, first + chunk_pairs))
+        block = slice(pairs.start, pairs.stop)
+        l1[block], l2[block], ends[block] = population_chunk(
+            features, labels, recipe=recipe, n=n, seed=seed, pairs=pairs, start=start,
+            basis=basis,
+        )  # fmt: skip
+    return _finish(l1, l2, ends, n=n, order=order, gamma=gamma, solver=solver,
+                   population=population)  # fmt: skip

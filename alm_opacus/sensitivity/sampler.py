@@ -9,13 +9,16 @@ statistic of the sample, with the random-DP confidence of :mod:`.random_dp`.
 
 Speed: the head on ``d \\ d_i`` depends only on ``i``, so each distinct removed row is trained
 once, and those heads are trained together by :func:`~alm_opacus.heads.train_heads` (one
-pair of large matrix products per step for linear heads), in chunks that bound memory.
+pair of large matrix products per step for linear heads), in chunks that bound memory. Each
+chunk is one pure unit of work (:func:`removal_chunk`: data, recipe, rows in, parameters out)
+that an executor may run anywhere. A convex recipe starts every head from the head on all of
+``d``, one row away (a warm start changes the cost of reaching the unique minimiser, not the
+minimiser).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,13 +29,20 @@ from torch import Tensor
 from alm_opacus.heads import HeadConfig, Params, flat_params, train_heads
 from alm_opacus.protect import SensitivityInfo, SensitivitySource
 from alm_opacus.sensitivity import random_dp
-from alm_opacus.sensitivity.convex import DEFAULT_TOL, train_convex_heads
+from alm_opacus.sensitivity.convex import (
+    DEFAULT_TOL,
+    FeatureBasis,
+    feature_basis,
+    train_convex_heads,
+)
 
 __all__ = [
     "SOLVERS",
+    "SamplerRecipe",
     "SensitivitySample",
     "default_chunk_size",
     "draw_pairs",
+    "removal_chunk",
     "sample_sensitivity",
     "sample_sensitivity_sequential",
 ]
@@ -42,9 +52,11 @@ __all__ = [
 SOLVERS = ("adam", "newton")
 
 # Elements of the largest per-chunk activation ((B, C, n) logits, or (B, n, hidden) for the
-# MLP): 2**20 float64 values = 8 MiB, a few times that with temporaries. Measured on digits
-# (n = 300, linear): time per head-step is flat from ~64 heads per chunk up.
-_CHUNK_ELEMENTS = 2**20
+# MLP): 2**22 float64 values = 32 MiB, several times that with the solver's temporaries.
+# Measured on digits (n = 300, linear): time per head-step is flat from ~64 heads per chunk
+# up; at n = 50,000 members (C = 10) a chunk still holds 8 heads, so each pass over the rows
+# is a matrix product of 80 rows, not of 10 (issue 21).
+_CHUNK_ELEMENTS = 2**22
 
 
 @dataclass(frozen=True)
@@ -166,36 +178,83 @@ def draw_pairs(*, n: int, m: int, seed: int) -> np.ndarray:
     return np.stack([i, (i + draws[:, 1]) % n], axis=1).astype(np.int64)
 
 
-Trainer = Callable[[Tensor], Tensor]  # masks (B, n) -> flat params (B, P)
+@dataclass(frozen=True)
+class SamplerRecipe:
+    """How the sampler trains heads: plain data, so that a unit of work can carry it.
+
+    Attributes:
+        num_classes: number of classes.
+        config: the head's recipe (the one the released head is trained with).
+        seed: seeds the heads' shared initialisation (``"adam"`` recipes).
+        solver: ``"adam"``: ``train_heads`` with ``config`` (its own solver); ``"newton"``:
+            ``train_convex_heads`` at ``tol`` (see :data:`SOLVERS`).
+        tol: gradient-norm tolerance of the ``"newton"`` solver.
+    """
+
+    num_classes: int
+    config: HeadConfig
+    seed: int
+    solver: str = "adam"
+    tol: float = DEFAULT_TOL
+
+    def __post_init__(self) -> None:
+        if self.solver not in SOLVERS:
+            raise ValueError(f"solver={self.solver!r} is invalid: expected one of {SOLVERS}")
+
+    @property
+    def convex(self) -> bool:
+        """Whether heads are trained to the unique minimiser of a strongly convex objective,
+        where a warm start changes the cost and not the result (within ``tol / l2``)."""
+        return self.solver == "newton" or self.config.solver == "newton"
+
+    def train(
+        self, features: Tensor, labels: Tensor, masks: Tensor, *, init: Params | None = None,
+        basis: FeatureBasis | None = None,
+    ) -> Params:  # fmt: skip
+        """Heads on the rows of ``masks`` (B, n); ``init`` warm-starts a convex recipe and
+        ``basis`` (:meth:`basis`) spares it recomputing its preconditioner's fixed factor."""
+        c, config = self.num_classes, self.config
+        if self.convex:  # the "newton" solver, or a recipe whose own solver is Newton
+            tol = self.tol if self.solver == "newton" else DEFAULT_TOL
+            fit = train_convex_heads(features, labels, masks=masks, num_classes=c, config=config,
+                                     tol=tol, init=init, basis=basis)  # fmt: skip
+            return fit.params
+        return train_heads(features, labels, masks=masks, num_classes=c, config=config,
+                           seed=self.seed)  # fmt: skip
+
+    def basis(self, features: Tensor) -> FeatureBasis | None:
+        """The features' :class:`~alm_opacus.sensitivity.convex.FeatureBasis` (convex
+        recipes), computed once per sampler and shared by its chunks."""
+        return feature_basis(features, clip_radius=self.config.clip_radius) if self.convex else None
+
+    def whole(
+        self, features: Tensor, labels: Tensor, *, basis: FeatureBasis | None = None
+    ) -> Params | None:
+        """The head on every row, the warm start of its neighbours (``None`` unless convex)."""
+        if not self.convex:
+            return None
+        ones = torch.ones(1, features.shape[0], dtype=torch.bool, device=features.device)
+        return {k: v[0] for k, v in self.train(features, labels, ones, basis=basis).items()}
 
 
-def _trainer(
-    features: Tensor,
-    labels: Tensor,
-    *,
-    num_classes: int,
-    config: HeadConfig,
-    seed: int,
-    solver: str,
-    tol: float,
-) -> Trainer:
-    if solver not in SOLVERS:
-        raise ValueError(f"solver={solver!r} is invalid: expected one of {SOLVERS}")
+def removal_chunk(
+    features: Tensor, labels: Tensor, *, recipe: SamplerRecipe, rows: np.ndarray,
+    start: Params | None = None, basis: FeatureBasis | None = None,
+) -> Tensor:  # fmt: skip
+    """One unit of Algorithm 2's work: the heads on ``d \\ d_i`` for each ``i`` in ``rows``.
 
-    def train(masks: Tensor) -> Tensor:
-        params: Params
-        if solver == "newton":
-            fit = train_convex_heads(
-                features, labels, masks=masks, num_classes=num_classes, config=config, tol=tol
-            )
-            params = fit.params
-        else:
-            params = train_heads(
-                features, labels, masks=masks, num_classes=num_classes, config=config, seed=seed
-            )
-        return flat_params(params)
+    A pure function of its arguments. ``start`` (the head on all of ``d``, convex recipes only)
+    warm-starts every head: each is one row away from it; ``basis`` is
+    :meth:`SamplerRecipe.basis` of ``features`` (computed here when not given).
 
-    return train
+    Returns:
+        (len(rows), P) flat parameters.
+    """
+    n = features.shape[0]
+    index = torch.as_tensor(rows, device=features.device)
+    masks = torch.ones(len(index), n, dtype=torch.bool, device=features.device)
+    masks[torch.arange(len(index), device=features.device), index] = False
+    return flat_params(recipe.train(features, labels, masks, init=start, basis=basis))
 
 
 def _check_inputs(features: Tensor, labels: Tensor, m: int, order: int | None, gamma: float) -> int:
@@ -264,6 +323,7 @@ def sample_sensitivity(
     progress: bool = False,
     solver: str = "adam",
     tol: float = DEFAULT_TOL,
+    warm_start: bool = True,
 ) -> SensitivitySample:
     """Sample the sensitivity of the trained head (ALM paper, Algorithm 2), batched.
 
@@ -281,6 +341,9 @@ def sample_sensitivity(
         progress: show a tqdm bar over chunks.
         solver: ``"adam"`` or ``"newton"`` (see :data:`SOLVERS`).
         tol: gradient-norm tolerance of the ``"newton"`` solver.
+        warm_start: start each convex head from the head on all of ``d`` (one row away);
+            the result is the cold start's within the solver's tolerance, ``2 tol / l2`` per
+            distance (:class:`SamplerRecipe`). No effect on Adam recipes.
 
     Returns:
         A :class:`SensitivitySample`.
@@ -300,33 +363,24 @@ def sample_sensitivity(
         )
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size!r} is invalid: expected an integer >= 1")
-    train = _trainer(
-        features,
-        labels,
-        num_classes=num_classes,
-        config=config,
-        seed=seed,
-        solver=solver,
-        tol=tol,
-    )
+    recipe = SamplerRecipe(num_classes=num_classes, config=config, seed=seed, solver=solver,
+                           tol=tol)  # fmt: skip
+    basis = recipe.basis(features)
+    start = recipe.whole(features, labels, basis=basis) if warm_start else None
     starts = range(0, len(removed), chunk_size)
     if progress:
         from tqdm.auto import tqdm
 
         starts = tqdm(starts, desc="sensitivity sampler", unit="chunk")
-    flats = []
-    for start in starts:
-        rows = torch.as_tensor(removed[start : start + chunk_size], device=features.device)
-        masks = torch.ones(len(rows), n, dtype=torch.bool, device=features.device)
-        masks[torch.arange(len(rows), device=features.device), rows] = False
-        flats.append(train(masks))
+    flats = [removal_chunk(features, labels, recipe=recipe, rows=removed[i : i + chunk_size],
+                           start=start, basis=basis) for i in starts]  # fmt: skip
     flat = torch.cat(flats)
     l1, l2 = np.empty(m), np.empty(m)
-    for start in range(0, m, 1024):  # pair differences in blocks: m * P floats can be large
-        block = torch.as_tensor(index[start : start + 1024], device=flat.device)
+    for i in range(0, m, 1024):  # pair differences in blocks: m * P floats can be large
+        block = torch.as_tensor(index[i : i + 1024], device=flat.device)
         diff = flat[block[:, 0]] - flat[block[:, 1]]
-        l1[start : start + len(block)] = diff.abs().sum(1).cpu().numpy()
-        l2[start : start + len(block)] = torch.linalg.vector_norm(diff, dim=1).cpu().numpy()
+        l1[i : i + len(block)] = diff.abs().sum(1).cpu().numpy()
+        l2[i : i + len(block)] = torch.linalg.vector_norm(diff, dim=1).cpu().numpy()
     return _finish(l1, l2, pairs, n=n, order=order, gamma=gamma, solver=solver)
 
 
@@ -351,22 +405,12 @@ def sample_sensitivity_sequential(
     order = _check_inputs(features, labels, m, order, gamma)
     n = features.shape[0]
     pairs = draw_pairs(n=n, m=m, seed=seed)
-    train = _trainer(
-        features,
-        labels,
-        num_classes=num_classes,
-        config=config,
-        seed=seed,
-        solver=solver,
-        tol=tol,
-    )
+    recipe = SamplerRecipe(num_classes=num_classes, config=config, seed=seed, solver=solver,
+                           tol=tol)  # fmt: skip
     l1, l2 = np.empty(m), np.empty(m)
     for k, (i, j) in enumerate(pairs):
-        heads = []
-        for row in (i, j):
-            mask = torch.ones(1, n, dtype=torch.bool, device=features.device)
-            mask[0, int(row)] = False
-            heads.append(train(mask)[0])
+        heads = [removal_chunk(features, labels, recipe=recipe, rows=np.array([row]))[0]
+                 for row in (i, j)]  # fmt: skip
         diff = heads[0] - heads[1]
         l1[k] = float(diff.abs().sum())
         l2[k] = float(torch.linalg.vector_norm(diff))

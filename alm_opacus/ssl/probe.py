@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from alm_opacus.data import dataset_spec, load_dataset
+from alm_opacus.data import DataError, dataset_spec, load_dataset
 from alm_opacus.data.split import make_split
 from alm_opacus.heads import HeadConfig, train_head
 from alm_opacus.ssl.pretrain import extract_features, pretrain
@@ -73,8 +73,10 @@ def probe(
     from sklearn.metrics import roc_auc_score
 
     spec = dataset_spec(dataset)
-    ssl = spec.ssl if epochs is None else dataclasses.replace(spec.ssl, epochs=epochs)
     data = load_dataset(dataset)
+    if spec.ssl is None or data.images is None:
+        raise DataError(f"dataset {dataset!r} holds features: there is no encoder to probe")
+    ssl = spec.ssl if epochs is None else dataclasses.replace(spec.ssl, epochs=epochs)
     split = make_split(data, sizes=spec.split, seed=seed)
     cache = Path(cache_dir) if cache_dir is not None else Path(tempfile.mkdtemp())
     key = f"probe-{dataset}-{seed}-{ssl.epochs}"

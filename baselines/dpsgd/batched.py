@@ -10,6 +10,8 @@ L1 clipping and noise from ``alm_opacus.mechanisms`` (``dpsgd-alm``, ``dpsgd-lap
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 from torch.nn import functional as F
@@ -95,16 +97,51 @@ def dpsgd_linear_heads(
     q = sample_rate_for(n=n_b, batch_size=config.batch_size) if sample_rate is None else sample_rate
     expected = max(1, int(n_b * q))
     g = torch.Generator(device=dev).manual_seed(derive_seed("shadow-dpsgd", seed))
-    member = masks.to(device=dev, dtype=torch.bool)
+    member = masks.to(device=dev, dtype=torch.bool).nonzero()[:, 1].view(n_heads, n_b)
     clip = config.max_grad_norm
     scale = sigma * clip
     for _ in range(config.epochs * steps_per_epoch(q)):
-        batch = (torch.rand(n_heads, n, generator=g, device=dev, dtype=dt) < q) & member
-        r = torch.softmax(torch.matmul(w, xt.t()), dim=1) - onehot  # (B, C, n)
-        factor = (clip / (r.norm(order, dim=1) * xnorm + 1e-6)).clamp(max=1.0) * batch  # (B, n)
-        grad = torch.matmul(r * factor.unsqueeze(1), xt)  # (B, C, d+1)
+        # Each step touches its Poisson batch only (O(batch), not O(n): a pass over all n
+        # rows per step made the run quadratic in n), gathered per head and padded.
+        rows, valid = _poisson_batches(n_heads, n_b, q, generator=g)
+        idx = torch.gather(member, 1, rows)  # (B, L) row numbers
+        xb = xt[idx]  # (B, L, d+1)
+        r = torch.softmax(torch.bmm(w, xb.transpose(1, 2)), dim=1) - onehot[:, idx].transpose(0, 1)
+        factor = (clip / (r.norm(order, dim=1) * xnorm[idx] + 1e-6)).clamp(max=1.0) * valid
+        grad = torch.bmm(r * factor.unsqueeze(1), xb)  # (B, C, d+1)
         w = w - config.lr * (grad + _noise(noise_law, w.shape, scale=scale, generator=g)) / expected
     return {"fc.weight": w[..., :d].contiguous(), "fc.bias": w[..., d].contiguous()}
+
+
+def _poisson_batches(
+    heads: int, rows: int, rate: float, *, generator: torch.Generator
+) -> tuple[Tensor, Tensor]:
+    """Poisson sampling of ``rows`` rows at ``rate`` for each head, in O(batch) work.
+
+    Each row is taken independently with probability ``rate``: the gaps between taken rows are
+    i.i.d. geometric, ``1 + floor(log U / log(1 - rate))`` for uniform ``U`` (the inverse of
+    the geometric law's CDF), so only as many draws as taken rows (and a margin) are made.
+
+    Returns:
+        ``(positions, valid)``: (B, L) positions in ``range(rows)``, padded with 0 where
+        ``valid`` (a (B, L) float 0/1 mask) is 0.
+    """
+    dev = generator.device
+    if rate >= 1.0:
+        everything = torch.arange(rows, device=dev).expand(heads, rows)
+        return everything, torch.ones(heads, rows, dtype=torch.float64, device=dev)
+    log_keep = math.log1p(-rate)
+    width = int(rows * rate + 6 * math.sqrt(rows * rate) + 16)
+    gaps = torch.empty(heads, 0, dtype=torch.int64, device=dev)
+    while gaps.shape[1] == 0 or bool((gaps.sum(1) < rows).any()):  # until every head passed
+        u = torch.rand(heads, width, generator=generator, device=dev, dtype=torch.float64)
+        more = 1 + torch.floor(torch.log(u) / log_keep).clamp(max=rows).to(torch.int64)
+        gaps = torch.cat([gaps, more], dim=1)
+    positions = gaps.cumsum(1) - 1
+    taken = positions < rows
+    length = max(1, int(taken.sum(1).max()))
+    positions, taken = positions[:, :length], taken[:, :length]
+    return torch.where(taken, positions, 0), taken.to(torch.float64)
 
 
 def _noise(

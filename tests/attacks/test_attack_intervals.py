@@ -182,3 +182,30 @@ def test_aggregate_computes_the_intervals_a_caller_skipped() -> None:
     assert agg.auc_ci == pytest.approx(full.auc_ci, abs=1e-12)  # DeLong: deterministic
     # the TPR bootstrap differs only by its seed: Monte Carlo error (about a step each)
     assert agg.tpr_ci[0.01] == pytest.approx(full.tpr_ci[0.01], abs=4 / 150)
+
+
+@pytest.mark.parametrize(("q", "draws"), [(400, 1), (900, 3), (2000, 5)])
+def test_tpr_bootstrap_equals_materialised_resamples(q: int, draws: int) -> None:
+    # The counting implementation (a resample as counts per example, the threshold read off
+    # each draw's ranked scores) against resamples materialised as in the definition: the
+    # same random numbers give the same endpoints, ties included (to the last bits: the
+    # averages are summed in another order).
+    from alm_opacus.attacks.intervals import tpr_at_fprs, tpr_intervals
+
+    rng = np.random.default_rng(q)
+    scores = np.round(rng.standard_normal((draws, q)), 2)  # many ties
+    member = rng.random(q) < 0.5
+    levels, resamples = (0.001, 0.01, 0.1), 300
+    got = tpr_intervals(scores, member, levels=levels, resamples=resamples, seed=7)
+    pos_idx, neg_idx = np.flatnonzero(member), np.flatnonzero(~member)
+    supported = tuple(lv for lv in levels if neg_idx.size * lv >= 1)
+    ref = np.random.default_rng(7)  # one chunk: the random numbers in the function's order
+    which = ref.integers(draws, size=(resamples, draws)) if draws > 1 else np.zeros((300, 1), int)
+    pi = pos_idx[ref.integers(pos_idx.size, size=(resamples, pos_idx.size))]
+    ni = neg_idx[ref.integers(neg_idx.size, size=(resamples, neg_idx.size))]
+    pos = scores[which[:, :, None], pi[:, None, :]]
+    neg = scores[which[:, :, None], ni[:, None, :]]
+    for lv, tpr in tpr_at_fprs(pos, neg, supported).items():
+        low, high = np.quantile(tpr.mean(-1), [0.025, 0.975])
+        assert got[lv] == pytest.approx((low, high), rel=1e-12, abs=1e-15)
+    assert all(math.isnan(v) for lv in levels if lv not in supported for v in got[lv])

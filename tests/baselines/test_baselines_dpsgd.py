@@ -163,6 +163,32 @@ def test_batched_reimplementation_matches_opacus_without_noise(small):
         torch.testing.assert_close(ours["fc.bias"][b], model.fc.bias.detach(), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("rate", [0.05, 0.3])
+def test_shadow_batches_are_poisson_samples(rate: float) -> None:
+    # The attacker's DP-SGD takes each row of a head's data with probability q, independently
+    # (Opacus's Poisson sampling), drawing only the taken rows (geometric gaps): every row is
+    # taken in Binomial(heads, q) of the batches, and a batch has Binomial(rows, q) rows.
+    from scipy import stats
+
+    from baselines.dpsgd.batched import _poisson_batches
+
+    heads, rows = 3000, 120
+    positions, valid = _poisson_batches(
+        heads, rows, rate, generator=torch.Generator().manual_seed(1)
+    )
+    taken = torch.zeros(heads, rows, dtype=torch.float64).scatter_add_(1, positions, valid)
+    assert taken.max() == 1  # no row twice in one batch
+    per_row = taken.sum(0).numpy()
+    assert stats.chisquare(per_row).pvalue > 1e-4  # every row equally likely
+    sizes = taken.sum(1).numpy()
+    expected = stats.binom(rows, rate)
+    # mean and variance of 3,000 batch sizes: within 5 standard errors of the binomial's
+    assert abs(sizes.mean() - expected.mean()) < 5 * expected.std() / math.sqrt(heads)
+    assert abs(sizes.var() / expected.var() - 1) < 5 * math.sqrt(2 / (heads - 1))
+    everything, ones = _poisson_batches(2, 7, 1.0, generator=torch.Generator())
+    assert torch.equal(everything, torch.arange(7).expand(2, 7)) and bool(ones.all())
+
+
 def test_default_delta_and_schedule(pixel_features, make_context):
     assert dpsgd.default_delta(150) == 1e-5
     assert dpsgd.default_delta(50_000) == pytest.approx(1 / 500_000)

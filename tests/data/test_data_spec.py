@@ -126,7 +126,8 @@ def test_register_spec_registers_its_loader_too() -> None:
     ("changes", "expected"),
     [
         ({"split": None}, r"split=None is missing or invalid: expected a SplitSizes"),
-        ({"ssl": None}, r"ssl=None is missing or invalid: expected a SSLConfig"),
+        # ssl=None is a dataset of features (features:PATH): nothing is pre-trained
+        ({"ssl": "digits"}, r"ssl='digits' is missing or invalid: expected a SSLConfig"),
         ({"dpsgd": (30, 75)}, r"dpsgd=\(30, 75\) is missing or invalid: expected a DPSGDSchedule"),
         ({"loader": None}, "not callable"),
         ({"name": ""}, "expected a non-empty str"),

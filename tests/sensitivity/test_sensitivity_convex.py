@@ -96,3 +96,27 @@ def test_errors(data: tuple[torch.Tensor, torch.Tensor]) -> None:
     empty[3] = False
     with pytest.raises(ValueError, match="at least one example"):
         train_convex_heads(x, y, masks=empty, num_classes=10, config=CONFIG)
+
+
+def test_a_warm_start_reaches_the_same_minimiser_in_fewer_iterations(
+    data: tuple[torch.Tensor, torch.Tensor],
+) -> None:
+    x, y = data
+    masks = _masks()
+    cold = train_convex_heads(x, y, masks=masks, num_classes=10, config=CONFIG)
+    ones = torch.ones(1, N, dtype=torch.bool)
+    whole = train_convex_heads(x, y, masks=ones, num_classes=10, config=CONFIG).params
+    warm = train_convex_heads(x, y, masks=masks, num_classes=10, config=CONFIG,
+                              init={k: v[0] for k, v in whole.items()})  # fmt: skip
+    per_head = train_convex_heads(x, y, masks=masks, num_classes=10, config=CONFIG,
+                                  init=cold.params)  # fmt: skip
+    for fit in (warm, per_head):
+        assert (fit.grad_norms <= DEFAULT_TOL).all()
+        for k in cold.params:  # both within tol / l2 of the one minimiser
+            diff = (fit.params[k] - cold.params[k]).abs().max()
+            assert float(diff) <= 2 * DEFAULT_TOL / CONFIG.l2
+    assert warm.iterations < cold.iterations
+    assert per_head.iterations <= 1  # started at the minimiser: at most one polishing step
+    with pytest.raises(ValueError, match=r"init=.* is invalid"):
+        train_convex_heads(x, y, masks=masks, num_classes=10, config=CONFIG,
+                           init={"fc.weight": whole["fc.weight"][:, :5]})  # fmt: skip

@@ -58,3 +58,55 @@ def test_each_distance_is_that_of_two_heads_trained_on_the_pair(population) -> N
     info = sample.to_info("l1")
     assert info.source.value == "sampled" and info.population == "digits rows"
     assert sample.n == 40 and np.array_equal(sample.pairs, rows[:, 39:])
+
+
+# Warm starts (issue 21). Each head of either run is within tol / l2 of its unique minimiser:
+# the trainer stops at ||grad F|| <= tol, and l2-strong convexity gives ||w - w*|| <=
+# ||grad F|| / l2. A distance moves by at most the sum of its two heads' moves, each at most
+# 2 tol / l2 between the runs, so |warm - cold| <= 4 tol / l2 in L2, and sqrt(P) times that
+# in L1 (||v||_1 <= sqrt(P) ||v||_2 for P parameters).
+CONVEX = HeadConfig(l2=0.01, solver="newton")
+
+
+@pytest.mark.parametrize("solver", ["adam", "newton"])  # the config's Newton, or the sampler's
+def test_warm_started_sampler_agrees_with_the_cold_start(population, solver: str) -> None:  # type: ignore[no-untyped-def]
+    from alm_opacus.sensitivity import DEFAULT_TOL
+
+    x, y = population
+    kw = {"n": 60, "num_classes": 10, "config": CONVEX, "seed": 5, "m": 12,
+          "population": "digits rows", "chunk_size": 8, "solver": solver}  # fmt: skip
+    warm = sample_population_sensitivity(x, y, **kw)  # type: ignore[arg-type]
+    cold = sample_population_sensitivity(x, y, warm_start=False, **kw)  # type: ignore[arg-type]
+    assert np.array_equal(warm.pairs, cold.pairs)
+    bound = 4 * DEFAULT_TOL / CONVEX.l2
+    params = 10 * (x.shape[1] + 1)
+    assert np.max(np.abs(warm.l2 - cold.l2)) <= bound
+    assert np.max(np.abs(warm.l1 - cold.l1)) <= np.sqrt(params) * bound
+    assert cold.l2.min() > 1e4 * bound  # the distances themselves are far above the tolerance
+
+
+def test_warm_started_algorithm_2_agrees_with_the_cold_start(population) -> None:  # type: ignore[no-untyped-def]
+    from alm_opacus.sensitivity import DEFAULT_TOL, sample_sensitivity
+
+    x, y = population
+    kw = {"num_classes": 10, "config": CONVEX, "seed": 2, "m": 10, "chunk_size": 7}
+    warm = sample_sensitivity(x[:80], y[:80], **kw)  # type: ignore[arg-type]
+    cold = sample_sensitivity(x[:80], y[:80], warm_start=False, **kw)  # type: ignore[arg-type]
+    bound = 4 * DEFAULT_TOL / CONVEX.l2
+    assert np.max(np.abs(warm.l2 - cold.l2)) <= bound
+    assert np.max(np.abs(warm.l1 - cold.l1)) <= np.sqrt(10 * (x.shape[1] + 1)) * bound
+
+
+def test_a_chunk_is_a_pure_unit_of_work(population) -> None:  # type: ignore[no-untyped-def]
+    # the pairs of a chunk depend on the seed and their indices only, so any executor may
+    # run any chunk anywhere: two chunks of a run equal the run
+    from alm_opacus.sensitivity import SamplerRecipe, population_chunk
+
+    x, y = population
+    recipe = SamplerRecipe(num_classes=10, config=FAST, seed=3)
+    whole = sample_population_sensitivity(x, y, n=40, num_classes=10, config=FAST, seed=3,
+                                          m=6, population="digits rows", chunk_size=12)  # fmt: skip
+    parts = [population_chunk(x, y, recipe=recipe, n=40, seed=3, pairs=range(a, b))
+             for a, b in ((4, 6), (0, 4))]  # fmt: skip
+    np.testing.assert_allclose(np.r_[parts[1][1], parts[0][1]], whole.l2, rtol=1e-9)
+    np.testing.assert_array_equal(np.r_[parts[1][2], parts[0][2]], whole.pairs)

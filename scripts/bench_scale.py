@@ -1,0 +1,595 @@
+#!/usr/bin/env python
+"""Every stage against the number of members n: times, growth exponents, docs/scale.md.
+
+Synthetic features: a Gaussian mixture of C = 10 classes in d = 512 dimensions (class means
+N(0, 0.15^2 I), unit noise, rows scaled to unit norm; a head on 2,000 members tests at ~0.9),
+written as a ``features:PATH`` file of 5n rows with a role column (n members, n non-members,
+2n attacker's pool, n public), the harness's own split proportions. Each stage runs alone, in a
+fresh process (its peak RSS is the process's), at n in ``--sizes``:
+
+* ``head``: the default head (``features:`` recipe, Newton) on the members;
+* ``analytic``: the convex head at the analytic lambda and its proven bound;
+* ``sampled``: the population sensitivity sampler with ``--m`` pairs (default 500);
+* ``release-alm``, ``release-laplace``, ``release-gaussian``: one post-training release of a
+  trained head (noise on its weights, and the statement), and ``dperm``: its convex head and
+  release;
+* ``lira-references``: online LiRA's 64 reference heads; ``shadow-models``: the 64 shadow
+  heads (offline LiRA's references too) and the shadow attack's classifier;
+  ``metric-attacks``: the five metric attacks fitted on the shadow heads and scored, with
+  their intervals over 5 noise draws, as a cell computes them;
+* ``dpsgd-head``: one DP-SGD head at epsilon = 1 (the dataset's schedule, no tuning), and
+  ``dpsgd-attacker``: the adaptive attacker's DP-SGD shadow and reference heads.
+
+Each stage's growth exponent is the least-squares slope of log(seconds) on log(n). Results go
+to a cache (``--cache``, a JSON file) as each unit finishes: a re-run skips what is there
+(``--force`` redoes it), so an interrupted run resumes. ``--paper`` adds the issue-21 settings:
+the sampler with m = 500 at n = 50,000 (d = 512) in one process, the default ``compare.py
+--methods alm,gaussian,dpsgd`` grid on a 10,000-member features file and on a 50,000-member
+one, each a fresh process from an empty cache (wall time and peak RSS). ``--write`` regenerates
+the marked blocks of docs/scale.md and docs/scale.png from the cache.
+
+    .venv/bin/python scripts/bench_scale.py --write                 # all stages, all sizes
+    .venv/bin/python scripts/bench_scale.py --sizes 1000,5000 --stages head,sampled --m 50
+    .venv/bin/python scripts/bench_scale.py --paper --write         # the three paper figures
+
+Timings depend on the machine and its load; the table records the threads, the load average
+and the date of every unit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "scale.md"
+PLOT = ROOT / "docs" / "scale.png"
+DEFAULT_CACHE = ROOT / "runs" / "bench_scale" / "results.json"
+SIZES = (1_000, 5_000, 20_000, 50_000)
+DIM, CLASSES, SEPARATION = 512, 10, 0.15
+#: Growth exponents the issue allows (issue 21, item 3).
+EXPONENT_TARGET = 1.1
+#: The issue-21 targets of ``--paper``: seconds and GiB.
+SAMPLER_TARGET_SECONDS = 600.0
+GRID_TARGET_SECONDS, GRID_TARGET_GIB = 1800.0, 4.0
+GRID_METHODS = "alm,gaussian,dpsgd"
+
+
+# --- data --------------------------------------------------------------------------------------
+
+
+def gaussian_mixture(rows: int, *, seed: int, dim: int = DIM) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` unit-norm features of a C-class Gaussian mixture and their labels, float32."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, dim, 21]))
+    means = rng.standard_normal((CLASSES, dim)) * SEPARATION
+    labels = rng.integers(0, CLASSES, size=rows)
+    x = np.empty((rows, dim), dtype=np.float32)
+    for start in range(0, rows, 65_536):  # in blocks: bounded float64 temporaries
+        y = labels[start : start + 65_536]
+        block = means[y] + rng.standard_normal((len(y), dim))
+        x[start : start + len(y)] = block / np.linalg.norm(block, axis=1, keepdims=True)
+    return x, labels
+
+
+def features_file(folder: Path, members: int, *, dim: int = DIM) -> Path:
+    """The mixture as a ``features:PATH`` file with roles: n members, n non-members, 2n
+    attacker's pool, n public (written once, atomically)."""
+    path = folder / f"mixture-n{members}-d{dim}.npz"
+    if path.exists():
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
+    x, y = gaussian_mixture(5 * members, seed=members, dim=dim)
+    counts = {"member": members, "non-member": members, "attacker": 2 * members,
+              "public": members}  # fmt: skip
+    role = np.concatenate([np.full(k, name) for name, k in counts.items()])
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, x=x, y=y, role=role)
+    os.replace(tmp, path)
+    return path
+
+
+# --- stages (run inside a child process) ----------------------------------------------------------
+
+
+class Unit:
+    """What every stage of one size shares: the run's prepared data and method context."""
+
+    def __init__(self, path: Path, *, m: int) -> None:
+        import torch
+
+        from alm_opacus.run.config import RunConfig
+        from alm_opacus.run.harness import Session, load_plugins, prepare
+
+        load_plugins()
+        self.torch = torch
+        # dpsgd: one run at the dataset's schedule (its tuning is a run per configuration)
+        self.config = RunConfig(dataset=f"features:{path}", methods=("none",), progress=False,
+                                out=str(path.parent / "unused"),
+                                options={"m": m, "dpsgd.tune": False})  # fmt: skip
+        self.data = prepare(self.config)
+        self.session = Session.open(self.config, self.data)
+        self.context = self.session.context
+        self.members = self.data.part("members")
+        self.m = m
+
+    def trained_head(self) -> Any:
+        from alm_opacus.heads import train_head
+
+        x, y = self.members
+        return train_head(x, y, num_classes=self.data.num_classes, config=self.context.head,
+                          seed=0)  # fmt: skip
+
+    def release(self, name: str, *, epsilon: float = 1.0, seed: int = 0) -> Any:
+        from alm_opacus.methods import create_method, method_options
+
+        method = create_method(name, method_options(name, self.config.options))
+        x, y = self.members
+        prepared = method.prepare(features=x, labels=y, seed=seed, context=self.context)
+        return method.release(prepared, features=x, labels=y, epsilon=epsilon,
+                              delta=self.data.delta, seed=seed, draw=0,
+                              context=self.context)  # fmt: skip
+
+
+#: A stage: ``setup(unit) -> state`` (untimed), then ``timed(unit, state) -> info`` (timed).
+Setup = Callable[["Unit"], Any]
+Timed = Callable[["Unit", Any], dict[str, Any]]
+
+
+def _nothing(unit: Unit) -> None:
+    return None
+
+
+def _stage_head(unit: Unit, state: None) -> dict[str, Any]:
+    head = unit.trained_head()
+    return {"params": sum(p.numel() for p in head.parameters())}
+
+
+def _stage_analytic(unit: Unit, state: None) -> dict[str, Any]:
+    from alm_opacus.posthoc import ANALYTIC_CLIP, ANALYTIC_L2, convex_config
+    from alm_opacus.sensitivity import analytic_sensitivity, train_convex_heads
+
+    x, y = unit.members
+    config = convex_config(unit.context.head, l2=ANALYTIC_L2, clip_radius=ANALYTIC_CLIP)
+    ones = unit.torch.ones(1, len(y), dtype=unit.torch.bool)
+    fit = train_convex_heads(x, y, masks=ones, num_classes=unit.data.num_classes, config=config)
+    bound = analytic_sensitivity(n=len(y), l2=config.l2, clip_radius=ANALYTIC_CLIP,
+                                 grad_tol=fit.tol)  # fmt: skip
+    return {"value_l2": bound.value_l2, "newton_iterations": fit.iterations}
+
+
+def _stage_sampled(unit: Unit, state: None) -> dict[str, Any]:
+    from alm_opacus.sensitivity import sample_population_sensitivity
+
+    px, py = unit.data.part("public")
+    sample = sample_population_sensitivity(
+        px, py, n=len(unit.members[1]), num_classes=unit.data.num_classes,
+        config=unit.context.head, seed=0, m=unit.m, population="the public split",
+        progress=True,
+    )  # fmt: skip
+    return {"m": unit.m, "value_l1": sample.value_l1, "value_l2": sample.value_l2}
+
+
+#: Releases take milliseconds: each is repeated this many times and the mean is recorded.
+RELEASE_REPEATS = 20
+
+
+def _stage_release(mechanism: str) -> Timed:
+    def stage(unit: Unit, head: Any) -> dict[str, Any]:
+        from alm_opacus.protect import PostTrainingPrivacyEngine, SensitivityInfo
+
+        info = SensitivityInfo(value=1.0, norm="l2" if mechanism == "gaussian" else "l1",
+                               source="caller")  # type: ignore[arg-type]  # fmt: skip
+        for _ in range(RELEASE_REPEATS):
+            PostTrainingPrivacyEngine(mechanism=mechanism).make_private(
+                head, epsilon=1.0, delta=unit.data.delta if mechanism == "gaussian" else 0.0,
+                sensitivity=info,
+            )  # fmt: skip
+        return {"repeats": RELEASE_REPEATS}
+
+    return stage
+
+
+def _stage_dperm(unit: Unit, state: None) -> dict[str, Any]:
+    release = unit.release("dperm")
+    return {"noise_scale": release.statement.noise_scale}
+
+
+def _context(unit: Unit, trainer: Any = None) -> Any:
+    """The attacker's side of a cell (the victim's plain recipe unless ``trainer`` is given)."""
+    from alm_opacus.attacks import AttackerKnowledge, ShadowContext
+    from alm_opacus.methods import plain_shadow_trainer
+
+    ev = unit.session.evaluation
+    knowledge = AttackerKnowledge(features=ev.pool[0], labels=ev.pool[1],
+                                  trainer=trainer or plain_shadow_trainer(unit.context),
+                                  num_classes=ev.num_classes,
+                                  train_size=int(ev.is_member.sum()))  # fmt: skip
+    return ShadowContext(knowledge=knowledge, config=ev.config, seed=0,
+                         candidates=(ev.features, ev.labels))  # fmt: skip
+
+
+def _stage_lira_references(unit: Unit, state: None) -> dict[str, Any]:
+    bank, _ = _context(unit).online_bank()
+    return {"heads": bank.num_heads}
+
+
+def _stage_shadow_models(unit: Unit, state: None) -> dict[str, Any]:
+    from alm_opacus.attacks import attack_class
+
+    context = _context(unit)
+    bank = context.shadow_bank()
+    attack = attack_class("shadow")(config=context.config, seed=0)
+    attack.fit(context)
+    return {"heads": bank.num_heads}
+
+
+def _banked(unit: Unit) -> tuple[Any, Any]:
+    """The attacker's context with its shadow heads trained, and a trained head to attack."""
+    context = _context(unit)
+    context.shadow_bank()
+    return context, unit.trained_head()
+
+
+def _stage_metric_attacks(unit: Unit, state: tuple[Any, Any]) -> dict[str, Any]:
+    """Given the shadow heads: fit, score 5 noise draws, aggregate with intervals (a cell's
+    work per attack)."""
+    from alm_opacus.attacks import AttackTarget, PreparedAttacks, aggregate_results, attack_class
+
+    context, head = state
+    ev = unit.session.evaluation
+    names = ("loss", "confidence", "entropy", "modified-entropy", "correctness")
+    attacks = []
+    for name in names:  # prepare_attacks' loop, on the context whose bank is trained
+        attack = attack_class(name)(config=ev.config, seed=0)
+        attack.fit(context)
+        attacks.append(attack)
+    prepared = PreparedAttacks(attacks=tuple(attacks), config=ev.config, seed=0,
+                               num_classes=ev.num_classes, notes=(),
+                               prepare_seconds=0.0)  # fmt: skip
+    target = AttackTarget(predict=lambda q: head.predict_proba(q).float(), features=ev.features,
+                          labels=ev.labels, is_member=ev.is_member, num_classes=ev.num_classes,
+                          delta=unit.data.delta)  # fmt: skip
+    results = [r for _ in range(5) for r in prepared.attack(target, intervals=False)]
+    aggregate_results(results, claimed_epsilon=None, seed=0)
+    return {"attacks": len(names), "draws": 5}
+
+
+def _stage_dpsgd_head(unit: Unit, state: None) -> dict[str, Any]:
+    release = unit.release("dpsgd")
+    assert release.training is not None
+    return {"steps": release.training.steps, "sample_rate": release.training.sample_rate}
+
+
+def _dpsgd_release(unit: Unit) -> Any:
+    release = unit.release("dpsgd")
+    assert release.attacker is not None
+    return _context(unit, trainer=release.attacker())
+
+
+def _stage_dpsgd_attacker(unit: Unit, context: Any) -> dict[str, Any]:
+    """Given a DP-SGD release: its adaptive attacker's DP-SGD shadow and reference heads."""
+    shadow = context.shadow_bank()
+    online, _ = context.online_bank()
+    return {"heads": shadow.num_heads + online.num_heads}
+
+
+STAGES: dict[str, tuple[Setup, Timed]] = {
+    "head": (_nothing, _stage_head),
+    "analytic": (_nothing, _stage_analytic),
+    "sampled": (_nothing, _stage_sampled),
+    "release-alm": (Unit.trained_head, _stage_release("alm")),
+    "release-laplace": (Unit.trained_head, _stage_release("laplace")),
+    "release-gaussian": (Unit.trained_head, _stage_release("gaussian")),
+    "dperm": (_nothing, _stage_dperm),
+    "lira-references": (_nothing, _stage_lira_references),
+    "shadow-models": (_nothing, _stage_shadow_models),
+    "metric-attacks": (_banked, _stage_metric_attacks),
+    "dpsgd-head": (_nothing, _stage_dpsgd_head),
+    "dpsgd-attacker": (_dpsgd_release, _stage_dpsgd_attacker),
+}
+
+
+def run_stage(stage: str, path: Path, *, m: int, threads: int) -> dict[str, Any]:
+    """Run one stage in this process: its wall and CPU seconds, without loading the data and
+    without the stage's untimed setup."""
+    import torch
+
+    torch.set_num_threads(threads)
+    unit = Unit(path, m=m)
+    setup, timed = STAGES[stage]
+    state = setup(unit)
+    wall, cpu = time.perf_counter(), time.process_time()
+    info = timed(unit, state)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    repeats = info.get("repeats", 1)
+    return {"seconds": wall / repeats, "cpu_seconds": cpu / repeats, **info}
+
+
+# --- the driver: child processes, the cache, the docs --------------------------------------------
+
+
+def _child(command: list[str], *, log: Path | None = None) -> tuple[int, float, float, str]:
+    """Run ``command``; return (exit code, wall seconds, peak RSS GiB, its stdout)."""
+    start = time.perf_counter()
+    stderr = None if log is None else log.open("w")
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=ROOT)
+    assert child.stdout is not None
+    out = child.stdout.read()
+    _, status, usage = os.wait4(child.pid, 0)  # this child's own peak RSS (KiB on Linux)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    child.stdout.close()
+    if stderr is not None:
+        stderr.close()
+    return child.returncode, time.perf_counter() - start, usage.ru_maxrss / 2**20, out
+
+
+def _stamp() -> dict[str, Any]:
+    return {"when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+            "load": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
+            "machine": platform.processor() or platform.machine()}  # fmt: skip
+
+
+class Cache:
+    """The measurements, a JSON file rewritten (atomically) after every unit."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.data
+
+    def put(self, key: str, value: dict[str, Any]) -> None:
+        from alm_opacus.io import atomic_write_json
+
+        self.data[key] = value
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(self.path, self.data)
+
+
+def stage_key(stage: str, n: int, *, m: int, threads: int) -> str:
+    extra = f",m={m}" if stage == "sampled" else ""
+    return f"stage={stage},n={n},d={DIM}{extra},threads={threads}"
+
+
+def measure_stages(args: argparse.Namespace, cache: Cache) -> None:
+    from tqdm.auto import tqdm
+
+    def done(stage: str, n: int) -> bool:
+        return stage_key(stage, n, m=args.m, threads=args.threads) in cache
+
+    todo = [(s, n) for n in args.sizes for s in args.stages if args.force or not done(s, n)]
+    folder = args.cache.parent / "data"
+    for stage, n in tqdm(todo, desc="bench_scale stages", unit="unit"):
+        path = features_file(folder, n)
+        stamp = _stamp()
+        code, wall, rss, out = _child(
+            [sys.executable, __file__, "--unit", stage, "--unit-file", str(path), "--m",
+             str(args.m), "--threads", str(args.threads)],
+        )  # fmt: skip
+        if code != 0:
+            print(f"bench_scale: {stage} at n={n} failed (exit {code}); skipped", file=sys.stderr)
+            continue
+        result = json.loads(out.strip().splitlines()[-1])
+        record = {**result, "stage": stage, "n": n, "peak_rss_gib": rss, "wall": wall,
+                  "threads": args.threads, **stamp,
+                  "load_after": round(os.getloadavg()[0], 2)}  # fmt: skip
+        cache.put(stage_key(stage, n, m=args.m, threads=args.threads), record)
+
+
+def measure_paper(args: argparse.Namespace, cache: Cache) -> None:
+    """The sampler at m = 500, n = 50,000; the default grid at 10,000 and 50,000 members."""
+    from tqdm.auto import tqdm
+
+    folder = args.cache.parent
+    units = [("paper-sampler", 50_000), *(("paper-grid", n) for n in args.grid_members)]
+    todo = [(k, n) for k, n in units if args.force or f"{k},n={n}" not in cache]
+    for kind, n in tqdm(todo, desc="bench_scale paper", unit="run"):
+        path = features_file(folder / "data", n)
+        stamp = _stamp()
+        if kind == "paper-sampler":
+            command = [sys.executable, __file__, "--unit", "sampled", "--unit-file", str(path),
+                       "--m", "500", "--threads", str(args.threads)]  # fmt: skip
+        else:
+            out = folder / f"grid-{n}"
+            shutil.rmtree(out, ignore_errors=True)  # a fresh run from an empty cache
+            command = [sys.executable, str(ROOT / "scripts" / "compare.py"), "--dataset",
+                       f"features:{path}", "--methods", GRID_METHODS, "--out", str(out),
+                       "--cache-dir", str(out / "cache"), "--no-progress"]  # fmt: skip
+        code, wall, rss, text = _child(command, log=folder / f"{kind}-{n}.log")
+        if code != 0:
+            print(f"bench_scale: {kind} at n={n} failed (exit {code}); see its log",
+                  file=sys.stderr)  # fmt: skip
+            continue
+        result = json.loads(text.strip().splitlines()[-1]) if kind == "paper-sampler" else {}
+        cache.put(f"{kind},n={n}", {**result, "kind": kind, "n": n, "wall": wall,
+                                    "peak_rss_gib": rss, "threads": args.threads, **stamp,
+                                    "load_after": round(os.getloadavg()[0], 2)})  # fmt: skip
+
+
+def _work(record: dict[str, Any]) -> float:
+    """What an exponent is fitted to: CPU seconds (a single-threaded stage's work, which other
+    processes' load barely moves), else wall seconds."""
+    return float(record.get("cpu_seconds", record["seconds"]))
+
+
+def exponent(points: list[tuple[int, float]]) -> float:
+    """Least-squares slope of log(seconds) on log(n) (nan with fewer than two sizes)."""
+    if len(points) < 2:
+        return math.nan
+    n, s = (np.log(np.array(v, dtype=float)) for v in zip(*points, strict=True))
+    return float(np.polyfit(n, s, 1)[0])
+
+
+def _label(record: dict[str, Any]) -> str:
+    stage = record["stage"]
+    return f"{stage} (m = {record['m']})" if stage == "sampled" else stage
+
+
+def _by_stage(cache: Cache) -> dict[str, list[dict[str, Any]]]:
+    """Measurements by stage (the sampler by its m too), in :data:`STAGES` order."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for key, value in cache.data.items():
+        if key.startswith("stage=") and value["stage"] in STAGES:
+            out.setdefault(_label(value), []).append(value)
+    order = {stage: i for i, stage in enumerate(STAGES)}
+    labels = sorted(out, key=lambda k: (order[out[k][0]["stage"]], k))
+    return {k: sorted(out[k], key=lambda r: r["n"]) for k in labels}
+
+
+def _fmt_seconds(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1e3:.1f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min"
+
+
+def table(cache: Cache) -> str:
+    stages = _by_stage(cache)
+    sizes = sorted({r["n"] for rows in stages.values() for r in rows})
+    head = "| stage | " + " | ".join(f"n = {n:,}" for n in sizes) + " | exponent (CPU) |"
+    lines = [head, "|---|" + "---:|" * (len(sizes) + 1)]
+    for stage, rows in stages.items():
+        at = {r["n"]: r for r in rows}
+        cells = [_fmt_seconds(at[n]["seconds"]) if n in at else "" for n in sizes]
+        k = exponent([(r["n"], _work(r)) for r in rows])
+        flag = "" if not k > EXPONENT_TARGET else " (above 1.1)"
+        name = f"`{rows[0]['stage']}`" + stage[len(rows[0]["stage"]) :]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {k:.2f}{flag} |")
+    every = [r for rows in stages.values() for r in rows]
+    loads = [r["load"] for r in every]
+    threads = "/".join(map(str, sorted({r["threads"] for r in every})))
+    days = ", ".join(sorted({r["when"][:10] for r in every}))
+    lines += ["", f"Wall seconds; the exponent is fitted to each stage's CPU seconds (its work, "
+              f"which other processes' load barely moves). Measured {days} on "
+              f"{every[0]['cpus']} CPUs ({every[0]['machine']}), {threads} torch thread(s) per "
+              f"stage, load average {min(loads):.1f} to {max(loads):.1f} at the start of the "
+              "units."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def paper_block(cache: Cache) -> str:
+    lines = []
+    sampler = cache.data.get("paper-sampler,n=50000")
+    if sampler is not None:
+        ok = "within" if sampler["seconds"] <= SAMPLER_TARGET_SECONDS else "above"
+        lines.append(
+            f"- Sampled sensitivity, m = 500 pairs, n = 50,000 members, d = 512, one process "
+            f"({sampler['threads']} thread(s)): **{_fmt_seconds(sampler['seconds'])}** "
+            f"({ok} the 10-minute target), peak RSS {sampler['peak_rss_gib']:.2f} GiB; "
+            f"{sampler['when']} UTC, load average {sampler['load']:.1f}."
+        )
+    for key, value in sorted(cache.data.items()):
+        if not key.startswith("paper-grid"):
+            continue
+        n = value["n"]
+        target = ""
+        if n == 10_000:
+            ok = value["wall"] <= GRID_TARGET_SECONDS and value["peak_rss_gib"] <= GRID_TARGET_GIB
+            target = f" ({'within' if ok else 'outside'} the 30-minute, 4 GiB target)"
+        lines.append(
+            f"- `compare.py --dataset features:PATH --methods {GRID_METHODS}` (the default "
+            f"grid: 6 epsilons, 5 noise draws, every attack) on {n:,} members ({5 * n:,} rows): "
+            f"**{_fmt_seconds(value['wall'])}**, peak RSS **{value['peak_rss_gib']:.2f} GiB**"
+            f"{target}; {value['when']} UTC, load average {value['load']:.1f}."
+        )
+    return "\n".join(lines) if lines else "(not measured yet: `scripts/bench_scale.py --paper`)"
+
+
+def plot(cache: Cache, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for stage, rows in _by_stage(cache).items():
+        k = exponent([(r["n"], _work(r)) for r in rows])
+        ax.plot([r["n"] for r in rows], [_work(r) for r in rows], marker="o",
+                label=f"{stage} ({k:.2f})")  # fmt: skip
+    all_n = sorted({r["n"] for rows in _by_stage(cache).values() for r in rows})
+    if all_n:
+        ref = np.array(all_n, dtype=float)
+        ax.plot(ref, ref / ref[0], "k--", lw=0.8, label="slope 1 (linear)")
+    ax.set(xscale="log", yscale="log", xlabel="members n", ylabel="CPU seconds",
+           title="Each stage against n (growth exponent in the legend)")  # fmt: skip
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def write_docs(cache: Cache) -> None:
+    from alm_opacus.io import atomic_write_text, replace_marked
+
+    text = DOC.read_text()
+    text = replace_marked(text, begin="<!-- scale:table:begin -->",
+                          end="<!-- scale:table:end -->", block=table(cache))  # fmt: skip
+    text = replace_marked(text, begin="<!-- scale:paper:begin -->",
+                          end="<!-- scale:paper:end -->", block=paper_block(cache))  # fmt: skip
+    atomic_write_text(DOC, text)
+    plot(cache, PLOT)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(",") if v.strip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=_ints, default=SIZES, help="members n, comma list")
+    parser.add_argument("--stages", default=",".join(STAGES),
+                        help=f"comma list of {', '.join(STAGES)}")  # fmt: skip
+    parser.add_argument("--m", type=int, default=500, help="sampler pairs of the sampled stage")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per stage (the harness runs cells on 1)")  # fmt: skip
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="results JSON")
+    parser.add_argument("--force", action="store_true", help="redo units already cached")
+    parser.add_argument("--no-stages", action="store_true", help="measure no stage")
+    parser.add_argument("--paper", action="store_true", help="the issue-21 paper settings")
+    parser.add_argument("--grid-members", type=_ints, default=(10_000, 50_000),
+                        help="members of the --paper grid runs")  # fmt: skip
+    parser.add_argument("--write", action="store_true", help="write docs/scale.md and the plot")
+    parser.add_argument("--unit", help=argparse.SUPPRESS)
+    parser.add_argument("--unit-file", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.unit:  # a child: one stage, its result as the last line of stdout
+        print(json.dumps(run_stage(args.unit, args.unit_file, m=args.m, threads=args.threads)))
+        return 0
+    args.stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    unknown = [s for s in args.stages if s not in STAGES]
+    if unknown:
+        parser.error(
+            f"--stages: unknown stage {unknown[0]!r}; expected some of {', '.join(STAGES)}"
+        )
+    cache = Cache(args.cache)
+    if not args.no_stages:
+        measure_stages(args, cache)
+    if args.paper:
+        measure_paper(args, cache)
+    if args.write:
+        write_docs(cache)
+    print(table(cache) if any(k.startswith("stage=") for k in cache.data) else "no stages yet")
+    print(paper_block(cache))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
