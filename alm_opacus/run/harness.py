@@ -4,18 +4,25 @@ The private split never touches the encoder: pre-training sees only the public s
 the dataset's unlabeled set), each method sees the members, each attack sees what its
 threat model allows.
 
-A run is small units: :func:`plan_cells` lists the (method, epsilon, seed) cells,
-:func:`run_cell` turns one cell into rows, and :class:`~alm_opacus.run.writer.RunWriter` writes
-results, ROC curves, ``config.json``, TensorBoard and plots after every cell.
+A run is small pure units: :func:`plan_cells` lists the (method, epsilon, seed) cells;
+:func:`prepare_unit` does a method's per-seed work once (shared by methods with one
+preparation key), :func:`plain_attacks_unit` the plain attacker's per seed, and
+:func:`cell_unit` turns one cell into rows. :func:`run` (the driver) submits them to an
+executor (:mod:`alm_opacus.run.executors`: in this process, or on Ray), fills the utility
+losses from each seed's baseline, and alone writes the run folder:
+:class:`~alm_opacus.run.writer.RunWriter` writes results, ROC curves, ``config.json``,
+TensorBoard and plots after every cell.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import importlib.metadata
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +45,7 @@ from alm_opacus.methods import (
     MethodContext,
     NoisePolicy,
     Release,
+    RunMemo,
     create_method,
     method_class,
     method_options,
@@ -52,25 +60,34 @@ from alm_opacus.run.evaluation import (
     cell_rows,
     infeasible_row,
     torch_threads,
+    with_reference,
 )
+from alm_opacus.run.executors import Executor, create_executor
 from alm_opacus.run.rundir import RunFolder, check_writable_dir
 from alm_opacus.run.writer import RunWriter, run_settings, tensorboard_hparams
 from alm_opacus.ssl.pretrain import array_digest, config_hash, extract_features, pretrain
+from alm_opacus.units import UnitMap, serial_map
 
 __all__ = [
     "PLUGIN_GROUP",
     "Cell",
     "CellOutcome",
+    "Infeasible",
     "Prepared",
     "RunConfig",
+    "RunInputs",
     "RunResult",
     "Session",
+    "cell_unit",
     "load_plugins",
+    "plain_attacks_unit",
     "plan_cells",
     "preflight",
     "prepare",
+    "prepare_unit",
     "run",
     "run_cell",
+    "submit_cells",
 ]
 
 PLUGIN_GROUP = "alm_opacus.methods"
@@ -187,21 +204,40 @@ def plan_cells(config: RunConfig) -> list[Cell]:
 
 
 @dataclass
-class Session:
-    """What the cells of one run share: the data, the methods, prepared work and attacks."""
+class RunInputs:
+    """What every unit of a run reads: built once by the driver, read-only, and sent once
+    (on Ray: one object in the object store, whatever the number of tasks).
+
+    Attributes:
+        config: the run.
+        delta: the run's delta.
+        context: what every method may use besides the members' data.
+        evaluation: the balanced evaluation set and the attacker's pool.
+        queries: ``(kind, part) -> inputs`` for the parts ``members``, ``nonmembers`` and
+            ``evaluation`` (members then non-members), in each input kind the run's methods
+            take.
+        labels: ``part -> labels`` for ``members`` and ``nonmembers``.
+    """
 
     config: RunConfig
-    data: Prepared
+    delta: float
     context: MethodContext
     evaluation: Evaluation
-    methods: dict[str, Method[Any, Any]] = field(default_factory=dict)
-    prepared: dict[tuple[str, int], Any] = field(default_factory=dict)
-    plain_attacks: dict[int, PreparedAttacks] = field(default_factory=dict)
-    reference: dict[int, float] = field(default_factory=dict)
-    _queries: dict[tuple[InputKind, str], Tensor] = field(default_factory=dict)
+    queries: dict[tuple[InputKind, str], Tensor]
+    labels: dict[str, Tensor]
 
     @classmethod
-    def open(cls, config: RunConfig, data: Prepared) -> Session:
+    def build(
+        cls, config: RunConfig, data: Prepared, *, memo: RunMemo | None = None,
+        map_units: UnitMap = serial_map, progress: bool | None = None,
+    ) -> RunInputs:  # fmt: skip
+        """The inputs of ``config``'s units from the prepared data.
+
+        Args:
+            memo: work shared by the units (default: a fresh in-process memo).
+            map_units: how units map their own units (sampler and bank chunks).
+            progress: show progress bars inside units (default: ``config.progress``).
+        """
         kinds = {method_class(m).inputs for m in ("none", *config.methods)}
         images = "images" in kinds
         public_x, public_y = data.part("public")
@@ -210,9 +246,10 @@ class Session:
             public_features=public_x, public_labels=public_y,
             public_images=data.inputs("images", "public") if images else None,
             encoder=data.encoder if images else None, cache_dir=config.cache_path,
-            progress=config.progress, dataset=config.dataset,
+            progress=config.progress if progress is None else progress, dataset=config.dataset,
             schedule=config.spec.dpsgd.as_tuple(),
             noise=NoisePolicy(reproducible=config.reproducible_noise),
+            memo=RunMemo() if memo is None else memo, map_units=map_units,
         )  # fmt: skip
         y_in, y_out = data.part("members")[1], data.part("nonmembers")[1]
         evaluation = Evaluation(
@@ -221,61 +258,77 @@ class Session:
             is_member=np.r_[np.ones(len(y_in), bool), np.zeros(len(y_out), bool)],
             pool=data.part("attacker"), names=config.attack_names,
             num_classes=data.num_classes, config=AttackConfig(**config.attack_options),
+            map_units=map_units,
         )  # fmt: skip
-        return cls(config=config, data=data, context=context, evaluation=evaluation)
+        queries: dict[tuple[InputKind, str], Tensor] = {}
+        for kind in sorted(kinds):
+            members, nonmembers = data.inputs(kind, "members"), data.inputs(kind, "nonmembers")
+            queries[kind, "members"], queries[kind, "nonmembers"] = members, nonmembers
+            queries[kind, "evaluation"] = torch.cat([members, nonmembers])
+        return cls(config=config, delta=data.delta, context=context, evaluation=evaluation,
+                   queries=queries, labels={"members": y_in, "nonmembers": y_out})  # fmt: skip
 
     def method(self, name: str) -> Method[Any, Any]:
-        if name not in self.methods:
-            options = method_options(name, self.config.options)
-            self.methods[name] = create_method(name, options)
-        return self.methods[name]
+        """The method ``name`` with the run's options."""
+        return create_method(name, method_options(name, self.config.options))
 
     def inputs(self, kind: InputKind, part: str) -> Tensor:
-        """A split part (or ``evaluation``: members then non-members) as ``kind``, built once."""
-        if (kind, part) not in self._queries:
-            self._queries[kind, part] = (
-                torch.cat([self.inputs(kind, "members"), self.inputs(kind, "nonmembers")])
-                if part == "evaluation"
-                else self.data.inputs(kind, part)
-            )
-        return self._queries[kind, part]
-
-    def prepared_for(self, name: str, seed: int) -> Any:
-        if (name, seed) not in self.prepared:
-            method = self.method(name)
-            self.prepared[name, seed] = method.prepare(
-                features=self.inputs(method.inputs, "members"),
-                labels=self.data.part("members")[1], seed=seed, context=self.context,
-            )  # fmt: skip
-        return self.prepared[name, seed]
-
-    def plain(self, seed: int) -> PreparedAttacks:
-        """Attacks with plain shadow heads (the victim's recipe, no protection), per seed."""
-        if seed not in self.plain_attacks:
-            trainer = plain_shadow_trainer(self.context)
-            self.plain_attacks[seed] = self.evaluation.prepare(trainer, seed=seed)
-        return self.plain_attacks[seed]
+        """A split part (or ``evaluation``: members then non-members) as ``kind``."""
+        return self.queries[kind, part]
 
 
-def run_cell(cell: Cell, session: Session) -> CellOutcome:
-    """Release, evaluate and attack one cell; an infeasible budget becomes one row."""
-    start = time.perf_counter()
-    config, method = session.config, session.method(cell.method)
+@dataclass(frozen=True)
+class Infeasible:
+    """A preparation that no release can meet (its cells become one infeasible row each)."""
+
+    reason: str
+
+
+def prepare_unit(shared: RunInputs, name: str, seed: int) -> Any:
+    """Unit: method ``name``'s work shared by every epsilon and draw of ``seed`` (e.g. the
+    clean head and its sampled sensitivity), or :class:`Infeasible`."""
+    _load_plugins_once()
+    method = shared.method(name)
     try:
-        prepared = session.prepared_for(cell.method, cell.seed)
-        releases, accuracies, results = _draws(cell, session, method, prepared)
+        return method.prepare(features=shared.inputs(method.inputs, "members"),
+                              labels=shared.labels["members"], seed=seed,
+                              context=shared.context)  # fmt: skip
     except InfeasibleRelease as exc:
-        row = infeasible_row(dataset=config.dataset, method=cell.method, epsilon=cell.epsilon,
-                             seed=cell.seed, delta=session.data.delta, reason=str(exc),
-                             seconds=time.perf_counter() - start)  # fmt: skip
+        return Infeasible(str(exc))
+
+
+def plain_attacks_unit(shared: RunInputs, seed: int) -> PreparedAttacks:
+    """Unit: the attacks with plain shadow heads (the victim's recipe, no protection)."""
+    return shared.evaluation.prepare(plain_shadow_trainer(shared.context), seed=seed)
+
+
+PlainAttacks = PreparedAttacks | Callable[[], PreparedAttacks] | None
+
+
+def cell_unit(shared: RunInputs, cell: Cell, prepared: Any, plain: PlainAttacks) -> CellOutcome:
+    """Unit: release, evaluate and attack one cell; an infeasible budget becomes one row.
+
+    A pure function of its arguments: ``prepared`` is :func:`prepare_unit`'s value for the
+    cell's method and seed, ``plain`` the seed's :func:`plain_attacks_unit` (or a function
+    that computes it on first use). The rows' utility losses are left NaN: the driver fills
+    them from the seed's baseline (:func:`~alm_opacus.run.evaluation.with_reference`).
+    """
+    _load_plugins_once()
+    start = time.perf_counter()
+    method = shared.method(cell.method)
+    try:
+        if isinstance(prepared, Infeasible):
+            raise InfeasibleRelease(prepared.reason)
+        releases, accuracies, results = _draws(cell, shared, method, prepared, plain)
+    except InfeasibleRelease as exc:
+        row = infeasible_row(dataset=shared.config.dataset, method=cell.method,
+                             epsilon=cell.epsilon, seed=cell.seed, delta=shared.delta,
+                             reason=str(exc), seconds=time.perf_counter() - start)  # fmt: skip
         return CellOutcome(rows=[row], rocs={})
-    if releases[0].baseline:
-        session.reference[cell.seed] = accuracies[0]
-    reference = session.reference[cell.seed]
     rows = cell_rows(
-        dataset=config.dataset, method=cell.method, epsilon=cell.epsilon, seed=cell.seed,
-        releases=releases, accuracies=accuracies, reference=reference, results=results,
-        seconds=time.perf_counter() - start,
+        dataset=shared.config.dataset, method=cell.method, epsilon=cell.epsilon,
+        seed=cell.seed, releases=releases, accuracies=accuracies, reference=None,
+        results=results, seconds=time.perf_counter() - start,
     )  # fmt: skip
     rocs: RocMap = {}
     for result in results:  # the first draw's curve of each attack
@@ -285,40 +338,144 @@ def run_cell(cell: Cell, session: Session) -> CellOutcome:
     chosen = releases[0].chosen_config
     entry = None if chosen is None else {"method": cell.method, "epsilon": cell.epsilon,
                                          "seed": cell.seed, "config": chosen}  # fmt: skip
-    return CellOutcome(rows=rows, rocs=rocs, chosen=entry)
+    baseline = accuracies[0] if releases[0].baseline else None
+    return CellOutcome(rows=rows, rocs=rocs, chosen=entry, baseline_accuracy=baseline)
 
 
 def _draws(
-    cell: Cell, session: Session, method: Method[Any, Any], prepared: Any
+    cell: Cell, shared: RunInputs, method: Method[Any, Any], prepared: Any, plain: PlainAttacks
 ) -> tuple[list[Release], list[float], list[AttackResult]]:
     """Every noise draw of a cell: its release, test accuracy and attack results."""
-    evaluation, data, context = session.evaluation, session.data, session.context
+    evaluation, context = shared.evaluation, shared.context
     kind = method.inputs
     releases: list[Release] = []
     accuracies: list[float] = []
     results: list[AttackResult] = []
     adaptive: PreparedAttacks | None = None
-    y_in, y_out = data.part("members")[1], data.part("nonmembers")[1]
+    y_in, y_out = shared.labels["members"], shared.labels["nonmembers"]
+
+    def plain_attacks() -> PreparedAttacks:
+        if plain is None:
+            raise ValueError(f"cell {cell.key}: attacks were asked but no plain attacks given")
+        return plain() if callable(plain) else plain
+
     for draw in range(cell.draws):
         release = method.release(
-            prepared, features=session.inputs(kind, "members"), labels=y_in,
-            epsilon=cell.epsilon, delta=data.delta, seed=cell.seed, draw=draw, context=context,
+            prepared, features=shared.inputs(kind, "members"), labels=y_in,
+            epsilon=cell.epsilon, delta=shared.delta, seed=cell.seed, draw=draw,
+            context=context,
         )  # fmt: skip
         releases.append(release)
-        accuracies.append(accuracy(release.predict_proba(session.inputs(kind, "nonmembers")),
+        accuracies.append(accuracy(release.predict_proba(shared.inputs(kind, "nonmembers")),
                                    y_out))  # fmt: skip
         if not evaluation.names:
             continue
-        queried = None if kind == "features" else session.inputs(kind, "evaluation")
+        queried = None if kind == "features" else shared.inputs(kind, "evaluation")
         if release.attacker is None:
-            results += evaluation.attack(session.plain(cell.seed), release, inputs=queried)
+            results += evaluation.attack(plain_attacks(), release, inputs=queried)
             continue
         if adaptive is None:  # one adaptive attacker per cell: its protection is the cell's
             adaptive = evaluation.prepare(release.attacker(), seed=cell.seed)
         results += evaluation.attack(adaptive, release, inputs=queried)
-        results += evaluation.attack(session.plain(cell.seed), release, inputs=queried,
+        results += evaluation.attack(plain_attacks(), release, inputs=queried,
                                      suffix=CLEAN_SUFFIX)  # fmt: skip
     return releases, accuracies, results
+
+
+@dataclass
+class Session:
+    """One run's units computed one at a time in this process, each shared piece once: the
+    per-(preparation, seed) work, the plain attacks per seed, and the baselines' accuracies.
+    For scripts and tests that compute cells by hand; :func:`run` drives an executor."""
+
+    config: RunConfig
+    data: Prepared
+    shared: RunInputs
+    methods: dict[str, Method[Any, Any]] = field(default_factory=dict)
+    prepared: dict[tuple[Hashable, int], Any] = field(default_factory=dict)
+    plain_attacks: dict[int, PreparedAttacks] = field(default_factory=dict)
+    reference: dict[int, float] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, config: RunConfig, data: Prepared) -> Session:
+        return cls(config=config, data=data, shared=RunInputs.build(config, data))
+
+    @property
+    def context(self) -> MethodContext:
+        return self.shared.context
+
+    @property
+    def evaluation(self) -> Evaluation:
+        return self.shared.evaluation
+
+    def method(self, name: str) -> Method[Any, Any]:
+        if name not in self.methods:
+            self.methods[name] = self.shared.method(name)
+        return self.methods[name]
+
+    def inputs(self, kind: InputKind, part: str) -> Tensor:
+        """A split part (or ``evaluation``: members then non-members) as ``kind``."""
+        return self.shared.inputs(kind, part)
+
+    def preparation(self, name: str, seed: int) -> Any:
+        """:func:`prepare_unit`'s value for ``name`` and ``seed``, computed once per
+        :meth:`~alm_opacus.methods.Method.preparation_key`."""
+        key = (self.method(name).preparation_key(), seed)
+        if key not in self.prepared:
+            self.prepared[key] = prepare_unit(self.shared, name, seed)
+        return self.prepared[key]
+
+    def prepared_for(self, name: str, seed: int) -> Any:
+        """The method's prepared work for ``seed``.
+
+        Raises:
+            InfeasibleRelease: when no release of the method can be made.
+        """
+        value = self.preparation(name, seed)
+        if isinstance(value, Infeasible):
+            raise InfeasibleRelease(value.reason)
+        return value
+
+    def plain(self, seed: int) -> PreparedAttacks:
+        """Attacks with plain shadow heads (the victim's recipe, no protection), per seed."""
+        if seed not in self.plain_attacks:
+            self.plain_attacks[seed] = plain_attacks_unit(self.shared, seed)
+        return self.plain_attacks[seed]
+
+
+def run_cell(cell: Cell, session: Session) -> CellOutcome:
+    """Release, evaluate and attack one cell in this process; a baseline's cell records its
+    seed's reference accuracy, which every later cell's utility loss is measured against."""
+    prepared = session.preparation(cell.method, cell.seed)
+    outcome = cell_unit(session.shared, cell, prepared, lambda: session.plain(cell.seed))
+    if outcome.baseline_accuracy is not None:
+        session.reference[cell.seed] = outcome.baseline_accuracy
+    if all(row.status != "ok" for row in outcome.rows):
+        return outcome
+    return dataclasses.replace(
+        outcome, rows=with_reference(outcome.rows, session.reference[cell.seed])
+    )
+
+
+def submit_cells(engine: Executor, shared: RunInputs, cells: Sequence[Cell]) -> list[Any]:
+    """Submit ``cells`` and what they need: one prepare unit per (preparation key, seed),
+    one plain-attacks unit per seed (when the run attacks), one unit per cell.
+
+    Returns:
+        The cells' handles, in the order of ``cells``.
+    """
+    ref = engine.put(shared)
+    prepared: dict[tuple[Hashable, int], Any] = {}
+    plain: dict[int, Any] = {}
+    handles = []
+    for cell in cells:
+        key = (shared.method(cell.method).preparation_key(), cell.seed)
+        if key not in prepared:
+            prepared[key] = engine.submit(prepare_unit, ref, cell.method, cell.seed)
+        if shared.evaluation.names and cell.seed not in plain:
+            plain[cell.seed] = engine.submit(plain_attacks_unit, ref, cell.seed)
+        handles.append(engine.submit(cell_unit, ref, cell, prepared[key], plain.get(cell.seed)))
+    return handles
 
 
 @dataclass
@@ -333,20 +490,28 @@ def run(
     *,
     on_cell: Callable[[Cell], None] | None = None,
     on_start: Callable[[Path], None] | None = None,
+    executor: Executor | str = "in-process",
+    executor_options: Mapping[str, Any] | None = None,
 ) -> RunResult:
     """Run the whole comparison into ``config.out``: ``config.json``, ``split.json``,
     ``results.csv``, ``rocs.json``, TensorBoard events and plots, each written atomically
-    after every cell.
+    by this process (the driver) after every cell.
 
     Args:
         config: the run.
-        on_cell: called before each cell is computed (tests use it to interrupt a run).
+        on_cell: called with each cell before its outcome is recorded (in-process: before
+            it is computed; tests use it to interrupt a run).
         on_start: called with the run folder once it is validated and locked.
+        executor: where the units run: an :class:`~alm_opacus.run.executors.Executor` (the
+            caller's: left open), or a name (``in-process``, ``ray``) to create one for this
+            run, after the checks, and close it at the end.
+        executor_options: options of a named executor (``ray``: ``address``).
 
     Raises:
         ValueError: for an invalid configuration, an unusable ``out`` or cache, a run folder
-            that holds another run (without resume/overwrite), or a resume whose config
-            differs. DataError: for a missing or corrupt dataset.
+            that holds another run (without resume/overwrite), a resume whose config
+            differs, or ``ray`` without Ray installed. DataError: for a missing or corrupt
+            dataset. ExecutorError: when a unit cannot be computed on the cluster.
     """
     start = time.perf_counter()
     out = Path(config.out)
@@ -361,22 +526,55 @@ def run(
                            hparams=tensorboard_hparams(config))  # fmt: skip
         data = prepare(config)
         data.split.save(out / "split.json")
-        session = Session.open(config, data)
+        engine = (executor if isinstance(executor, Executor) else stack.enter_context(
+            create_executor(executor, **dict(executor_options or {}))))  # fmt: skip
+        shared = RunInputs.build(config, data, memo=engine.memo(), map_units=engine.unit_map(),
+                                 progress=config.progress and engine.in_driver)  # fmt: skip
+        # a resumed run measures utility against its finished baseline
         baselines = baseline_methods(config)
-        for row in writer.rows:  # a resumed run measures utility against its finished baseline
-            if row.method in baselines:
-                session.reference[row.seed] = row.test_accuracy
+        references = {row.seed: row.test_accuracy for row in writer.rows
+                      if row.method in baselines}  # fmt: skip
         stack.enter_context(torch_threads(CELL_THREADS))
         cells = [c for c in plan_cells(config) if c.key not in writer.done]
-        bar = tqdm(cells, desc="cells", unit="cell", disable=not config.progress or not cells)
+        bar = tqdm(total=len(cells), desc="cells", unit="cell",
+                   disable=not config.progress or not cells)  # fmt: skip
+        stack.callback(bar.close)
+
+        def before(index: int) -> None:
+            cell = cells[index]
+            bar.set_postfix_str(f"{cell.method} eps={cell.epsilon:g} seed={cell.seed}")
+            if on_cell is not None:
+                on_cell(cell)
+
+        waiting: dict[int, list[CellOutcome]] = {}  # finished before their seed's baseline
         try:
-            for cell in bar:
-                bar.set_postfix_str(f"{cell.method} eps={cell.epsilon:g} seed={cell.seed}")
-                if on_cell is not None:
-                    on_cell(cell)
-                writer.add(run_cell(cell, session))
+            handles = submit_cells(engine, shared, cells)
+            for index, outcome in engine.as_completed(handles, before=before):
+                seed = cells[index].seed
+                if outcome.baseline_accuracy is not None:
+                    references[seed] = outcome.baseline_accuracy
+                waiting.setdefault(seed, []).append(outcome)
+                if seed in references:
+                    for done in waiting.pop(seed):
+                        writer.add(_measured(done, references[seed]))
+                bar.update()
         except KeyboardInterrupt:
             writer.interrupted()
             raise
+        for outcomes in waiting.values():  # a seed whose baseline has no accuracy
+            for done in outcomes:
+                writer.add(done)
         writer.finish(force=bool(cells))
     return RunResult(rows=writer.rows, out=out, seconds=time.perf_counter() - start)
+
+
+def _measured(outcome: CellOutcome, reference: float) -> CellOutcome:
+    """The outcome with its utility losses measured against its seed's baseline."""
+    return dataclasses.replace(outcome, rows=with_reference(outcome.rows, reference))
+
+
+@functools.cache
+def _load_plugins_once() -> None:
+    """Register the plugin methods in a process that runs units (a Ray worker imports only
+    what a task names)."""
+    load_plugins()

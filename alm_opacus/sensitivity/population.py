@@ -27,14 +27,16 @@ from torch import Tensor
 from alm_opacus.heads import HeadConfig
 from alm_opacus.sensitivity.convex import DEFAULT_TOL
 from alm_opacus.sensitivity.sampler import (
+    HeadTrainer,
     SensitivitySample,
     _check_inputs,
     _finish,
     _trainer,
     default_chunk_size,
 )
+from alm_opacus.units import UnitMap, serial_map
 
-__all__ = ["draw_population_pairs", "sample_population_sensitivity"]
+__all__ = ["draw_population_pairs", "population_chunk", "sample_population_sensitivity"]
 
 
 def draw_population_pairs(*, population: int, n: int, m: int, seed: int) -> np.ndarray:
@@ -58,6 +60,24 @@ def draw_population_pairs(*, population: int, n: int, m: int, seed: int) -> np.n
     return np.stack([rng.integers(0, population, size=n + 1) for _ in range(m)])
 
 
+def population_chunk(train: HeadTrainer, block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One unit of :func:`sample_population_sensitivity`: the pairs ``block`` (k, n + 1) of
+    :func:`draw_population_pairs`, each trained as two heads (row counts of the population
+    sample), and their distances ``(l1 (k,), l2 (k,))``."""
+    n = block.shape[1] - 1
+    total = int(train.features.shape[0])
+    counts = torch.zeros(2 * len(block), total, dtype=torch.int64)
+    for k, pair in enumerate(block):
+        shared = torch.bincount(torch.from_numpy(pair[: n - 1].copy()), minlength=total)
+        counts[2 * k] = shared
+        counts[2 * k + 1] = shared
+        counts[2 * k, int(pair[n - 1])] += 1
+        counts[2 * k + 1, int(pair[n])] += 1
+    flat = train(counts.to(train.features.device))
+    diff = flat[0::2] - flat[1::2]
+    return diff.abs().sum(1).cpu().numpy(), torch.linalg.vector_norm(diff, dim=1).cpu().numpy()
+
+
 def sample_population_sensitivity(
     features: Tensor,
     labels: Tensor,
@@ -74,6 +94,7 @@ def sample_population_sensitivity(
     progress: bool = False,
     solver: str = "adam",
     tol: float = DEFAULT_TOL,
+    map_units: UnitMap = serial_map,
 ) -> SensitivitySample:
     """Sample the sensitivity of the head trained on ``n`` rows, from a population sample.
 
@@ -93,6 +114,8 @@ def sample_population_sensitivity(
         progress: show a tqdm bar over chunks.
         solver: ``"adam"`` or ``"newton"``.
         tol: gradient-norm tolerance of the ``"newton"`` solver.
+        map_units: runs the chunks of pairs (:func:`population_chunk`, independent units);
+            default in this process, in order. The result does not depend on it.
 
     Returns:
         A :class:`SensitivitySample` with ``population`` set; ``pairs`` holds ``(x, x')``.
@@ -112,24 +135,10 @@ def sample_population_sensitivity(
     chunk_pairs = max(1, chunk_size // 2)
     train = _trainer(features, labels, num_classes=num_classes, config=config, seed=seed,
                      solver=solver, tol=tol)  # fmt: skip
-    starts = range(0, m, chunk_pairs)
-    if progress:
-        from tqdm.auto import tqdm
-
-        starts = tqdm(starts, desc="sensitivity sampler (public)", unit="chunk")
-    l1, l2 = np.empty(m), np.empty(m)
-    for start in starts:
-        block = rows[start : start + chunk_pairs]
-        counts = torch.zeros(2 * len(block), total, dtype=torch.int64)
-        for k, pair in enumerate(block):
-            shared = torch.bincount(torch.as_tensor(pair[: n - 1]), minlength=total)
-            counts[2 * k] = shared
-            counts[2 * k + 1] = shared
-            counts[2 * k, int(pair[n - 1])] += 1
-            counts[2 * k + 1, int(pair[n])] += 1
-        flat = train(counts.to(features.device))
-        diff = flat[0::2] - flat[1::2]
-        l1[start : start + len(block)] = diff.abs().sum(1).cpu().numpy()
-        l2[start : start + len(block)] = torch.linalg.vector_norm(diff, dim=1).cpu().numpy()
+    blocks = [rows[start : start + chunk_pairs] for start in range(0, m, chunk_pairs)]
+    parts = map_units(population_chunk, blocks, shared=train,
+                      desc="sensitivity sampler (public)" if progress else None)  # fmt: skip
+    l1 = np.concatenate([p[0] for p in parts]).astype(np.float64)
+    l2 = np.concatenate([p[1] for p in parts]).astype(np.float64)
     return _finish(l1, l2, rows[:, n - 1 :].astype(np.int64), n=n, order=order, gamma=gamma,
                    solver=solver, population=population)  # fmt: skip

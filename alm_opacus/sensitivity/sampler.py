@@ -15,7 +15,6 @@ pair of large matrix products per step for linear heads), in chunks that bound m
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,12 +26,15 @@ from alm_opacus.heads import HeadConfig, Params, flat_params, train_heads
 from alm_opacus.protect import SensitivityInfo, SensitivitySource
 from alm_opacus.sensitivity import random_dp
 from alm_opacus.sensitivity.convex import DEFAULT_TOL, train_convex_heads
+from alm_opacus.units import UnitMap, serial_map
 
 __all__ = [
     "SOLVERS",
+    "HeadTrainer",
     "SensitivitySample",
     "default_chunk_size",
     "draw_pairs",
+    "removed_rows_chunk",
     "sample_sensitivity",
     "sample_sensitivity_sequential",
 ]
@@ -166,7 +168,32 @@ def draw_pairs(*, n: int, m: int, seed: int) -> np.ndarray:
     return np.stack([i, (i + draws[:, 1]) % n], axis=1).astype(np.int64)
 
 
-Trainer = Callable[[Tensor], Tensor]  # masks (B, n) -> flat params (B, P)
+@dataclass(frozen=True)
+class HeadTrainer:
+    """``masks (B, n) -> flat params (B, P)``: the heads that ``masks`` select (row weights:
+    0/1, or counts), trained together by the batched solver. A picklable value, so that chunks
+    of heads can run as independent units (:mod:`alm_opacus.units`)."""
+
+    features: Tensor
+    labels: Tensor
+    num_classes: int
+    config: HeadConfig
+    seed: int
+    solver: str
+    tol: float
+
+    def __call__(self, masks: Tensor) -> Tensor:
+        params: Params
+        if self.solver == "newton":
+            fit = train_convex_heads(self.features, self.labels, masks=masks,
+                                     num_classes=self.num_classes, config=self.config,
+                                     tol=self.tol)  # fmt: skip
+            params = fit.params
+        else:
+            params = train_heads(self.features, self.labels, masks=masks,
+                                 num_classes=self.num_classes, config=self.config,
+                                 seed=self.seed)  # fmt: skip
+        return flat_params(params)
 
 
 def _trainer(
@@ -178,24 +205,22 @@ def _trainer(
     seed: int,
     solver: str,
     tol: float,
-) -> Trainer:
+) -> HeadTrainer:
     if solver not in SOLVERS:
         raise ValueError(f"solver={solver!r} is invalid: expected one of {SOLVERS}")
+    return HeadTrainer(features=features, labels=labels, num_classes=num_classes, config=config,
+                       seed=seed, solver=solver, tol=tol)  # fmt: skip
 
-    def train(masks: Tensor) -> Tensor:
-        params: Params
-        if solver == "newton":
-            fit = train_convex_heads(
-                features, labels, masks=masks, num_classes=num_classes, config=config, tol=tol
-            )
-            params = fit.params
-        else:
-            params = train_heads(
-                features, labels, masks=masks, num_classes=num_classes, config=config, seed=seed
-            )
-        return flat_params(params)
 
-    return train
+def removed_rows_chunk(train: HeadTrainer, rows: np.ndarray) -> Tensor:
+    """One unit of :func:`sample_sensitivity`: the heads on ``d`` without each of ``rows``,
+    as flat params (len(rows), P)."""
+    features = train.features
+    n = features.shape[0]
+    index = torch.as_tensor(rows, device=features.device)
+    masks = torch.ones(len(index), n, dtype=torch.bool, device=features.device)
+    masks[torch.arange(len(index), device=features.device), index] = False
+    return train(masks)
 
 
 def _check_inputs(features: Tensor, labels: Tensor, m: int, order: int | None, gamma: float) -> int:
@@ -264,6 +289,7 @@ def sample_sensitivity(
     progress: bool = False,
     solver: str = "adam",
     tol: float = DEFAULT_TOL,
+    map_units: UnitMap = serial_map,
 ) -> SensitivitySample:
     """Sample the sensitivity of the trained head (ALM paper, Algorithm 2), batched.
 
@@ -281,6 +307,8 @@ def sample_sensitivity(
         progress: show a tqdm bar over chunks.
         solver: ``"adam"`` or ``"newton"`` (see :data:`SOLVERS`).
         tol: gradient-norm tolerance of the ``"newton"`` solver.
+        map_units: runs the chunks (:func:`removed_rows_chunk`, independent units); default
+            in this process, in order. The result does not depend on it.
 
     Returns:
         A :class:`SensitivitySample`.
@@ -309,17 +337,9 @@ def sample_sensitivity(
         solver=solver,
         tol=tol,
     )
-    starts = range(0, len(removed), chunk_size)
-    if progress:
-        from tqdm.auto import tqdm
-
-        starts = tqdm(starts, desc="sensitivity sampler", unit="chunk")
-    flats = []
-    for start in starts:
-        rows = torch.as_tensor(removed[start : start + chunk_size], device=features.device)
-        masks = torch.ones(len(rows), n, dtype=torch.bool, device=features.device)
-        masks[torch.arange(len(rows), device=features.device), rows] = False
-        flats.append(train(masks))
+    chunks = [removed[start : start + chunk_size] for start in range(0, len(removed), chunk_size)]
+    flats = map_units(removed_rows_chunk, chunks, shared=train,
+                      desc="sensitivity sampler" if progress else None)  # fmt: skip
     flat = torch.cat(flats)
     l1, l2 = np.empty(m), np.empty(m)
     for start in range(0, m, 1024):  # pair differences in blocks: m * P floats can be large
