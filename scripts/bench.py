@@ -6,6 +6,9 @@
   empty cache: wall time and peak RSS; then the same command with ``--resume``: wall time;
 * sampler: batched Algorithm 2 against the sequential loop at m = 200 (issue target >= 10x);
 * attacks: all attacks on one release once the shadow and reference heads are trained;
+* Ray (``--ray``, :mod:`bench_ray`): ``--dataset mnist --methods all`` on a local Ray
+  cluster against in-process (issue 20: >= 1.5x with 2 workers), and a no-op unit's cost
+  (<= 50 ms);
 * baselines: DP-SGD against non-private head training, a DP-SGD retrain at a new epsilon
   against a post-training re-protection at that epsilon, and one ``dpsgd-full`` run
   (encoder and head) against one DP-SGD head run.
@@ -14,7 +17,7 @@ Targets (issues 4, 5, 7, 13, 14): sampler ratio >= 10; attacks <= 5 s; digits fu
 180 s and <= 3 GiB peak RSS; mnist full run <= 15 min and <= 4 GiB; resume <= 10 s. They are
 printed beside the measurements, never asserted in tests (timings belong here, not in tests).
 
-    .venv/bin/python scripts/bench.py [--skip-full-run] [--mnist] [--out bench.json]
+    .venv/bin/python scripts/bench.py [--skip-full-run] [--mnist] [--ray] [--out bench.json]
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_baselines import bench_baselines  # noqa: E402
+from bench_ray import bench_ray  # noqa: E402
+from bench_ray import format_rows as ray_rows  # noqa: E402
 from bench_sensitivity import bench_sampler  # noqa: E402
 
 from alm_opacus.attacks import AttackerKnowledge, AttackTarget, prepare_attacks  # noqa: E402
@@ -125,8 +130,15 @@ def main() -> None:
         help="also time compare.py --dataset mnist --methods all (minutes; mnist runs after "
         "digits so the peak RSS read after it is mnist's only if it is the larger)",
     )  # fmt: skip
+    parser.add_argument(
+        "--ray", action="store_true",
+        help="also time --dataset mnist --methods all on a local Ray cluster against "
+        "in-process (minutes; scripts/bench_ray.py; needs the cluster extra)",
+    )  # fmt: skip
     args = parser.parse_args()
     report: dict[str, Any] = {"torch_threads": torch.get_num_threads()}
+    if args.ray:
+        report["ray"] = bench_ray(dataset="mnist", methods="all")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "full").mkdir()
@@ -181,6 +193,8 @@ def format_table(report: dict[str, Any]) -> str:
             ("dpsgd-full vs dpsgd head, one run", f"{f['ratio']:.0f}x", ""),
             ("  full / head (s)", f"{f['seconds_full']:.2f} / {f['seconds_head']:.3f}", ""),
         ]
+    if "ray" in report:
+        rows += ray_rows(report["ray"])
     width = max(len(r[0]) for r in rows)
     lines = [f"{'measure':<{width}}  {'value':>14}  target", "-" * (width + 30)]
     lines += [f"{a:<{width}}  {b_:>14}  {c}" for a, b_, c in rows]

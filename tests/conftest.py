@@ -57,3 +57,45 @@ def make_context(pixel_features):  # type: ignore[no-untyped-def]
         return MethodContext(**{**defaults, **fields})  # type: ignore[arg-type]
 
     return make
+
+
+def ray_processes() -> dict[int, str]:
+    """Ray's processes on this machine (GCS, raylet, agents, workers): pid -> command line."""
+    import os
+
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmd = handle.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if cmd.startswith("ray::") or "/site-packages/ray/" in cmd:
+            found[int(entry)] = cmd[:160]
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_stray_ray_processes():  # type: ignore[no-untyped-def]
+    """Every test shuts down the Ray processes it started: none outlives the session."""
+    import time
+
+    before = set(ray_processes())
+    yield
+    # a shut-down cluster's processes exit within seconds; the agents of a cluster whose
+    # driver was killed notice within about a minute
+    deadline = time.monotonic() + 120
+    while True:
+        stray = {p: c for p, c in ray_processes().items() if p not in before}
+        if not stray or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert not stray, f"Ray processes left running after the tests: {stray}"
+
+
+@pytest.fixture(scope="session")
+def list_ray_processes():  # type: ignore[no-untyped-def]
+    """:func:`ray_processes`, for tests (``tests`` is not a package to import from)."""
+    return ray_processes

@@ -42,6 +42,7 @@ __all__ = [
     "available_executors",
     "create_executor",
     "import_ray",
+    "loopback_only",
 ]
 
 S = TypeVar("S")
@@ -176,6 +177,38 @@ def import_ray() -> Any:
     return ray
 
 
+#: Ray (2.60) resolves a node address of 127.0.0.1 to this machine's network address
+#: (``services.resolve_ip_for_localhost``) and its servers listen there; in its single-machine
+#: mode (the one it uses on macOS and Windows) the node's address is the loopback one, and
+#: every endpoint (GCS, raylet, object manager, workers) listens on 127.0.0.1 only.
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+@contextlib.contextmanager
+def loopback_only() -> Iterator[None]:
+    """Start Ray nodes inside this block on 127.0.0.1 only (a local cluster, or the simulated
+    nodes of ``ray.cluster_utils.Cluster``): nothing listens on another address.
+
+    Raises:
+        ValueError: when Ray is not installed (naming the extra).
+    """
+    ray = import_ray()
+    constants = ray._private.ray_constants
+    saved_env = {k: os.environ.get(k) for k in LOOPBACK_ENV}
+    saved = constants.ENABLE_RAY_CLUSTER
+    os.environ.update(LOOPBACK_ENV)  # inherited by the processes the block starts
+    constants.ENABLE_RAY_CLUSTER = False  # read once, when Ray was imported
+    try:
+        yield
+    finally:
+        constants.ENABLE_RAY_CLUSTER = saved
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def _run_unit(fn: Callable[..., R], *args: Any) -> R:
     """The body of every Ray task: ``fn(*args)`` with torch and the BLAS/OpenMP pools pinned
     to the CPUs Ray assigned to the task, so a node's tasks never oversubscribe its cores."""
@@ -305,8 +338,10 @@ class RayExecutor(Executor):
             if address is not None:
                 ray.init(address=address, **common)
             else:
-                ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1",
-                         object_store_memory=LOCAL_OBJECT_STORE_BYTES, **common)  # fmt: skip
+                with loopback_only():
+                    ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1",
+                             object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                             **common)  # fmt: skip
             self._owns = True
         self._map = RayMap(cpus=cpus_per_task, retries=max_retries)
         self._task = _remote(cpus_per_task, max_retries)
