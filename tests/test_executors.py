@@ -21,7 +21,7 @@ from alm_opacus.run.executors import (
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_in_process_handles_are_lazy_computed_once_and_in_order() -> None:
+def test_in_process_units_are_lazy_computed_once_and_in_order() -> None:
     calls: list[str] = []
 
     def unit(name: str, *inputs: int) -> int:
@@ -30,13 +30,12 @@ def test_in_process_handles_are_lazy_computed_once_and_in_order() -> None:
 
     executor = InProcessExecutor()
     shared = executor.submit(unit, "shared")
-    handles = [executor.submit(unit, f"cell{i}", shared) for i in range(3)]
     assert calls == []  # nothing runs before it is asked for
     seen: list[int] = []
-    out = list(executor.as_completed(handles, before=seen.append))
-    assert calls == ["shared", "cell0", "cell1", "cell2"]  # the shared unit once
-    assert [i for i, _ in out] == seen == [0, 1, 2]
-    assert [v for _, v in out] == [2 + 1, 3 + 1, 4 + 1]
+    out = executor.as_completed(unit, [(f"cell{i}", shared) for i in range(3)], before=seen.append)
+    assert next(out) == (0, 3) and calls == ["shared", "cell0"] and seen == [0]
+    assert list(out) == [(1, 4), (2, 5)]  # the shared unit computed once, first
+    assert calls == ["shared", "cell0", "cell1", "cell2"] and seen == [0, 1, 2]
     assert executor.map(lambda s, u: s * u, [1, 2, 3], shared=10) == [10, 20, 30]
 
 

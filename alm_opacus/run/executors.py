@@ -3,9 +3,9 @@
 A run is a graph of pure units (:mod:`alm_opacus.run.harness`): per (method preparation,
 seed) a *prepare* unit, per seed the *plain attacks*, per (method, epsilon, seed) a *cell*,
 and inside those the chunks that :class:`~alm_opacus.units.UnitMap` maps (sensitivity
-sampler draws, shadow and LiRA reference heads). The driver builds the graph with
-:meth:`Executor.put` and :meth:`Executor.submit`, takes finished cells from
-:meth:`Executor.as_completed`, and alone writes the run folder.
+sampler draws, shadow and LiRA reference heads). The driver puts the shared inputs once
+(:meth:`Executor.put`), submits the prepare and plain-attacks units (:meth:`Executor.submit`),
+takes finished cells from :meth:`Executor.as_completed`, and alone writes the run folder.
 
 * ``in-process`` (the default): every unit runs in this process, lazily, in plan order;
   Ray is never imported.
@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import itertools
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -54,6 +55,8 @@ T = TypeVar("T")
 CLUSTER_EXTRA = 'pip install -e ".[cluster]"'
 #: Tasks Ray re-runs when their worker dies (safe: a task has no side effects).
 MAX_RETRIES = 3
+#: Calls of :meth:`Executor.as_completed` in flight per CPU of a Ray cluster.
+IN_FLIGHT_PER_CPU = 2
 #: The object store of a cluster this process starts (shared memory; the machine is shared).
 LOCAL_OBJECT_STORE_BYTES = 2 * 1024**3
 
@@ -84,10 +87,13 @@ class Executor(ABC):
 
     @abstractmethod
     def as_completed(
-        self, handles: Sequence[Any], *, before: Callable[[int], None] | None = None
-    ) -> Iterator[tuple[int, Any]]:
-        """``(index, value)`` of every handle, as each is done (in-process: in order, each
-        computed when asked for). ``before(index)`` is called before each is yielded (and,
+        self, fn: Callable[..., R], calls: Sequence[tuple[Any, ...]], *,
+        before: Callable[[int], None] | None = None,
+    ) -> Iterator[tuple[int, R]]:  # fmt: skip
+        """``(index, fn(*calls[index]))`` for every call, as each is done; handles among a
+        call's arguments are replaced by their values. In-process: in order, each computed
+        when asked for; on Ray: a bounded number in flight, so units that map units of their
+        own never pile up. ``before(index)`` is called before each is yielded (and,
         in-process, before it is computed)."""
 
     @abstractmethod
@@ -149,12 +155,13 @@ class InProcessExecutor(Executor):
         return _Lazy(fn, args)
 
     def as_completed(
-        self, handles: Sequence[Any], *, before: Callable[[int], None] | None = None
-    ) -> Iterator[tuple[int, Any]]:
-        for index, handle in enumerate(handles):
+        self, fn: Callable[..., R], calls: Sequence[tuple[Any, ...]], *,
+        before: Callable[[int], None] | None = None,
+    ) -> Iterator[tuple[int, R]]:  # fmt: skip
+        for index, args in enumerate(calls):
             if before is not None:
                 before(index)
-            yield index, handle.value() if isinstance(handle, _Lazy) else handle
+            yield index, _Lazy(fn, args).value()
 
     def map(
         self, fn: Callable[[S, U], R], units: Sequence[U], *, shared: S, desc: str | None = None
@@ -357,11 +364,23 @@ class RayExecutor(Executor):
         return ref
 
     def as_completed(
-        self, handles: Sequence[Any], *, before: Callable[[int], None] | None = None
-    ) -> Iterator[tuple[int, Any]]:
-        index = {ref: i for i, ref in enumerate(handles)}
-        pending = list(handles)
-        while pending:
+        self, fn: Callable[..., R], calls: Sequence[tuple[Any, ...]], *,
+        before: Callable[[int], None] | None = None,
+    ) -> Iterator[tuple[int, R]]:  # fmt: skip
+        # A task that waits for its own units gives its CPU back, and Ray would start the
+        # next call in its place: with every call in flight, all of them would be open at
+        # once (a worker process each). A window of a few per CPU keeps every CPU busy.
+        window = max(2, IN_FLIGHT_PER_CPU * int(self._ray.cluster_resources().get("CPU", 1)))
+        index: dict[Any, int] = {}
+        pending: list[Any] = []
+        waiting = iter(enumerate(calls))
+        while True:
+            for i, args in itertools.islice(waiting, window - len(pending)):
+                ref = self.submit(fn, *args)
+                index[ref] = i
+                pending.append(ref)
+            if not pending:
+                return
             done, pending = self._ray.wait(pending, num_returns=1)
             for ref in done:
                 if before is not None:

@@ -78,6 +78,7 @@ __all__ = [
     "RunInputs",
     "RunResult",
     "Session",
+    "cell_calls",
     "cell_unit",
     "load_plugins",
     "plain_attacks_unit",
@@ -87,7 +88,6 @@ __all__ = [
     "prepare_unit",
     "run",
     "run_cell",
-    "submit_cells",
 ]
 
 PLUGIN_GROUP = "alm_opacus.methods"
@@ -457,25 +457,24 @@ def run_cell(cell: Cell, session: Session) -> CellOutcome:
     )
 
 
-def submit_cells(engine: Executor, shared: RunInputs, cells: Sequence[Cell]) -> list[Any]:
-    """Submit ``cells`` and what they need: one prepare unit per (preparation key, seed),
-    one plain-attacks unit per seed (when the run attacks), one unit per cell.
-
-    Returns:
-        The cells' handles, in the order of ``cells``.
+def cell_calls(engine: Executor, shared: RunInputs, cells: Sequence[Cell]) -> list[tuple[Any, ...]]:
+    """The arguments of :func:`cell_unit` for each of ``cells``, after submitting what they
+    need: ``shared`` put once, one prepare unit per (preparation key, seed), one
+    plain-attacks unit per seed (when the run attacks). Their handles are the cells'
+    arguments, so a cell starts as soon as its inputs exist.
     """
     ref = engine.put(shared)
     prepared: dict[tuple[Hashable, int], Any] = {}
     plain: dict[int, Any] = {}
-    handles = []
+    calls = []
     for cell in cells:
         key = (shared.method(cell.method).preparation_key(), cell.seed)
         if key not in prepared:
             prepared[key] = engine.submit(prepare_unit, ref, cell.method, cell.seed)
         if shared.evaluation.names and cell.seed not in plain:
             plain[cell.seed] = engine.submit(plain_attacks_unit, ref, cell.seed)
-        handles.append(engine.submit(cell_unit, ref, cell, prepared[key], plain.get(cell.seed)))
-    return handles
+        calls.append((ref, cell, prepared[key], plain.get(cell.seed)))
+    return calls
 
 
 @dataclass
@@ -548,8 +547,8 @@ def run(
 
         waiting: dict[int, list[CellOutcome]] = {}  # finished before their seed's baseline
         try:
-            handles = submit_cells(engine, shared, cells)
-            for index, outcome in engine.as_completed(handles, before=before):
+            calls = cell_calls(engine, shared, cells)
+            for index, outcome in engine.as_completed(cell_unit, calls, before=before):
                 seed = cells[index].seed
                 if outcome.baseline_accuracy is not None:
                     references[seed] = outcome.baseline_accuracy
