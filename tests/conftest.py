@@ -77,24 +77,6 @@ def ray_processes() -> dict[int, str]:
     return found
 
 
-@pytest.fixture(scope="session", autouse=True)
-def no_stray_ray_processes():  # type: ignore[no-untyped-def]
-    """Every test shuts down the Ray processes it started: none outlives the session."""
-    import time
-
-    before = set(ray_processes())
-    yield
-    # a shut-down cluster's processes exit within seconds; the agents of a cluster whose
-    # driver was killed notice within about a minute
-    deadline = time.monotonic() + 120
-    while True:
-        stray = {p: c for p, c in ray_processes().items() if p not in before}
-        if not stray or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert not stray, f"Ray processes left running after the tests: {stray}"
-
-
 @pytest.fixture(scope="session")
 def list_ray_processes():  # type: ignore[no-untyped-def]
     """:func:`ray_processes`, for tests (``tests`` is not a package to import from)."""

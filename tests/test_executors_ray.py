@@ -3,7 +3,7 @@ a worker killed mid-cell, a killed driver resumed, every endpoint on 127.0.0.1.
 
 The tests share one two-node cluster (``ray.cluster_utils.Cluster``: two simulated nodes on
 this machine); the command-line test starts its own local cluster in a child process. No
-Ray process outlives the tests (``conftest.py``).
+Ray process outlives the module (checked by its fixture).
 """
 
 from __future__ import annotations
@@ -88,6 +88,20 @@ def _listening(pids: set[int]) -> list[tuple[int, str]]:
 
 #: 127.0.0.1 in /proc/net/tcp (little-endian hex) and in tcp6 (IPv4-mapped or ::1).
 LOOPBACK = ("0100007F:", "0000000000000000FFFF00000100007F:", "00000000000000000000000001000000:")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_stray_ray_processes(list_ray_processes: Any) -> Iterator[None]:
+    """Every test here shuts down the Ray processes it started: none outlives the module."""
+    before = set(list_ray_processes())
+    yield
+    # a shut-down cluster's processes exit within seconds; the agents of a cluster whose
+    # driver was killed notice within about a minute
+    deadline = time.monotonic() + 120
+    while set(list_ray_processes()) - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    stray = {p: c for p, c in list_ray_processes().items() if p not in before}
+    assert not stray, f"Ray processes left running after the tests: {stray}"
 
 
 @pytest.fixture(scope="module")
