@@ -132,6 +132,7 @@ def cluster(list_ray_processes: Any) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def in_process_small(default_pipeline: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The small grid run in-process: the table the Ray runs must reproduce."""
+    harness.load_plugins()  # dpsgd registers from the baselines plugin
     work = tmp_path_factory.mktemp("in_process")
     cache = _cache(default_pipeline.config.cache_path, work / "cache")
     harness.run(RunConfig(**SMALL, out=str(work / "run"), cache_dir=str(cache)))
