@@ -114,8 +114,11 @@ def cluster(list_ray_processes: Any) -> Iterator[Any]:
 
     before = set(list_ray_processes())
     with loopback_only():
-        nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-        nodes.add_node(num_cpus=1)
+        small = 256 * 1024**2  # object store bytes per node: the tests' objects are small
+        nodes = Cluster(
+            initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": small}
+        )
+        nodes.add_node(num_cpus=1, object_store_memory=small)  # fmt: skip
         ray.init(address=nodes.address, include_dashboard=False, configure_logging=False)
     try:
         nodes.wait_for_nodes()
@@ -219,15 +222,16 @@ def test_a_killed_driver_resumes_to_the_same_table(  # type: ignore[no-untyped-d
     ray_cache = _cache(default_pipeline.config.cache_path, tmp_path / "ray-cache")
     cmd = _cli(*flags, "--out", str(out), "--cache-dir", str(ray_cache), "--executor", "ray")
     before = set(list_ray_processes())
-    driver = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)  # fmt: skip
+    log = tmp_path / "driver.log"
+    with log.open("w") as err:
+        driver = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
     results = out / "results.csv"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and driver.poll() is None:
         if results.exists() and len(_table(results)) >= 2:  # the baseline and one cell
             break
         time.sleep(0.1)
-    assert driver.poll() is None, "the run finished before it could be killed"
+    assert driver.poll() is None, log.read_text()[-3000:]  # it must still be running
     killed_cluster = set(list_ray_processes()) - before
     driver.send_signal(signal.SIGKILL)
     driver.wait()
