@@ -35,6 +35,7 @@ from alm_opacus.options import (
     split_scoped,
 )
 from alm_opacus.protect import PrivacyStatement
+from alm_opacus.units import UnitMap, serial_map
 
 __all__ = [
     "INPUT_KINDS",
@@ -202,6 +203,8 @@ class MethodContext:
         schedule: the dataset's DP-SGD schedule ``(epochs, expected batch size)``.
         noise: where release noise comes from.
         memo: work shared within the run.
+        map_units: runs a method's independent units (e.g. the sensitivity sampler's chunks);
+            default: in this process, in order. Results never depend on it.
     """
 
     num_classes: int
@@ -217,6 +220,7 @@ class MethodContext:
     schedule: tuple[int, int] | None = None
     noise: NoisePolicy = field(default_factory=NoisePolicy)
     memo: RunMemo = field(default_factory=RunMemo)
+    map_units: UnitMap = serial_map
 
 
 class Method(Generic[OptionsT, PreparedT]):
@@ -260,6 +264,11 @@ class Method(Generic[OptionsT, PreparedT]):
     ) -> PreparedT:
         """Work shared by every epsilon and noise draw (default: none)."""
         return cast(PreparedT, None)
+
+    def preparation_key(self) -> Hashable:
+        """Methods with equal keys share one :meth:`prepare` per seed (e.g. ALM, Laplace and
+        Gaussian protect the very same trained head): the harness prepares each key once."""
+        return (self.name, self.options)
 
     def release(
         self,

@@ -19,6 +19,7 @@ Sensitivity (option ``sensitivity``, see :class:`PostTrainingOptions`):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -217,7 +218,8 @@ def _sample(
     the public split (``sampled``): pairs of the members' size, never touching the members."""
     common: dict[str, Any] = {"num_classes": context.num_classes, "config": context.head,
                               "seed": seed, "m": options.m, "gamma": options.gamma,
-                              "progress": context.progress}  # fmt: skip
+                              "progress": context.progress,
+                              "map_units": context.map_units}  # fmt: skip
     if options.sensitivity == "sampled-members":
         return sample_sensitivity(x, y, **common)
     px, py = context.public_features, context.public_labels
@@ -250,6 +252,9 @@ class PostTrainingMethod(Method[PostTrainingOptions, PreparedHead]):
     @property
     def needs_delta(self) -> bool:
         return not create_mechanism(self.mechanism).pure
+
+    def preparation_key(self) -> Hashable:
+        return ("posthoc-head", self.options)  # every mechanism protects the same head
 
     def prepare(
         self, *, features: Tensor, labels: Tensor, seed: int, context: MethodContext

@@ -6,6 +6,9 @@
   empty cache: wall time and peak RSS; then the same command with ``--resume``: wall time;
 * sampler: batched Algorithm 2 against the sequential loop at m = 200 (issue target >= 10x);
 * attacks: all attacks on one release once the shadow and reference heads are trained;
+* Ray (``--ray``, :mod:`bench_ray`): ``--dataset mnist --methods all`` on a local Ray
+  cluster against in-process (issue 20: >= 1.5x with 2 workers), and a no-op unit's cost
+  (<= 50 ms);
 * baselines: DP-SGD against non-private head training, a DP-SGD retrain at a new epsilon
   against a post-training re-protection at that epsilon, and one ``dpsgd-full`` run
   (encoder and head) against one DP-SGD head run;
@@ -20,7 +23,7 @@ Targets (issues 4, 5, 7, 13, 14): sampler ratio >= 10; attacks <= 5 s; digits fu
 180 s and <= 3 GiB peak RSS; mnist full run <= 15 min and <= 4 GiB; resume <= 10 s. They are
 printed beside the measurements, never asserted in tests (timings belong here, not in tests).
 
-    .venv/bin/python scripts/bench.py [--skip-full-run] [--mnist] [--out bench.json]
+    .venv/bin/python scripts/bench.py [--skip-full-run] [--mnist] [--ray] [--out bench.json]
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ from bench_baselines import bench_baselines  # noqa: E402
 from bench_dpsgd import bench_dpsgd, format_rows  # noqa: E402
 from bench_exact import bench_exact  # noqa: E402
 from bench_exact import format_rows as exact_rows  # noqa: E402
+from bench_ray import bench_ray  # noqa: E402
+from bench_ray import format_rows as ray_rows  # noqa: E402
 from bench_sensitivity import bench_sampler  # noqa: E402
 
 from alm_opacus.attacks import AttackerKnowledge, AttackTarget, prepare_attacks  # noqa: E402
@@ -136,6 +141,11 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--only-exact", action="store_true",
                         help="only the exact-noise benchmarks (seconds)")  # fmt: skip
+    parser.add_argument(
+        "--ray", action="store_true",
+        help="also time --dataset mnist --methods all on a local Ray cluster against "
+        "in-process (minutes; scripts/bench_ray.py; needs the cluster extra)",
+    )  # fmt: skip
     args = parser.parse_args()
     report: dict[str, Any] = {"torch_threads": torch.get_num_threads()}
     with torch_threads(1):  # the draw and torch.normal on the same footing
@@ -144,6 +154,8 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
         print(format_table(report))
         return
+    if args.ray:
+        report["ray"] = bench_ray(dataset="mnist", methods="all")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "full").mkdir()
@@ -204,6 +216,8 @@ def format_table(report: dict[str, Any]) -> str:
         ]
     if "dpsgd" in report:
         rows += format_rows(report["dpsgd"])
+    if "ray" in report:
+        rows += ray_rows(report["ray"])
     rows += exact_rows(report["exact"])
     return _table(rows)
 

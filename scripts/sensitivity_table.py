@@ -34,6 +34,7 @@ DEPS = ("alm_opacus/sensitivity", "alm_opacus/heads.py", "alm_opacus/data", "con
 def measure(*, n: int, l2: float, radius: float, m: int) -> dict[str, float]:
     """Sampled (maximum of m pairs) and analytic sensitivities of one convex head."""
     data = load_dataset("digits")
+    assert data.images is not None  # digits ships images
     x = torch.from_numpy(np.asarray(data.images[:n]).reshape(n, -1).astype(np.float64))
     y = torch.from_numpy(np.asarray(data.labels[:n], dtype=np.int64))
     config = HeadConfig(l2=l2, clip_radius=radius)

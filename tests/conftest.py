@@ -57,3 +57,27 @@ def make_context(pixel_features):  # type: ignore[no-untyped-def]
         return MethodContext(**{**defaults, **fields})  # type: ignore[arg-type]
 
     return make
+
+
+def ray_processes() -> dict[int, str]:
+    """Ray's processes on this machine (GCS, raylet, agents, workers): pid -> command line."""
+    import os
+
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmd = handle.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if cmd.startswith("ray::") or "/site-packages/ray/" in cmd:
+            found[int(entry)] = cmd[:160]
+    return found
+
+
+@pytest.fixture(scope="session")
+def list_ray_processes():  # type: ignore[no-untyped-def]
+    """:func:`ray_processes`, for tests (``tests`` is not a package to import from)."""
+    return ray_processes

@@ -33,6 +33,7 @@ from alm_opacus.attacks.shadow_data import (
     synthesize,
     train_bank,
 )
+from alm_opacus.units import UnitMap, serial_map
 
 
 class ShadowContext:
@@ -46,6 +47,7 @@ class ShadowContext:
             without their membership; needed only by online LiRA.
         oracle: the release's predictor; needed only for synthetic shadow data (Shokri's
             Algorithm 1 queries the target).
+        map_units: runs the chunks of each bank (default: in this process, in order).
     """
 
     def __init__(
@@ -56,8 +58,10 @@ class ShadowContext:
         seed: int,
         candidates: tuple[Tensor, Tensor] | None = None,
         oracle: Predictor | None = None,
+        map_units: UnitMap = serial_map,
     ) -> None:
         self.knowledge = knowledge
+        self.map_units = map_units
         self.config = config
         self.seed = int(seed)
         self.candidates = candidates
@@ -90,6 +94,7 @@ class ShadowContext:
             trainer=self.knowledge.trainer,
             heads_per_seed=self.config.heads_per_seed,
             seed=subseed(self.seed, tag),
+            map_units=self.map_units,
         )
 
     def _half_masks(self, num_heads: int, num_rows: int, tag: str, what: str) -> BoolArray:

@@ -35,6 +35,7 @@ from alm_opacus.attacks.metrics import evaluate_attack
 from alm_opacus.attacks.registry import Attack, TargetQuery, attack_class, parse_attack_names
 from alm_opacus.attacks.results import AttackResult
 from alm_opacus.attacks.shadow_data import subseed, to_numpy
+from alm_opacus.units import UnitMap, serial_map
 
 DEFAULT_ATTACKS: tuple[str, ...] = tuple(k.value for k in AttackKind)
 """The built-in attacks (``available_attacks()`` adds the registered plugins)."""
@@ -152,6 +153,7 @@ def prepare_attacks(
     candidate_features: Tensor | None = None,
     candidate_labels: Tensor | None = None,
     oracle: Predictor | None = None,
+    map_units: UnitMap = serial_map,
 ) -> PreparedAttacks:
     """Train the shadow/reference heads and fit the named attacks, before any target exists.
 
@@ -164,6 +166,8 @@ def prepare_attacks(
             their membership (online LiRA trains half its references on each of them).
         candidate_labels: (q,) their labels.
         oracle: the release's predictor, only for ``shadow_data='synthetic'``.
+        map_units: runs the chunks of the shadow and reference banks (independent units;
+            default: in this process, in order). The attacks do not depend on it.
 
     Returns:
         The :class:`PreparedAttacks`.
@@ -190,9 +194,8 @@ def prepare_attacks(
             )
         candidates = (candidate_features, candidate_labels)
     start = time.perf_counter()
-    context = ShadowContext(
-        knowledge=knowledge, config=config, seed=seed, candidates=candidates, oracle=oracle
-    )
+    context = ShadowContext(knowledge=knowledge, config=config, seed=seed, candidates=candidates,
+                            oracle=oracle, map_units=map_units)  # fmt: skip
     attacks = []
     for key in keys:
         attack = attack_class(key)(config=config, seed=subseed(seed, f"attack-{key}"))

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from alm_opacus.attacks.base import BoolArray, FloatArray, Predictor, ShadowTrainer
 from alm_opacus.heads import HeadConfig, Params, batched_logits, train_heads, warm_start
+from alm_opacus.units import UnitMap, serial_map
 
 
 def subseed(seed: int, tag: str) -> int:
@@ -89,6 +90,30 @@ def to_numpy(proba: Tensor) -> FloatArray:
     return np.asarray(proba.detach().to("cpu", torch.float64).numpy())
 
 
+@dataclass(frozen=True)
+class BankInputs:
+    """What every chunk of a bank reads (see :func:`bank_chunk`)."""
+
+    features: Tensor
+    labels: Tensor
+    masks: BoolArray
+    trainer: ShadowTrainer
+    heads_per_seed: int
+
+
+def bank_chunk(shared: BankInputs, unit: tuple[int, int]) -> tuple[Predictor, FloatArray]:
+    """One unit of :func:`train_bank`: the heads ``start .. start + heads_per_seed`` of the
+    bank, trained by one trainer call seeded ``seed``, with their (h, n, C) probabilities on
+    the bank's dataset."""
+    start, seed = unit
+    # a copy: inputs from an object store are read-only buffers, torch wants writable ones
+    chunk = torch.from_numpy(shared.masks[start : start + shared.heads_per_seed].copy())
+    predictor = shared.trainer(shared.features, shared.labels, chunk.to(shared.features.device),
+                               seed)  # fmt: skip
+    with torch.no_grad():
+        return predictor, to_numpy(predictor(shared.features))
+
+
 def train_bank(
     *,
     features: Tensor,
@@ -97,13 +122,16 @@ def train_bank(
     trainer: ShadowTrainer,
     heads_per_seed: int,
     seed: int,
+    map_units: UnitMap = serial_map,
 ) -> HeadBank:
     """Train one head per row of ``masks`` (B, n) on the rows of ``(features, labels)`` it
     selects (see :func:`sized_masks`).
 
     The trainer is called once per group of ``heads_per_seed`` heads, with a fresh seed each
     time: heads of one call share their initialisation (see ``heads.train_heads``), so groups
-    make the references vary in initialisation as the victim's does from theirs.
+    make the references vary in initialisation as the victim's does from theirs. The calls
+    are independent units (:func:`bank_chunk`), run by ``map_units`` (default: in this
+    process, in order); the bank does not depend on how they run.
 
     Raises:
         ValueError: if ``masks`` is not (B, n) bool, or the trainer's output has a bad shape.
@@ -113,12 +141,13 @@ def train_bank(
         raise ValueError(
             f"masks must be a bool array (B, {features.shape[0]}); got {masks.shape} {masks.dtype}"
         )
-    predictors = []
-    for start in range(0, num_heads, heads_per_seed):
-        chunk = torch.from_numpy(masks[start : start + heads_per_seed]).to(features.device)
-        predictors.append(trainer(features, labels, chunk, subseed(seed, f"bank-init-{start}")))
-    with torch.no_grad():
-        proba = np.concatenate([to_numpy(p(features)) for p in predictors], axis=0)
+    units = [(start, subseed(seed, f"bank-init-{start}"))
+             for start in range(0, num_heads, heads_per_seed)]  # fmt: skip
+    shared = BankInputs(features=features, labels=labels, masks=masks, trainer=trainer,
+                        heads_per_seed=heads_per_seed)  # fmt: skip
+    parts = map_units(bank_chunk, units, shared=shared)
+    predictors = [predictor for predictor, _ in parts]
+    proba = np.concatenate([p for _, p in parts], axis=0)
     if proba.ndim != 3 or proba.shape[:2] != masks.shape:
         raise ValueError(
             f"the trainer's predictor returned shape {proba.shape}; expected "

@@ -34,8 +34,14 @@ class Cell:
 
 @dataclass
 class CellOutcome:
-    """What one cell produced: its rows, the first draw's ROC curves, its chosen config."""
+    """What one cell produced: its rows, the first draw's ROC curves, its chosen config.
+
+    Attributes:
+        baseline_accuracy: for an unprotected baseline's cell, its test accuracy: the
+            reference of every utility loss of its seed (``None`` for other cells).
+    """
 
     rows: list[ResultRow]
     rocs: RocMap
     chosen: dict[str, Any] | None = None
+    baseline_accuracy: float | None = None

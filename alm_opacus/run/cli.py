@@ -8,11 +8,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import importlib.util
 import math
 import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -22,6 +24,7 @@ from alm_opacus.methods import available_methods, default_methods
 from alm_opacus.report.table import format_tradeoff_table
 from alm_opacus.report.tensorboard import dashboard_urls
 from alm_opacus.run.config import RunConfig
+from alm_opacus.run.executors import CLUSTER_EXTRA, ExecutorError, available_executors
 from alm_opacus.run.harness import load_plugins, run
 from alm_opacus.run.rundir import PRIVATE_DIR, check_can_create, export_run
 
@@ -209,6 +212,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     runopts.add_argument("--device", default="cpu", help="cpu or cuda")
     runopts.add_argument(
+        "--executor", choices=tuple(available_executors()), default="in-process",
+        help="where the run's units (cells, per-seed preparations, shadow and LiRA reference "
+        "heads, sensitivity-sampler chunks) are computed: in this process, or as Ray tasks "
+        f"(optional extra: {CLUSTER_EXTRA}); the table is the same",
+    )  # fmt: skip
+    runopts.add_argument(
+        "--ray-address", default=None, metavar="HOST:PORT",
+        help="the Ray cluster of --executor ray (default: $RAY_ADDRESS, else a local cluster "
+        "on this machine, bound to 127.0.0.1)",
+    )  # fmt: skip
+    runopts.add_argument(
         "--out", default=None,
         help=f"run folder (default: a new {RUNS}/<UTC time> folder, linked as {RUNS}/latest; "
         f"with --resume: {RUNS}/latest)",
@@ -289,8 +303,23 @@ def _yaml_value(action: argparse.Action, value: Any) -> Any:
     return action.type(text) if action.type is not None else text  # type: ignore[operator]
 
 
+@dataclass(frozen=True)
+class Command:
+    """A parsed command line: the run, and where its units are computed (which never
+    changes the results, so it is not part of the :class:`RunConfig`)."""
+
+    config: RunConfig
+    executor: str = "in-process"
+    executor_options: dict[str, Any] = field(default_factory=dict)
+
+
 def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
     """Parse the command line into a :class:`RunConfig`; exits with code 2 on bad input."""
+    return parse_command(argv).config
+
+
+def parse_command(argv: Sequence[str] | None = None) -> Command:
+    """Parse the command line into a :class:`Command`; exits with code 2 on bad input."""
     load_plugins()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -305,6 +334,11 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
         parser.error(f"--data-root={args.data_root!r}: expected an existing folder")
     if args.device not in ("cpu", "cuda") and not str(args.device).startswith("cuda:"):
         parser.error(f"--device={args.device!r}: expected cpu or cuda")
+    executor_options = {} if args.ray_address is None else {"address": args.ray_address}
+    if args.ray_address is not None and args.executor != "ray":
+        parser.error(f"--ray-address={args.ray_address!r} needs --executor ray")
+    if args.executor == "ray" and importlib.util.find_spec("ray") is None:
+        parser.error(f"--executor ray needs Ray, which is not installed: {CLUSTER_EXTRA}")
     if args.out is None:
         latest = Path(RUNS) / "latest"
         if args.resume and not latest.exists():
@@ -337,7 +371,7 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
     options: dict[str, Any] = {k: v for k, v in shared.items() if v is not None}
     options.update(dict(args.opt))
     try:
-        return RunConfig(
+        config = RunConfig(
             dataset=args.dataset, data_root=args.data_root, methods=tuple(methods),
             epsilons=None if args.epsilons is None else tuple(args.epsilons), delta=args.delta,
             seeds=tuple(args.seeds), split_seed=args.split_seed, device=args.device,
@@ -351,7 +385,7 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
         )  # fmt: skip
     except ValueError as exc:
         parser.error(str(exc).splitlines()[0])
-    raise AssertionError("unreachable")
+    return Command(config=config, executor=args.executor, executor_options=executor_options)
 
 
 def _methods(parser: argparse.ArgumentParser, text: str) -> list[str]:
@@ -401,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["export"]:
         return export_main(argv[1:])
-    config = parse_config(argv)
+    command = parse_command(argv)
     with warnings.catch_warnings():
         shown = warnings.showwarning
 
@@ -413,12 +447,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shown(message, category, *args, **kwargs)
 
         warnings.showwarning = show
-        return _run(config)
+        return _run(command)
 
 
-def _run(config: RunConfig) -> int:
+def _run(command: Command) -> int:
+    config = command.config
     try:
-        result = run(config, on_start=_link_latest)
+        result = run(config, on_start=_link_latest, executor=command.executor,
+                     executor_options=command.executor_options)  # fmt: skip
     except (ValueError, DataError) as exc:
         print(f"alm-opacus: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
@@ -426,6 +462,13 @@ def _run(config: RunConfig) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"alm-opacus: error: cannot write {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
+    except ExecutorError as exc:
+        print(
+            f"alm-opacus: error: {_one_line(str(exc))}; finished cells are in "
+            f"{Path(config.out) / 'results.csv'}; re-run with --resume to continue",
+            file=sys.stderr,
+        )
+        return 1
     except KeyboardInterrupt:
         results = Path(config.out) / "results.csv"
         print(

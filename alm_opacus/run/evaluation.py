@@ -24,8 +24,10 @@ from alm_opacus.attacks import (
 from alm_opacus.heads import utility_loss
 from alm_opacus.methods import Release, ShadowTrainer
 from alm_opacus.report.results import ResultRow
+from alm_opacus.units import UnitMap, serial_map
 
-__all__ = ["CLEAN_SUFFIX", "Evaluation", "cell_rows", "infeasible_row", "torch_threads"]
+__all__ = ["CLEAN_SUFFIX", "Evaluation", "cell_rows", "infeasible_row", "torch_threads",
+           "with_reference"]  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -51,6 +53,7 @@ class Evaluation:
     names: tuple[str, ...]
     num_classes: int
     config: AttackConfig
+    map_units: UnitMap = serial_map
 
     def prepare(self, trainer: ShadowTrainer, *, seed: int) -> PreparedAttacks:
         """Fit every attack on the attacker's side, before any release is seen."""
@@ -61,6 +64,7 @@ class Evaluation:
             return prepare_attacks(
                 names=self.names, knowledge=knowledge, seed=seed, config=self.config,
                 candidate_features=self.features, candidate_labels=self.labels,
+                map_units=self.map_units,
             )  # fmt: skip
 
     def attack(
@@ -114,21 +118,25 @@ def base_row(
 
 def cell_rows(
     *, dataset: str, method: str, epsilon: float, seed: int, releases: Sequence[Release],
-    accuracies: Sequence[float], reference: float, results: Sequence[AttackResult],
+    accuracies: Sequence[float], reference: float | None, results: Sequence[AttackResult],
     seconds: float,
 ) -> list[ResultRow]:  # fmt: skip
-    """The rows of one finished cell: one per attack (or one row without attacks)."""
+    """The rows of one finished cell: one per attack (or one row without attacks).
+
+    ``reference`` is the unprotected accuracy the utility losses are measured against;
+    ``None`` leaves them NaN, for :func:`with_reference` to fill in later (the driver knows the
+    reference only once its seed's baseline cell is done).
+    """
     mean_acc = float(np.mean(accuracies))
     spread = len(accuracies) > 1
     base = replace(
         base_row(dataset=dataset, method=method, epsilon=epsilon, seed=seed,
                  release=releases[0]),
-        test_accuracy=mean_acc,
-        utility_loss=utility_loss(protected=mean_acc, unprotected=reference),
-        seconds=seconds, noise_draws=len(releases),
+        test_accuracy=mean_acc, seconds=seconds, noise_draws=len(releases),
         test_accuracy_std=float(np.std(accuracies)) if spread else math.nan,
-        utility_loss_std=float(np.std(accuracies)) / reference if spread else math.nan,
     )  # fmt: skip
+    if reference is not None:
+        (base,) = with_reference([base], reference)
     if not results:
         return [base]
     out = []
@@ -137,6 +145,19 @@ def cell_rows(
         values = {k.replace(".", "_"): v for k, v in agg.to_row().items()}
         out.append(replace(base, **{k: values[k] for k in _ATTACK_FIELDS if k in values}))
     return out
+
+
+def with_reference(rows: Sequence[ResultRow], reference: float) -> list[ResultRow]:
+    """``rows`` with their utility losses measured against the unprotected accuracy
+    ``reference`` (ALM paper, Definition 6.1; the spread over draws scales by the same
+    reference). Rows of infeasible cells keep NaN."""
+    return [
+        row if row.status != "ok" else replace(
+            row, utility_loss=utility_loss(protected=row.test_accuracy, unprotected=reference),
+            utility_loss_std=row.test_accuracy_std / reference,
+        )
+        for row in rows
+    ]  # fmt: skip
 
 
 #: The row fields an attack aggregate fills (its pooled bound, means, spreads, intervals).

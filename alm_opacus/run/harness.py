@@ -4,19 +4,25 @@ The private split never touches the encoder: pre-training sees only the public s
 the dataset's unlabeled set), each method sees the members, each attack sees what its
 threat model allows.
 
-A run is small units: :func:`plan_cells` lists the (method, epsilon, seed) cells,
-:func:`run_cell` turns one cell into rows, and :class:`~alm_opacus.run.writer.RunWriter` writes
-results, ROC curves, ``config.json``, TensorBoard and plots after every cell.
+A run is small pure units: :func:`plan_cells` lists the (method, epsilon, seed) cells;
+:func:`prepare_unit` does a method's per-seed work once (shared by methods with one
+preparation key), :func:`plain_attacks_unit` the plain attacker's per seed, and
+:func:`cell_unit` turns one cell into rows. :func:`run` (the driver) submits them to an
+executor (:mod:`alm_opacus.run.executors`: in this process, or on Ray), fills the utility
+losses from each seed's baseline, and alone writes the run folder:
+:class:`~alm_opacus.run.writer.RunWriter` writes results, ROC curves, ``config.json``,
+TensorBoard and plots after every cell.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.metadata
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,35 +32,25 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from alm_opacus._validation import default_delta
-from alm_opacus.attacks import AttackConfig, AttackResult, PreparedAttacks
 from alm_opacus.attacks.base import ATTACKER_POOL_MIN
 from alm_opacus.data import Dataset, load_dataset, to_float
 from alm_opacus.data.split import Split, make_split
-from alm_opacus.errors import InfeasibleRelease
-from alm_opacus.heads import accuracy
-from alm_opacus.methods import (
-    INPUT_KINDS,
-    InputKind,
-    Method,
-    MethodContext,
-    NoisePolicy,
-    Release,
-    create_method,
-    method_class,
-    method_options,
-    plain_shadow_trainer,
-)
+from alm_opacus.methods import INPUT_KINDS, InputKind, method_class, method_options
 from alm_opacus.report.results import ResultRow
-from alm_opacus.run.cells import Cell, CellOutcome, RocMap
+from alm_opacus.run.cells import Cell, CellOutcome
 from alm_opacus.run.config import RunConfig
-from alm_opacus.run.evaluation import (
-    CLEAN_SUFFIX,
-    Evaluation,
-    cell_rows,
-    infeasible_row,
-    torch_threads,
-)
+from alm_opacus.run.evaluation import Evaluation, torch_threads, with_reference
+from alm_opacus.run.executors import Executor, create_executor
 from alm_opacus.run.rundir import SPLIT_FILE, RunFolder, check_can_create
+from alm_opacus.run.units import (
+    Infeasible,
+    RunInputs,
+    Session,
+    cell_unit,
+    plain_attacks_unit,
+    prepare_unit,
+    run_cell,
+)
 from alm_opacus.run.writer import RunWriter, run_settings, tensorboard_hparams
 from alm_opacus.ssl.pretrain import array_digest, config_hash, extract_features, pretrain
 
@@ -62,14 +58,21 @@ __all__ = [
     "PLUGIN_GROUP",
     "Cell",
     "CellOutcome",
+    "Evaluation",
+    "Infeasible",
     "Prepared",
     "RunConfig",
+    "RunInputs",
     "RunResult",
     "Session",
+    "cell_calls",
+    "cell_unit",
     "load_plugins",
+    "plain_attacks_unit",
     "plan_cells",
     "preflight",
     "prepare",
+    "prepare_unit",
     "run",
     "run_cell",
 ]
@@ -162,8 +165,8 @@ def prepare(config: RunConfig) -> Prepared:
 def _data_digest(dataset: Dataset) -> str:
     """The bytes of the images (and unlabeled images) the encoder and features come from:
     the cache key pins the data, not only its name and split."""
-    parts = [dataset.images, *([] if dataset.unlabeled is None else [dataset.unlabeled])]
-    return "/".join(array_digest(part) for part in parts)
+    parts = [dataset.images, dataset.unlabeled]
+    return "/".join(array_digest(part) for part in parts if part is not None)
 
 
 def given_features(config: RunConfig, dataset: Dataset, split: Split) -> Prepared:
@@ -238,139 +241,24 @@ def plan_cells(config: RunConfig) -> list[Cell]:
     return cells
 
 
-@dataclass
-class Session:
-    """What the cells of one run share: the data, the methods, prepared work and attacks."""
-
-    config: RunConfig
-    data: Prepared
-    context: MethodContext
-    evaluation: Evaluation
-    methods: dict[str, Method[Any, Any]] = field(default_factory=dict)
-    prepared: dict[tuple[str, int], Any] = field(default_factory=dict)
-    plain_attacks: dict[int, PreparedAttacks] = field(default_factory=dict)
-    reference: dict[int, float] = field(default_factory=dict)
-    _queries: dict[tuple[InputKind, str], Tensor] = field(default_factory=dict)
-
-    @classmethod
-    def open(cls, config: RunConfig, data: Prepared) -> Session:
-        kinds = {method_class(m).inputs for m in ("none", *config.methods)}
-        images = "images" in kinds
-        public_x, public_y = data.part("public")
-        context = MethodContext(
-            num_classes=data.num_classes, head=config.recipe, device=config.device,
-            public_features=public_x, public_labels=public_y,
-            public_images=data.inputs("images", "public") if images else None,
-            encoder=data.encoder if images else None, cache_dir=config.cache_path,
-            progress=config.progress, dataset=config.dataset,
-            schedule=config.spec.dpsgd.as_tuple(),
-            noise=NoisePolicy(reproducible=config.reproducible_noise),
-        )  # fmt: skip
-        y_in, y_out = data.part("members")[1], data.part("nonmembers")[1]
-        evaluation = Evaluation(
-            features=torch.cat([data.part("members")[0], data.part("nonmembers")[0]]),
-            labels=torch.cat([y_in, y_out]),
-            is_member=np.r_[np.ones(len(y_in), bool), np.zeros(len(y_out), bool)],
-            pool=data.part("attacker"), names=config.attack_names,
-            num_classes=data.num_classes, config=AttackConfig(**config.attack_options),
-        )  # fmt: skip
-        return cls(config=config, data=data, context=context, evaluation=evaluation)
-
-    def method(self, name: str) -> Method[Any, Any]:
-        if name not in self.methods:
-            options = method_options(name, self.config.options)
-            self.methods[name] = create_method(name, options)
-        return self.methods[name]
-
-    def inputs(self, kind: InputKind, part: str) -> Tensor:
-        """A split part (or ``evaluation``: members then non-members) as ``kind``, built once."""
-        if (kind, part) not in self._queries:
-            self._queries[kind, part] = (
-                torch.cat([self.inputs(kind, "members"), self.inputs(kind, "nonmembers")])
-                if part == "evaluation"
-                else self.data.inputs(kind, part)
-            )
-        return self._queries[kind, part]
-
-    def prepared_for(self, name: str, seed: int) -> Any:
-        if (name, seed) not in self.prepared:
-            method = self.method(name)
-            self.prepared[name, seed] = method.prepare(
-                features=self.inputs(method.inputs, "members"),
-                labels=self.data.part("members")[1], seed=seed, context=self.context,
-            )  # fmt: skip
-        return self.prepared[name, seed]
-
-    def plain(self, seed: int) -> PreparedAttacks:
-        """Attacks with plain shadow heads (the victim's recipe, no protection), per seed."""
-        if seed not in self.plain_attacks:
-            trainer = plain_shadow_trainer(self.context)
-            self.plain_attacks[seed] = self.evaluation.prepare(trainer, seed=seed)
-        return self.plain_attacks[seed]
-
-
-def run_cell(cell: Cell, session: Session) -> CellOutcome:
-    """Release, evaluate and attack one cell; an infeasible budget becomes one row."""
-    start = time.perf_counter()
-    config, method = session.config, session.method(cell.method)
-    try:
-        prepared = session.prepared_for(cell.method, cell.seed)
-        releases, accuracies, results = _draws(cell, session, method, prepared)
-    except InfeasibleRelease as exc:
-        row = infeasible_row(dataset=config.dataset, method=cell.method, epsilon=cell.epsilon,
-                             seed=cell.seed, delta=session.data.delta, reason=str(exc),
-                             seconds=time.perf_counter() - start)  # fmt: skip
-        return CellOutcome(rows=[row], rocs={})
-    if releases[0].baseline:
-        session.reference[cell.seed] = accuracies[0]
-    reference = session.reference[cell.seed]
-    rows = cell_rows(
-        dataset=config.dataset, method=cell.method, epsilon=cell.epsilon, seed=cell.seed,
-        releases=releases, accuracies=accuracies, reference=reference, results=results,
-        seconds=time.perf_counter() - start,
-    )  # fmt: skip
-    rocs: RocMap = {}
-    for result in results:  # the first draw's curve of each attack
-        key = (cell.method, cell.epsilon, result.attack)
-        if key not in rocs:
-            rocs[key] = (result.roc.fpr.tolist(), result.roc.tpr.tolist())
-    chosen = releases[0].chosen_config
-    entry = None if chosen is None else {"method": cell.method, "epsilon": cell.epsilon,
-                                         "seed": cell.seed, "config": chosen}  # fmt: skip
-    return CellOutcome(rows=rows, rocs=rocs, chosen=entry)
-
-
-def _draws(
-    cell: Cell, session: Session, method: Method[Any, Any], prepared: Any
-) -> tuple[list[Release], list[float], list[AttackResult]]:
-    """Every noise draw of a cell: its release, test accuracy and attack results."""
-    evaluation, data, context = session.evaluation, session.data, session.context
-    kind = method.inputs
-    releases: list[Release] = []
-    accuracies: list[float] = []
-    results: list[AttackResult] = []
-    adaptive: PreparedAttacks | None = None
-    y_in, y_out = data.part("members")[1], data.part("nonmembers")[1]
-    for draw in range(cell.draws):
-        release = method.release(
-            prepared, features=session.inputs(kind, "members"), labels=y_in,
-            epsilon=cell.epsilon, delta=data.delta, seed=cell.seed, draw=draw, context=context,
-        )  # fmt: skip
-        releases.append(release)
-        accuracies.append(accuracy(release.predict_proba(session.inputs(kind, "nonmembers")),
-                                   y_out))  # fmt: skip
-        if not evaluation.names:
-            continue
-        queried = None if kind == "features" else session.inputs(kind, "evaluation")
-        if release.attacker is None:
-            results += evaluation.attack(session.plain(cell.seed), release, inputs=queried)
-            continue
-        if adaptive is None:  # one adaptive attacker per cell: its protection is the cell's
-            adaptive = evaluation.prepare(release.attacker(), seed=cell.seed)
-        results += evaluation.attack(adaptive, release, inputs=queried)
-        results += evaluation.attack(session.plain(cell.seed), release, inputs=queried,
-                                     suffix=CLEAN_SUFFIX)  # fmt: skip
-    return releases, accuracies, results
+def cell_calls(engine: Executor, shared: RunInputs, cells: Sequence[Cell]) -> list[tuple[Any, ...]]:
+    """The arguments of :func:`cell_unit` for each of ``cells``, after submitting what they
+    need: ``shared`` put once, one prepare unit per (preparation key, seed), one
+    plain-attacks unit per seed (when the run attacks). Their handles are the cells'
+    arguments, so a cell starts as soon as its inputs exist.
+    """
+    ref = engine.put(shared)
+    prepared: dict[tuple[Hashable, int], Any] = {}
+    plain: dict[int, Any] = {}
+    calls = []
+    for cell in cells:
+        key = (shared.method(cell.method).preparation_key(), cell.seed)
+        if key not in prepared:
+            prepared[key] = engine.submit(prepare_unit, ref, cell.method, cell.seed)
+        if shared.evaluation.names and cell.seed not in plain:
+            plain[cell.seed] = engine.submit(plain_attacks_unit, ref, cell.seed)
+        calls.append((ref, cell, prepared[key], plain.get(cell.seed)))
+    return calls
 
 
 @dataclass
@@ -385,21 +273,29 @@ def run(
     *,
     on_cell: Callable[[Cell], None] | None = None,
     on_start: Callable[[Path], None] | None = None,
+    executor: Executor | str = "in-process",
+    executor_options: Mapping[str, Any] | None = None,
 ) -> RunResult:
     """Run the whole comparison into ``config.out``: ``config.json``, ``split.json``,
     ``results.csv``, ``rocs.json``, TensorBoard events and plots, each written atomically
-    after every cell.
+    by this process (the driver) after every cell.
 
     Args:
         config: the run.
-        on_cell: called before each cell is computed (tests use it to interrupt a run).
+        on_cell: called with each cell before its outcome is recorded (in-process: before
+            it is computed; tests use it to interrupt a run).
         on_start: called with the run folder once it is validated, locked, and about to
             hold this run's first result.
+        executor: where the units run: an :class:`~alm_opacus.run.executors.Executor` (the
+            caller's: left open), or a name (``in-process``, ``ray``) to create one for this
+            run, after the checks, and close it at the end.
+        executor_options: options of a named executor (``ray``: ``address``).
 
     Raises:
         ValueError: for an invalid configuration, an unusable ``out`` or cache, a run folder
-            that holds another run (without resume/overwrite), or a resume whose config
-            differs. DataError: for a missing or corrupt dataset.
+            that holds another run (without resume/overwrite), a resume whose config
+            differs, or ``ray`` without Ray installed. DataError: for a missing or corrupt
+            dataset. ExecutorError: when a unit cannot be computed on the cluster.
     """
     start = time.perf_counter()
     out = Path(config.out)
@@ -419,22 +315,48 @@ def run(
                            hparams=tensorboard_hparams(config), before_write=commit)  # fmt: skip
         data = prepare(config)
         data.split.save(out / SPLIT_FILE)
-        session = Session.open(config, data)
+        engine = (executor if isinstance(executor, Executor) else stack.enter_context(
+            create_executor(executor, **dict(executor_options or {}))))  # fmt: skip
+        shared = RunInputs.build(config, data, memo=engine.memo(), map_units=engine.unit_map(),
+                                 progress=config.progress and engine.in_driver)  # fmt: skip
+        # a resumed run measures utility against its finished baseline
         baselines = baseline_methods(config)
-        for row in writer.rows:  # a resumed run measures utility against its finished baseline
-            if row.method in baselines:
-                session.reference[row.seed] = row.test_accuracy
+        references = {row.seed: row.test_accuracy for row in writer.rows
+                      if row.method in baselines}  # fmt: skip
         stack.enter_context(torch_threads(CELL_THREADS))
         cells = [c for c in plan_cells(config) if c.key not in writer.done]
-        bar = tqdm(cells, desc="cells", unit="cell", disable=not config.progress or not cells)
+        bar = tqdm(total=len(cells), desc="cells", unit="cell",
+                   disable=not config.progress or not cells)  # fmt: skip
+        stack.callback(bar.close)
+
+        def before(index: int) -> None:
+            cell = cells[index]
+            bar.set_postfix_str(f"{cell.method} eps={cell.epsilon:g} seed={cell.seed}")
+            if on_cell is not None:
+                on_cell(cell)
+
+        waiting: dict[int, list[CellOutcome]] = {}  # finished before their seed's baseline
         try:
-            for cell in bar:
-                bar.set_postfix_str(f"{cell.method} eps={cell.epsilon:g} seed={cell.seed}")
-                if on_cell is not None:
-                    on_cell(cell)
-                writer.add(run_cell(cell, session))
+            calls = cell_calls(engine, shared, cells)
+            for index, outcome in engine.as_completed(cell_unit, calls, before=before):
+                seed = cells[index].seed
+                if outcome.baseline_accuracy is not None:
+                    references[seed] = outcome.baseline_accuracy
+                waiting.setdefault(seed, []).append(outcome)
+                if seed in references:
+                    for done in waiting.pop(seed):
+                        writer.add(_measured(done, references[seed]))
+                bar.update()
         except KeyboardInterrupt:
             writer.interrupted()
             raise
+        for outcomes in waiting.values():  # a seed whose baseline has no accuracy
+            for done in outcomes:
+                writer.add(done)
         writer.finish(force=bool(cells))
     return RunResult(rows=writer.rows, out=out, seconds=time.perf_counter() - start)
+
+
+def _measured(outcome: CellOutcome, reference: float) -> CellOutcome:
+    """The outcome with its utility losses measured against its seed's baseline."""
+    return dataclasses.replace(outcome, rows=with_reference(outcome.rows, reference))

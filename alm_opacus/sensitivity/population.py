@@ -26,6 +26,8 @@ record away): warm starts change the cost of reaching each unique minimiser, not
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -39,6 +41,7 @@ from alm_opacus.sensitivity.sampler import (
     _finish,
     default_chunk_size,
 )
+from alm_opacus.units import UnitMap, serial_map
 
 __all__ = [
     "draw_population_pairs",
@@ -142,6 +145,7 @@ def sample_population_sensitivity(
     solver: str = "adam",
     tol: float = DEFAULT_TOL,
     warm_start: bool = True,
+    map_units: UnitMap = serial_map,
 ) -> SensitivitySample:
     """Sample the sensitivity of the head trained on ``n`` rows, from a population sample.
 
@@ -164,6 +168,9 @@ def sample_population_sensitivity(
         warm_start: warm-start convex heads (module docstring); each distance is then the cold
             start's within ``4 tol / l2`` in L2 (each of its two heads lies within
             ``tol / l2`` of its minimiser either way). No effect on Adam recipes.
+        map_units: runs the chunks of pairs (:func:`population_chunk`, independent units
+            whose seeds come from their pair indices); default in this process, in order.
+            The result does not depend on it.
 
     Returns:
         A :class:`SensitivitySample` with ``population`` set; ``pairs`` holds ``(x, x')``.
@@ -185,19 +192,35 @@ def sample_population_sensitivity(
                            tol=tol)  # fmt: skip
     basis = recipe.basis(features)
     start = recipe.whole(features, labels, basis=basis) if warm_start else None
-    starts = range(0, m, chunk_pairs)
-    if progress:
-        from tqdm.auto import tqdm
-
-        starts = tqdm(starts, desc="sensitivity sampler (public)", unit="chunk")
-    l1, l2 = np.empty(m), np.empty(m)
-    ends = np.empty((m, 2), dtype=np.int64)
-    for first in starts:
-        pairs = range(first, min(m, first + chunk_pairs))
-        block = slice(pairs.start, pairs.stop)
-        l1[block], l2[block], ends[block] = population_chunk(
-            features, labels, recipe=recipe, n=n, seed=seed, pairs=pairs, start=start,
-            basis=basis,
-        )  # fmt: skip
+    shared = _PopulationWork(features=features, labels=labels, recipe=recipe, n=n, seed=seed,
+                             start=start, basis=basis)  # fmt: skip
+    units = [range(first, min(m, first + chunk_pairs)) for first in range(0, m, chunk_pairs)]
+    parts = map_units(_population_unit, units, shared=shared,
+                      desc="sensitivity sampler (public)" if progress else None)  # fmt: skip
+    l1 = np.concatenate([p[0] for p in parts]).astype(np.float64)
+    l2 = np.concatenate([p[1] for p in parts]).astype(np.float64)
+    ends = np.concatenate([p[2] for p in parts]).astype(np.int64)
     return _finish(l1, l2, ends, n=n, order=order, gamma=gamma, solver=solver,
                    population=population)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _PopulationWork:
+    """What every chunk of :func:`sample_population_sensitivity` reads (sent once)."""
+
+    features: Tensor
+    labels: Tensor
+    recipe: SamplerRecipe
+    n: int
+    seed: int
+    start: Params | None
+    basis: FeatureBasis | None
+
+
+def _population_unit(
+    shared: _PopulationWork, pairs: range
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One unit for a :class:`~alm_opacus.units.UnitMap`: :func:`population_chunk`."""
+    w = shared
+    return population_chunk(w.features, w.labels, recipe=w.recipe, n=w.n, seed=w.seed,
+                            pairs=pairs, start=w.start, basis=w.basis)  # fmt: skip

@@ -35,6 +35,7 @@ from alm_opacus.sensitivity.convex import (
     feature_basis,
     train_convex_heads,
 )
+from alm_opacus.units import UnitMap, serial_map
 
 __all__ = [
     "SOLVERS",
@@ -324,6 +325,7 @@ def sample_sensitivity(
     solver: str = "adam",
     tol: float = DEFAULT_TOL,
     warm_start: bool = True,
+    map_units: UnitMap = serial_map,
 ) -> SensitivitySample:
     """Sample the sensitivity of the trained head (ALM paper, Algorithm 2), batched.
 
@@ -344,6 +346,8 @@ def sample_sensitivity(
         warm_start: start each convex head from the head on all of ``d`` (one row away);
             the result is the cold start's within the solver's tolerance, ``2 tol / l2`` per
             distance (:class:`SamplerRecipe`). No effect on Adam recipes.
+        map_units: runs the chunks (:func:`removal_chunk`, independent units); default in
+            this process, in order. The result does not depend on it.
 
     Returns:
         A :class:`SensitivitySample`.
@@ -367,13 +371,11 @@ def sample_sensitivity(
                            tol=tol)  # fmt: skip
     basis = recipe.basis(features)
     start = recipe.whole(features, labels, basis=basis) if warm_start else None
-    starts = range(0, len(removed), chunk_size)
-    if progress:
-        from tqdm.auto import tqdm
-
-        starts = tqdm(starts, desc="sensitivity sampler", unit="chunk")
-    flats = [removal_chunk(features, labels, recipe=recipe, rows=removed[i : i + chunk_size],
-                           start=start, basis=basis) for i in starts]  # fmt: skip
+    shared = _RemovalWork(features=features, labels=labels, recipe=recipe, start=start,
+                          basis=basis)  # fmt: skip
+    chunks = [removed[i : i + chunk_size] for i in range(0, len(removed), chunk_size)]
+    flats = map_units(_removal_unit, chunks, shared=shared,
+                      desc="sensitivity sampler" if progress else None)  # fmt: skip
     flat = torch.cat(flats)
     l1, l2 = np.empty(m), np.empty(m)
     for i in range(0, m, 1024):  # pair differences in blocks: m * P floats can be large
@@ -415,3 +417,21 @@ def sample_sensitivity_sequential(
         l1[k] = float(diff.abs().sum())
         l2[k] = float(torch.linalg.vector_norm(diff))
     return _finish(l1, l2, pairs, n=n, order=order, gamma=gamma, solver=solver)
+
+
+@dataclass(frozen=True)
+class _RemovalWork:
+    """What every chunk of :func:`sample_sensitivity` reads (sent once)."""
+
+    features: Tensor
+    labels: Tensor
+    recipe: SamplerRecipe
+    start: Params | None
+    basis: FeatureBasis | None
+
+
+def _removal_unit(shared: _RemovalWork, rows: np.ndarray) -> Tensor:
+    """One unit for a :class:`~alm_opacus.units.UnitMap`: :func:`removal_chunk`."""
+    w = shared
+    return removal_chunk(w.features, w.labels, recipe=w.recipe, rows=rows, start=w.start,
+                         basis=w.basis)  # fmt: skip

@@ -1,0 +1,439 @@
+"""Executors: where the units of a run are computed.
+
+A run is a graph of pure units (:mod:`alm_opacus.run.harness`): per (method preparation,
+seed) a *prepare* unit, per seed the *plain attacks*, per (method, epsilon, seed) a *cell*,
+and inside those the chunks that :class:`~alm_opacus.units.UnitMap` maps (sensitivity
+sampler draws, shadow and LiRA reference heads). The driver puts the shared inputs once
+(:meth:`Executor.put`), submits the prepare and plain-attacks units (:meth:`Executor.submit`),
+takes finished cells from :meth:`Executor.as_completed`, and alone writes the run folder.
+
+* ``in-process`` (the default): every unit runs in this process, lazily, in plan order;
+  Ray is never imported.
+* ``ray``: every unit is a Ray task (an optional extra: ``pip install -e ".[cluster]"``).
+  Large read-only inputs go into the object store once; seeds come from the units, never
+  from the order tasks run in, so the table is the same as in-process; tasks have no side
+  effects but content-keyed cache entries (atomic and idempotent), so Ray may retry a task
+  whose worker died (``max_retries``) without a duplicate or a missing row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import itertools
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar, cast
+
+from alm_opacus.methods import RunMemo
+from alm_opacus.units import UnitMap, serial_map
+
+__all__ = [
+    "CLUSTER_EXTRA",
+    "EXECUTORS",
+    "Executor",
+    "ExecutorError",
+    "InProcessExecutor",
+    "RayExecutor",
+    "RayMap",
+    "SharedMemo",
+    "available_executors",
+    "create_executor",
+    "import_ray",
+    "loopback_only",
+]
+
+S = TypeVar("S")
+U = TypeVar("U")
+R = TypeVar("R")
+T = TypeVar("T")
+
+#: The optional extra that installs Ray.
+CLUSTER_EXTRA = 'pip install -e ".[cluster]"'
+#: Tasks Ray re-runs when their worker dies (safe: a task has no side effects).
+MAX_RETRIES = 3
+#: Calls of :meth:`Executor.as_completed` in flight per CPU of a Ray cluster.
+IN_FLIGHT_PER_CPU = 2
+#: The object store of a cluster this process starts (shared memory; the machine is shared).
+LOCAL_OBJECT_STORE_BYTES = 2 * 1024**3
+
+
+class ExecutorError(RuntimeError):
+    """A unit could not be computed (e.g. its worker died more often than Ray retries)."""
+
+
+class Executor(ABC):
+    """Runs the pure units of a run; a context manager that releases what it started.
+
+    ``put(value)`` and ``submit(fn, *args)`` return handles; a handle may be an argument of a
+    later ``submit``, and the unit then gets the value. ``map`` is the
+    :class:`~alm_opacus.units.UnitMap` handed to the code below the harness.
+    """
+
+    name: ClassVar[str] = ""
+    #: Whether units run in the driver's process (then they may show progress bars).
+    in_driver: ClassVar[bool] = True
+
+    @abstractmethod
+    def put(self, value: Any) -> Any:
+        """A handle on a read-only ``value`` that many units read (sent once)."""
+
+    @abstractmethod
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A handle on ``fn(*args)``, handles among ``args`` replaced by their values."""
+
+    @abstractmethod
+    def as_completed(
+        self, fn: Callable[..., R], calls: Sequence[tuple[Any, ...]], *,
+        before: Callable[[int], None] | None = None,
+    ) -> Iterator[tuple[int, R]]:  # fmt: skip
+        """``(index, fn(*calls[index]))`` for every call, as each is done; handles among a
+        call's arguments are replaced by their values. In-process: in order, each computed
+        when asked for; on Ray: a bounded number in flight, so units that map units of their
+        own never pile up. ``before(index)`` is called before each is yielded (and,
+        in-process, before it is computed)."""
+
+    @abstractmethod
+    def map(
+        self, fn: Callable[[S, U], R], units: Sequence[U], *, shared: S, desc: str | None = None
+    ) -> list[R]:
+        """``[fn(shared, u) for u in units]`` (see :class:`~alm_opacus.units.UnitMap`)."""
+
+    def unit_map(self) -> UnitMap:
+        """What units running under this executor map their own units with (picklable)."""
+        return serial_map
+
+    def memo(self) -> RunMemo:
+        """The memo of work shared by the run's units (a clean head, shadow heads)."""
+        return RunMemo()
+
+    def close(self) -> None:  # noqa: B027 (nothing to release by default)
+        """Release what the executor started."""
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Lazy:
+    """An in-process handle: ``fn(*args)``, computed on first use and kept."""
+
+    __slots__ = ("_args", "_done", "_fn", "_value")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self._fn, self._args = fn, args
+        self._done = False
+        self._value: Any = None
+
+    def value(self) -> Any:
+        if not self._done:
+            args = [a.value() if isinstance(a, _Lazy) else a for a in self._args]
+            self._value = self._fn(*args)
+            self._done = True
+            self._fn, self._args = _unset, ()  # let the inputs go
+        return self._value
+
+
+def _unset(*args: Any) -> Any:
+    raise AssertionError("a computed handle is never computed again")
+
+
+class InProcessExecutor(Executor):
+    """Every unit in this process, lazily and in plan order (the default; no Ray)."""
+
+    name = "in-process"
+
+    def put(self, value: Any) -> Any:
+        return value
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> _Lazy:
+        return _Lazy(fn, args)
+
+    def as_completed(
+        self, fn: Callable[..., R], calls: Sequence[tuple[Any, ...]], *,
+        before: Callable[[int], None] | None = None,
+    ) -> Iterator[tuple[int, R]]:  # fmt: skip
+        for index, args in enumerate(calls):
+            if before is not None:
+                before(index)
+            yield index, _Lazy(fn, args).value()
+
+    def map(
+        self, fn: Callable[[S, U], R], units: Sequence[U], *, shared: S, desc: str | None = None
+    ) -> list[R]:
+        return serial_map(fn, units, shared=shared, desc=desc)
+
+
+def import_ray() -> Any:
+    """The ``ray`` module.
+
+    Raises:
+        ValueError: naming the extra to install, when Ray is not installed.
+    """
+    try:
+        import ray
+    except ImportError:
+        raise ValueError(
+            f"--executor ray needs Ray, which is not installed: {CLUSTER_EXTRA}"
+        ) from None
+    return ray
+
+
+#: Ray (2.60) resolves a node address of 127.0.0.1 to this machine's network address
+#: (``services.resolve_ip_for_localhost``) and its servers listen there; in its single-machine
+#: mode (the one it uses on macOS and Windows) the node's address is the loopback one, and
+#: every endpoint (GCS, raylet, object manager, workers) listens on 127.0.0.1 only.
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+@contextlib.contextmanager
+def loopback_only() -> Iterator[None]:
+    """Start Ray nodes inside this block on 127.0.0.1 only (a local cluster, or the simulated
+    nodes of ``ray.cluster_utils.Cluster``): nothing listens on another address.
+
+    Raises:
+        ValueError: when Ray is not installed (naming the extra).
+    """
+    ray = import_ray()
+    constants = ray._private.ray_constants
+    saved_env = {k: os.environ.get(k) for k in LOOPBACK_ENV}
+    saved = constants.ENABLE_RAY_CLUSTER
+    os.environ.update(LOOPBACK_ENV)  # inherited by the processes the block starts
+    constants.ENABLE_RAY_CLUSTER = False  # read once, when Ray was imported
+    try:
+        yield
+    finally:
+        constants.ENABLE_RAY_CLUSTER = saved
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _run_unit(fn: Callable[..., R], *args: Any) -> R:
+    """The body of every Ray task: ``fn(*args)`` with torch and the BLAS/OpenMP pools pinned
+    to the CPUs Ray assigned to the task, so a node's tasks never oversubscribe its cores."""
+    import ray
+    from threadpoolctl import threadpool_limits
+
+    from alm_opacus.run.evaluation import torch_threads
+
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+    threads = max(1, int(cpus))
+    with torch_threads(threads), threadpool_limits(limits=threads):
+        return fn(*args)
+
+
+@functools.cache
+def _remote(cpus: float, retries: int) -> Any:
+    """The remote version of :func:`_run_unit` (built once per process and options)."""
+    ray = import_ray()
+    return ray.remote(_run_unit).options(num_cpus=cpus, max_retries=retries,
+                                         retry_exceptions=False)  # fmt: skip
+
+
+def _unwrap(refs: Any) -> Any:
+    """``ray.get(refs)``, a failed task's own exception raised as itself (its message, not
+    Ray's traceback), and a lost worker as :class:`ExecutorError`."""
+    ray = import_ray()
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause
+        if isinstance(cause, BaseException):
+            raise cause from None
+        raise ExecutorError(str(exc).splitlines()[0]) from None
+    except ray.exceptions.RayError as exc:
+        raise ExecutorError(
+            f"a unit could not be computed on the Ray cluster: {str(exc).splitlines()[0]}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class RayMap:
+    """The :class:`~alm_opacus.units.UnitMap` of units inside Ray tasks: each unit a task,
+    ``shared`` put into the object store once. Picklable (it holds only options)."""
+
+    cpus: float = 1.0
+    retries: int = MAX_RETRIES
+
+    def __call__(
+        self, fn: Callable[[S, U], R], units: Sequence[U], *, shared: S, desc: str | None = None
+    ) -> list[R]:
+        if len(units) <= 1:  # one unit: a task would only add its overhead
+            return serial_map(fn, units, shared=shared)
+        ray = import_ray()
+        ref = ray.put(shared)
+        task = _remote(self.cpus, self.retries)
+        return cast(list[R], _unwrap([task.remote(fn, ref, unit) for unit in units]))
+
+
+class _MemoStore:
+    """The values of a :class:`SharedMemo`, held by one Ray actor per run."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, Any] = {}
+
+    def get(self, name: str) -> tuple[bool, Any]:
+        """``(True, value)`` if ``name`` is stored, else ``(False, None)``."""
+        return (True, self._values[name]) if name in self._values else (False, None)
+
+    def put(self, name: str, value: Any) -> None:
+        self._values.setdefault(name, value)
+
+
+class SharedMemo(RunMemo):
+    """A :class:`~alm_opacus.methods.RunMemo` shared by every task of a run: a value is
+    computed by the first task that needs it and read by the others from an actor. Values
+    are pure functions of their keys, so a race (two tasks computing one key) only costs
+    time. Keys whose ``repr`` is not stable across processes stay task-local."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__()
+        self._actor = store
+
+    def get(self, key: Hashable, compute: Callable[[], T]) -> T:
+        text = repr(key)
+        if key in self or " object at 0x" in text:  # an address is no key across processes
+            return super().get(key, compute)
+        name = hashlib.sha256(text.encode()).hexdigest()
+        found, value = _unwrap(self._actor.get.remote(name))
+        if not found:
+            value = compute()
+            self._actor.put.remote(name, value)
+        return super().get(key, lambda: cast(T, value))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SharedMemo, (self._actor,))  # a task's local copies stay in the task
+
+
+class RayExecutor(Executor):
+    """Every unit a Ray task, on the cluster at ``address`` or on a local one it starts.
+
+    Args:
+        address: a running cluster (``ray start --head`` prints it); ``None``: the
+            ``RAY_ADDRESS`` environment variable, else a local cluster on this machine, bound
+            to 127.0.0.1 and shut down by :meth:`close`.
+        num_cpus: CPUs of a local cluster (default: all of this machine's).
+        cpus_per_task: CPUs each task holds (and pins torch's threads to).
+        max_retries: re-runs of a task whose worker died.
+
+    Raises:
+        ValueError: when Ray is not installed (naming the extra).
+    """
+
+    name = "ray"
+    in_driver = False
+
+    def __init__(
+        self, *, address: str | None = None, num_cpus: int | None = None,
+        cpus_per_task: float = 1.0, max_retries: int = MAX_RETRIES,
+    ) -> None:  # fmt: skip
+        ray = import_ray()
+        self._ray = ray
+        self._owns = False
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        if not ray.is_initialized():
+            common: dict[str, Any] = {"include_dashboard": False, "configure_logging": False,
+                                      "log_to_driver": True}  # fmt: skip
+            if address is not None:
+                ray.init(address=address, **common)
+            else:
+                with loopback_only():
+                    ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1",
+                             object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                             **common)  # fmt: skip
+            self._owns = True
+        self._map = RayMap(cpus=cpus_per_task, retries=max_retries)
+        self._task = _remote(cpus_per_task, max_retries)
+        self._submitted: list[Any] = []
+        self._store: Any = None
+
+    def put(self, value: Any) -> Any:
+        return self._ray.put(value)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        ref = self._task.remote(fn, *args)
+        self._submitted.append(ref)
+        return ref
+
+    def as_completed(
+        self, fn: Callable[..., R], calls: Sequence[tuple[Any, ...]], *,
+        before: Callable[[int], None] | None = None,
+    ) -> Iterator[tuple[int, R]]:  # fmt: skip
+        # A task that waits for its own units gives its CPU back, and Ray would start the
+        # next call in its place: with every call in flight, all of them would be open at
+        # once (a worker process each). A window of a few per CPU keeps every CPU busy.
+        window = max(2, IN_FLIGHT_PER_CPU * int(self._ray.cluster_resources().get("CPU", 1)))
+        index: dict[Any, int] = {}
+        pending: list[Any] = []
+        waiting = iter(enumerate(calls))
+        while True:
+            for i, args in itertools.islice(waiting, window - len(pending)):
+                ref = self.submit(fn, *args)
+                index[ref] = i
+                pending.append(ref)
+            if not pending:
+                return
+            done, pending = self._ray.wait(pending, num_returns=1)
+            for ref in done:
+                if before is not None:
+                    before(index[ref])
+                yield index[ref], _unwrap(ref)
+
+    def map(
+        self, fn: Callable[[S, U], R], units: Sequence[U], *, shared: S, desc: str | None = None
+    ) -> list[R]:
+        return self._map(fn, units, shared=shared, desc=desc)
+
+    def unit_map(self) -> UnitMap:
+        return self._map
+
+    def memo(self) -> RunMemo:
+        if self._store is None:
+            self._store = self._ray.remote(_MemoStore).options(num_cpus=0).remote()
+        return SharedMemo(self._store)
+
+    def close(self) -> None:
+        """Cancel the units still running, and shut down a cluster this executor started."""
+        for ref in self._submitted:
+            with contextlib.suppress(Exception):
+                self._ray.cancel(ref, force=True)
+        self._submitted.clear()
+        if self._store is not None:
+            with contextlib.suppress(Exception):
+                self._ray.kill(self._store)
+            self._store = None
+        if self._owns and self._ray.is_initialized():
+            self._ray.shutdown()
+        self._owns = False
+
+
+#: Executors by name (``--executor``).
+EXECUTORS: dict[str, Callable[..., Executor]] = {
+    InProcessExecutor.name: InProcessExecutor,
+    RayExecutor.name: RayExecutor,
+}
+
+
+def available_executors() -> list[str]:
+    return list(EXECUTORS)
+
+
+def create_executor(name: str, **options: Any) -> Executor:
+    """The executor ``name`` with its options (``address`` for ``ray``).
+
+    Raises:
+        ValueError: for an unknown name, or ``ray`` without Ray installed.
+    """
+    if name not in EXECUTORS:
+        raise ValueError(
+            f"unknown executor {name!r}: expected one of {', '.join(available_executors())}"
+        )
+    return EXECUTORS[name](**options)

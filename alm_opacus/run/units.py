@@ -1,0 +1,328 @@
+"""The pure units of a run and the inputs they share.
+
+* :class:`RunInputs`: what every unit reads, built once by the driver (read-only; on Ray, one
+  object in the object store);
+* :func:`prepare_unit`: a method's work shared by every epsilon and draw of a seed;
+* :func:`plain_attacks_unit`: the attacks with plain shadow heads, per seed;
+* :func:`cell_unit`: one (method, epsilon, seed) cell's rows, from the two above.
+
+Each is a pure function of its arguments: seeds come from the unit, never from the order
+units run in, so any executor (:mod:`alm_opacus.run.executors`) gives the same rows.
+:class:`Session` computes them one at a time in this process, each shared piece once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from alm_opacus.attacks import AttackConfig, AttackResult, PreparedAttacks
+from alm_opacus.errors import InfeasibleRelease
+from alm_opacus.heads import accuracy
+from alm_opacus.methods import (
+    InputKind,
+    Method,
+    MethodContext,
+    NoisePolicy,
+    Release,
+    RunMemo,
+    create_method,
+    method_class,
+    method_options,
+    plain_shadow_trainer,
+)
+from alm_opacus.run.cells import Cell, CellOutcome, RocMap
+from alm_opacus.run.config import RunConfig
+from alm_opacus.run.evaluation import (
+    CLEAN_SUFFIX,
+    Evaluation,
+    cell_rows,
+    infeasible_row,
+    with_reference,
+)
+from alm_opacus.units import UnitMap, serial_map
+
+if TYPE_CHECKING:
+    from alm_opacus.run.harness import Prepared
+
+__all__ = [
+    "Infeasible",
+    "PlainAttacks",
+    "RunInputs",
+    "Session",
+    "cell_unit",
+    "plain_attacks_unit",
+    "prepare_unit",
+    "run_cell",
+]
+
+
+@dataclass
+class RunInputs:
+    """What every unit of a run reads: built once by the driver, read-only, and sent once
+    (on Ray: one object in the object store, whatever the number of tasks).
+
+    Attributes:
+        config: the run.
+        delta: the run's delta.
+        context: what every method may use besides the members' data.
+        evaluation: the balanced evaluation set and the attacker's pool.
+        queries: ``(kind, part) -> inputs`` for the parts ``members``, ``nonmembers`` and
+            ``evaluation`` (members then non-members), in each input kind the run's methods
+            take.
+        labels: ``part -> labels`` for ``members`` and ``nonmembers``.
+    """
+
+    config: RunConfig
+    delta: float
+    context: MethodContext
+    evaluation: Evaluation
+    queries: dict[tuple[InputKind, str], Tensor]
+    labels: dict[str, Tensor]
+
+    @classmethod
+    def build(
+        cls, config: RunConfig, data: Prepared, *, memo: RunMemo | None = None,
+        map_units: UnitMap = serial_map, progress: bool | None = None,
+    ) -> RunInputs:  # fmt: skip
+        """The inputs of ``config``'s units from the prepared data.
+
+        Args:
+            memo: work shared by the units (default: a fresh in-process memo).
+            map_units: how units map their own units (sampler and bank chunks).
+            progress: show progress bars inside units (default: ``config.progress``).
+        """
+        kinds = {method_class(m).inputs for m in ("none", *config.methods)}
+        images = "images" in kinds
+        public_x, public_y = data.part("public")
+        context = MethodContext(
+            num_classes=data.num_classes, head=config.recipe, device=config.device,
+            public_features=public_x, public_labels=public_y,
+            public_images=data.inputs("images", "public") if images else None,
+            encoder=data.encoder if images else None, cache_dir=config.cache_path,
+            progress=config.progress if progress is None else progress, dataset=config.dataset,
+            schedule=config.spec.dpsgd.as_tuple(),
+            noise=NoisePolicy(reproducible=config.reproducible_noise),
+            memo=RunMemo() if memo is None else memo, map_units=map_units,
+        )  # fmt: skip
+        y_in, y_out = data.part("members")[1], data.part("nonmembers")[1]
+        evaluation = Evaluation(
+            features=torch.cat([data.part("members")[0], data.part("nonmembers")[0]]),
+            labels=torch.cat([y_in, y_out]),
+            is_member=np.r_[np.ones(len(y_in), bool), np.zeros(len(y_out), bool)],
+            pool=data.part("attacker"), names=config.attack_names,
+            num_classes=data.num_classes, config=AttackConfig(**config.attack_options),
+            map_units=map_units,
+        )  # fmt: skip
+        queries: dict[tuple[InputKind, str], Tensor] = {}
+        for kind in sorted(kinds):
+            members, nonmembers = data.inputs(kind, "members"), data.inputs(kind, "nonmembers")
+            queries[kind, "members"], queries[kind, "nonmembers"] = members, nonmembers
+            queries[kind, "evaluation"] = torch.cat([members, nonmembers])
+        return cls(config=config, delta=data.delta, context=context, evaluation=evaluation,
+                   queries=queries, labels={"members": y_in, "nonmembers": y_out})  # fmt: skip
+
+    def method(self, name: str) -> Method[Any, Any]:
+        """The method ``name`` with the run's options."""
+        return create_method(name, method_options(name, self.config.options))
+
+    def inputs(self, kind: InputKind, part: str) -> Tensor:
+        """A split part (or ``evaluation``: members then non-members) as ``kind``."""
+        return self.queries[kind, part]
+
+
+@dataclass(frozen=True)
+class Infeasible:
+    """A preparation that no release can meet (its cells become one infeasible row each)."""
+
+    reason: str
+
+
+def prepare_unit(shared: RunInputs, name: str, seed: int) -> Any:
+    """Unit: method ``name``'s work shared by every epsilon and draw of ``seed`` (e.g. the
+    clean head and its sampled sensitivity), or :class:`Infeasible`."""
+    _load_plugins_once()
+    method = shared.method(name)
+    try:
+        return method.prepare(features=shared.inputs(method.inputs, "members"),
+                              labels=shared.labels["members"], seed=seed,
+                              context=shared.context)  # fmt: skip
+    except InfeasibleRelease as exc:
+        return Infeasible(str(exc))
+
+
+def plain_attacks_unit(shared: RunInputs, seed: int) -> PreparedAttacks:
+    """Unit: the attacks with plain shadow heads (the victim's recipe, no protection)."""
+    return shared.evaluation.prepare(plain_shadow_trainer(shared.context), seed=seed)
+
+
+PlainAttacks = PreparedAttacks | Callable[[], PreparedAttacks] | None
+
+
+def cell_unit(shared: RunInputs, cell: Cell, prepared: Any, plain: PlainAttacks) -> CellOutcome:
+    """Unit: release, evaluate and attack one cell; an infeasible budget becomes one row.
+
+    A pure function of its arguments: ``prepared`` is :func:`prepare_unit`'s value for the
+    cell's method and seed, ``plain`` the seed's :func:`plain_attacks_unit` (or a function
+    that computes it on first use). The rows' utility losses are left NaN: the driver fills
+    them from the seed's baseline (:func:`~alm_opacus.run.evaluation.with_reference`).
+    """
+    _load_plugins_once()
+    start = time.perf_counter()
+    method = shared.method(cell.method)
+    try:
+        if isinstance(prepared, Infeasible):
+            raise InfeasibleRelease(prepared.reason)
+        releases, accuracies, results = _draws(cell, shared, method, prepared, plain)
+    except InfeasibleRelease as exc:
+        row = infeasible_row(dataset=shared.config.dataset, method=cell.method,
+                             epsilon=cell.epsilon, seed=cell.seed, delta=shared.delta,
+                             reason=str(exc), seconds=time.perf_counter() - start)  # fmt: skip
+        return CellOutcome(rows=[row], rocs={})
+    rows = cell_rows(
+        dataset=shared.config.dataset, method=cell.method, epsilon=cell.epsilon,
+        seed=cell.seed, releases=releases, accuracies=accuracies, reference=None,
+        results=results, seconds=time.perf_counter() - start,
+    )  # fmt: skip
+    rocs: RocMap = {}
+    for result in results:  # the first draw's curve of each attack
+        key = (cell.method, cell.epsilon, result.attack)
+        if key not in rocs:
+            rocs[key] = (result.roc.fpr.tolist(), result.roc.tpr.tolist())
+    chosen = releases[0].chosen_config
+    entry = None if chosen is None else {"method": cell.method, "epsilon": cell.epsilon,
+                                         "seed": cell.seed, "config": chosen}  # fmt: skip
+    baseline = accuracies[0] if releases[0].baseline else None
+    return CellOutcome(rows=rows, rocs=rocs, chosen=entry, baseline_accuracy=baseline)
+
+
+def _draws(
+    cell: Cell, shared: RunInputs, method: Method[Any, Any], prepared: Any, plain: PlainAttacks
+) -> tuple[list[Release], list[float], list[AttackResult]]:
+    """Every noise draw of a cell: its release, test accuracy and attack results."""
+    evaluation, context = shared.evaluation, shared.context
+    kind = method.inputs
+    releases: list[Release] = []
+    accuracies: list[float] = []
+    results: list[AttackResult] = []
+    adaptive: PreparedAttacks | None = None
+    y_in, y_out = shared.labels["members"], shared.labels["nonmembers"]
+
+    def plain_attacks() -> PreparedAttacks:
+        if plain is None:
+            raise ValueError(f"cell {cell.key}: attacks were asked but no plain attacks given")
+        return plain() if callable(plain) else plain
+
+    for draw in range(cell.draws):
+        release = method.release(
+            prepared, features=shared.inputs(kind, "members"), labels=y_in,
+            epsilon=cell.epsilon, delta=shared.delta, seed=cell.seed, draw=draw,
+            context=context,
+        )  # fmt: skip
+        releases.append(release)
+        accuracies.append(accuracy(release.predict_proba(shared.inputs(kind, "nonmembers")),
+                                   y_out))  # fmt: skip
+        if not evaluation.names:
+            continue
+        queried = None if kind == "features" else shared.inputs(kind, "evaluation")
+        if release.attacker is None:
+            results += evaluation.attack(plain_attacks(), release, inputs=queried)
+            continue
+        if adaptive is None:  # one adaptive attacker per cell: its protection is the cell's
+            adaptive = evaluation.prepare(release.attacker(), seed=cell.seed)
+        results += evaluation.attack(adaptive, release, inputs=queried)
+        results += evaluation.attack(plain_attacks(), release, inputs=queried,
+                                     suffix=CLEAN_SUFFIX)  # fmt: skip
+    return releases, accuracies, results
+
+
+@dataclass
+class Session:
+    """One run's units computed one at a time in this process, each shared piece once: the
+    per-(preparation, seed) work, the plain attacks per seed, and the baselines' accuracies.
+    For scripts and tests that compute cells by hand; :func:`run` drives an executor."""
+
+    config: RunConfig
+    data: Prepared
+    shared: RunInputs
+    methods: dict[str, Method[Any, Any]] = field(default_factory=dict)
+    prepared: dict[tuple[Hashable, int], Any] = field(default_factory=dict)
+    plain_attacks: dict[int, PreparedAttacks] = field(default_factory=dict)
+    reference: dict[int, float] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, config: RunConfig, data: Prepared) -> Session:
+        return cls(config=config, data=data, shared=RunInputs.build(config, data))
+
+    @property
+    def context(self) -> MethodContext:
+        return self.shared.context
+
+    @property
+    def evaluation(self) -> Evaluation:
+        return self.shared.evaluation
+
+    def method(self, name: str) -> Method[Any, Any]:
+        if name not in self.methods:
+            self.methods[name] = self.shared.method(name)
+        return self.methods[name]
+
+    def inputs(self, kind: InputKind, part: str) -> Tensor:
+        """A split part (or ``evaluation``: members then non-members) as ``kind``."""
+        return self.shared.inputs(kind, part)
+
+    def preparation(self, name: str, seed: int) -> Any:
+        """:func:`prepare_unit`'s value for ``name`` and ``seed``, computed once per
+        :meth:`~alm_opacus.methods.Method.preparation_key`."""
+        key = (self.method(name).preparation_key(), seed)
+        if key not in self.prepared:
+            self.prepared[key] = prepare_unit(self.shared, name, seed)
+        return self.prepared[key]
+
+    def prepared_for(self, name: str, seed: int) -> Any:
+        """The method's prepared work for ``seed``.
+
+        Raises:
+            InfeasibleRelease: when no release of the method can be made.
+        """
+        value = self.preparation(name, seed)
+        if isinstance(value, Infeasible):
+            raise InfeasibleRelease(value.reason)
+        return value
+
+    def plain(self, seed: int) -> PreparedAttacks:
+        """Attacks with plain shadow heads (the victim's recipe, no protection), per seed."""
+        if seed not in self.plain_attacks:
+            self.plain_attacks[seed] = plain_attacks_unit(self.shared, seed)
+        return self.plain_attacks[seed]
+
+
+def run_cell(cell: Cell, session: Session) -> CellOutcome:
+    """Release, evaluate and attack one cell in this process; a baseline's cell records its
+    seed's reference accuracy, which every later cell's utility loss is measured against."""
+    prepared = session.preparation(cell.method, cell.seed)
+    outcome = cell_unit(session.shared, cell, prepared, lambda: session.plain(cell.seed))
+    if outcome.baseline_accuracy is not None:
+        session.reference[cell.seed] = outcome.baseline_accuracy
+    if all(row.status != "ok" for row in outcome.rows):
+        return outcome
+    return dataclasses.replace(
+        outcome, rows=with_reference(outcome.rows, session.reference[cell.seed])
+    )
+
+
+@functools.cache
+def _load_plugins_once() -> None:
+    """Register the plugin methods in a process that runs units (a Ray worker imports only
+    what a task names)."""
+    from alm_opacus.run.harness import load_plugins
+
+    load_plugins()

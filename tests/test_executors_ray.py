@@ -1,0 +1,246 @@
+"""The harness on Ray (issue 20, item 2): the same table as in-process on two simulated nodes,
+a worker killed mid-cell, a killed driver resumed, every endpoint on 127.0.0.1.
+
+The tests share one two-node cluster (``ray.cluster_utils.Cluster``: two simulated nodes on
+this machine); the command-line test starts its own local cluster in a child process. No
+Ray process outlives the module (checked by its fixture).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from alm_opacus.run import harness
+from alm_opacus.run.config import RunConfig
+from alm_opacus.run.executors import CLUSTER_EXTRA
+
+ROOT = Path(__file__).resolve().parents[1]
+#: A small grid with every kind of unit: a baseline, post-training methods sharing one
+#: preparation (sampler chunks), DP-SGD (tuning, its own adaptive attacker), shadow and LiRA
+#: reference banks in chunks of 4 heads.
+SMALL = {"methods": ("alm", "laplace", "dpsgd"), "epsilons": (1.0, 8.0), "noise_draws": 2,
+         "attacks": ("loss", "shadow", "lira-offline"), "options": {"m": 16},
+         "attack_options": {"num_shadow": 8, "num_reference": 8, "heads_per_seed": 4},
+         "reproducible_noise": True, "progress": False}  # fmt: skip
+
+
+def _cache(shared_cache: Path, where: Path) -> Path:
+    """A cache holding only the shared pipeline's encoder and features (no heads)."""
+    where.mkdir(parents=True)
+    for pattern in ("encoder-*", "features-*"):
+        for file in shared_cache.glob(pattern):
+            shutil.copy2(file, where / file.name)
+    return where
+
+
+def _table(path: Path) -> dict[tuple[str, ...], dict[str, str]]:
+    with path.open() as handle:
+        rows = list(csv.DictReader(handle))
+    table = {(r["method"], r["epsilon"], r["seed"], r["attack"]): r for r in rows}
+    assert len(table) == len(rows), "a row is duplicated"
+    return table
+
+
+def _same_tables(a: Path, b: Path) -> None:
+    """Every column but ``seconds`` of every row agrees exactly."""
+    left, right = _table(a), _table(b)
+    assert set(left) == set(right)
+    for key, row in left.items():
+        differing = {c for c in row if c != "seconds" and row[c] != right[key][c]}
+        assert not differing, (key, {c: (row[c], right[key][c]) for c in differing})
+
+
+ray = pytest.importorskip("ray", reason=f"the Ray tests need the cluster extra: {CLUSTER_EXTRA}")
+
+
+def _listening(pids: set[int]) -> list[tuple[int, str]]:
+    """``(pid, local address)`` of every TCP socket the processes ``pids`` listen on."""
+    inodes: dict[str, int] = {}
+    for pid in pids:
+        with_fd = Path(f"/proc/{pid}/fd")
+        try:
+            for fd in with_fd.iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes[target[8:-1]] = pid
+        except OSError:
+            continue
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                out.append((inodes[fields[9]], fields[1]))
+    return out
+
+
+#: 127.0.0.1 in /proc/net/tcp (little-endian hex) and in tcp6 (IPv4-mapped or ::1).
+LOOPBACK = ("0100007F:", "0000000000000000FFFF00000100007F:", "00000000000000000000000001000000:")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_stray_ray_processes(list_ray_processes: Any) -> Iterator[None]:
+    """Every test here shuts down the Ray processes it started: none outlives the module."""
+    before = set(list_ray_processes())
+    yield
+    # a shut-down cluster's processes exit within seconds; the agents of a cluster whose
+    # driver was killed notice within about a minute
+    deadline = time.monotonic() + 120
+    while set(list_ray_processes()) - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    stray = {p: c for p, c in list_ray_processes().items() if p not in before}
+    assert not stray, f"Ray processes left running after the tests: {stray}"
+
+
+@pytest.fixture(scope="module")
+def cluster(list_ray_processes: Any) -> Iterator[Any]:
+    """Two simulated nodes of one CPU each on this machine, on 127.0.0.1 only; shut down
+    (and checked gone) at the end of the module."""
+    from ray.cluster_utils import Cluster
+
+    from alm_opacus.run.executors import loopback_only
+
+    before = set(list_ray_processes())
+    with loopback_only():
+        small = 256 * 1024**2  # object store bytes per node: the tests' objects are small
+        nodes = Cluster(
+            initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": small}
+        )
+        nodes.add_node(num_cpus=1, object_store_memory=small)  # fmt: skip
+        ray.init(address=nodes.address, include_dashboard=False, configure_logging=False)
+    try:
+        nodes.wait_for_nodes()
+        yield nodes
+    finally:
+        ray.shutdown()
+        nodes.shutdown()
+    deadline = time.monotonic() + 30
+    while set(list_ray_processes()) - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not set(list_ray_processes()) - before
+
+
+@pytest.fixture(scope="module")
+def in_process_small(default_pipeline: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The small grid run in-process: the table the Ray runs must reproduce."""
+    harness.load_plugins()  # dpsgd registers from the baselines plugin
+    work = tmp_path_factory.mktemp("in_process")
+    cache = _cache(default_pipeline.config.cache_path, work / "cache")
+    harness.run(RunConfig(**SMALL, out=str(work / "run"), cache_dir=str(cache)))
+    return work / "run" / "results.csv"
+
+
+@pytest.mark.slow
+def test_two_nodes_give_the_in_process_table(  # type: ignore[no-untyped-def]
+    cluster, in_process_small: Path, default_pipeline: Any, tmp_path: Path, list_ray_processes
+) -> None:
+    from alm_opacus.run.executors import RayExecutor
+
+    assert len([n for n in ray.nodes() if n["Alive"]]) == 2
+    cache = _cache(default_pipeline.config.cache_path, tmp_path / "cache")
+    config = RunConfig(**SMALL, out=str(tmp_path / "run"), cache_dir=str(cache))
+    with RayExecutor() as executor:  # the connected cluster: left running by close()
+        result = harness.run(config, executor=executor)
+        listening = _listening(set(list_ray_processes()) | {os.getpid()})
+    _same_tables(in_process_small, tmp_path / "run" / "results.csv")
+    assert {r.method for r in result.rows} == {"none", "alm", "laplace", "dpsgd"}
+    assert all(math.isfinite(r.utility_loss) for r in result.rows)  # filled by the driver
+    # every Ray endpoint (GCS, raylets, object managers, workers, this driver) on loopback
+    assert listening and all(addr.startswith(LOOPBACK) for _, addr in listening), listening
+    assert ray.is_initialized()
+
+
+def _dies_once(marker: str, fn: Any, *args: Any) -> Any:
+    """The first attempt kills its own worker mid-task (as an OOM kill would); Ray's retry
+    then computes ``fn(*args)``."""
+    if not os.path.exists(marker):
+        Path(marker).write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return fn(*args)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_cell_leaves_no_duplicate_or_missing_row(  # type: ignore[no-untyped-def]
+    cluster, in_process_small: Path, default_pipeline: Any, tmp_path: Path
+) -> None:
+    from ray import cloudpickle
+
+    from alm_opacus.run.executors import RayExecutor
+
+    module = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(module)  # workers cannot import the tests
+    marker = tmp_path / "killed"
+
+    class KillsOneCell(RayExecutor):
+        def submit(self, fn: Any, *args: Any) -> Any:
+            if fn is harness.cell_unit and args[1].method == "alm" and args[1].epsilon == 8.0:
+                return super().submit(_dies_once, str(marker), fn, *args)
+            return super().submit(fn, *args)
+
+    cache = _cache(default_pipeline.config.cache_path, tmp_path / "cache")
+    config = RunConfig(**SMALL, out=str(tmp_path / "run"), cache_dir=str(cache))
+    try:
+        with KillsOneCell() as executor:
+            harness.run(config, executor=executor)
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+    killed = int(marker.read_text())
+    assert killed != os.getpid() and not Path(f"/proc/{killed}").exists()  # a worker died
+    _same_tables(in_process_small, tmp_path / "run" / "results.csv")
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, str(ROOT / "scripts" / "compare.py"), "--no-progress", *args]
+
+
+@pytest.mark.slow
+def test_a_killed_driver_resumes_to_the_same_table(  # type: ignore[no-untyped-def]
+    default_pipeline: Any, tmp_path: Path, list_ray_processes
+) -> None:
+    """The command line on its own local cluster: the driver is killed after some cells,
+    its cluster goes with it, and ``--resume`` finishes the table."""
+    flags = ["--methods", "alm", "--epsilons", "1,2,4,8", "--attacks", "loss",
+             "--noise-draws", "1", "--m", "8", "--num-reference", "4",
+             "--reproducible-noise"]  # fmt: skip
+    straight = tmp_path / "straight"
+    cache = _cache(default_pipeline.config.cache_path, tmp_path / "cache")
+    subprocess.run(_cli(*flags, "--out", str(straight), "--cache-dir", str(cache)),
+                   check=True, stdout=subprocess.DEVNULL, cwd=ROOT)  # fmt: skip
+    out = tmp_path / "run"
+    ray_cache = _cache(default_pipeline.config.cache_path, tmp_path / "ray-cache")
+    cmd = _cli(*flags, "--out", str(out), "--cache-dir", str(ray_cache), "--executor", "ray")
+    before = set(list_ray_processes())
+    log = tmp_path / "driver.log"
+    with log.open("w") as err:
+        driver = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+    results = out / "results.csv"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and driver.poll() is None:
+        if results.exists() and len(_table(results)) >= 2:  # the baseline and one cell
+            break
+        time.sleep(0.1)
+    assert driver.poll() is None, log.read_text()[-3000:]  # it must still be running
+    killed_cluster = set(list_ray_processes()) - before
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    partial = _table(results)
+    assert 2 <= len(partial) < 5 and killed_cluster
+    subprocess.run([*cmd, "--resume"], check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
+    _same_tables(straight / "results.csv", results)
+    # the killed driver's cluster shares its fate (its agents notice within about a minute)
+    deadline = time.monotonic() + 120
+    while killed_cluster & set(list_ray_processes()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not killed_cluster & set(list_ray_processes())
