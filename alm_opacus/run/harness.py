@@ -43,7 +43,9 @@ from alm_opacus.methods import (
     method_options,
     plain_shadow_trainer,
 )
+from alm_opacus.report.draws import draw_records
 from alm_opacus.report.results import ResultRow
+from alm_opacus.report.risk import cell_scores
 from alm_opacus.run.cells import Cell, CellOutcome, RocMap
 from alm_opacus.run.config import RunConfig
 from alm_opacus.run.evaluation import (
@@ -285,7 +287,31 @@ def run_cell(cell: Cell, session: Session) -> CellOutcome:
     chosen = releases[0].chosen_config
     entry = None if chosen is None else {"method": cell.method, "epsilon": cell.epsilon,
                                          "seed": cell.seed, "config": chosen}  # fmt: skip
-    return CellOutcome(rows=rows, rocs=rocs, chosen=entry)
+    per_draw = _by_draw(results)
+    draws = draw_records(method=cell.method, epsilon=cell.epsilon, seed=cell.seed,
+                         accuracies=accuracies, results=per_draw)  # fmt: skip
+    split, evaluation = session.data.split, session.evaluation
+    scores = cell_scores(
+        method=cell.method, epsilon=cell.epsilon, seed=cell.seed,
+        rows=np.r_[split.members, split.nonmembers], labels=evaluation.labels.numpy(),
+        is_member=evaluation.is_member,
+        draws=[{r.attack: r.scores for r in d if r.scores is not None} for d in per_draw],
+    )  # fmt: skip
+    return CellOutcome(rows=rows, rocs=rocs, chosen=entry, draws=draws, scores=scores)
+
+
+def _by_draw(results: list[AttackResult]) -> list[list[AttackResult]]:
+    """The results of a cell split per noise draw (within a draw every attack name, with its
+    attacker's suffix, occurs once, so a repeated name starts the next draw)."""
+    out: list[list[AttackResult]] = []
+    names: set[str] = set()
+    for result in results:
+        if not out or result.attack in names:
+            out.append([])
+            names = set()
+        out[-1].append(result)
+        names.add(result.attack)
+    return out
 
 
 def _draws(
@@ -326,6 +352,15 @@ class RunResult:
     rows: list[ResultRow]
     out: Path
     seconds: float
+    num_classes: int | None = None
+
+
+def image_source(images: np.ndarray | None) -> Callable[[np.ndarray], np.ndarray] | None:
+    """``rows -> images`` for data whose rows are pictures ((N, H, W) or (N, H, W, C)), for
+    the figure of the most exposed members; ``None`` for feature vectors."""
+    if images is None or np.ndim(images) < 3:
+        return None
+    return lambda rows: np.asarray(images[np.asarray(rows, dtype=np.int64)])
 
 
 def run(
@@ -361,6 +396,7 @@ def run(
                            hparams=tensorboard_hparams(config))  # fmt: skip
         data = prepare(config)
         data.split.save(out / "split.json")
+        writer.describe(num_classes=data.num_classes, images=image_source(data.images))
         session = Session.open(config, data)
         baselines = baseline_methods(config)
         for row in writer.rows:  # a resumed run measures utility against its finished baseline
@@ -379,4 +415,6 @@ def run(
             writer.interrupted()
             raise
         writer.finish(force=bool(cells))
-    return RunResult(rows=writer.rows, out=out, seconds=time.perf_counter() - start)
+    return RunResult(
+        rows=writer.rows, out=out, seconds=time.perf_counter() - start, num_classes=data.num_classes
+    )
