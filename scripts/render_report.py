@@ -8,7 +8,10 @@ are what a reader of the report sees.
 
 Needs Debian's ``chromium`` (``apt-get install -y chromium``).
 
-    .venv/bin/python scripts/render_report.py runs/latest [--out docs/img/report] [--width 1100]
+    .venv/bin/python scripts/render_report.py runs/latest [--width 1100] [--update-docs]
+
+With ``--update-docs`` the images go to ``docs/img/report/`` and the marked block
+``report-shots`` of ``docs/reading_results.md`` shows them.
 """
 
 from __future__ import annotations
@@ -23,7 +26,20 @@ from pathlib import Path
 
 from PIL import Image
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "reading_results.md"
+IMAGES = ROOT / "docs" / "img" / "report"
+BLOCK = "report-shots"
+CAPTIONS = {
+    "top": "the page's head: what the run is, and the warning that it holds private risk",
+    "settings": "the settings of the run",
+    "guarantees": "what each method guarantees, in plain words",
+    "tradeoff": "the trade-off figures (the first of them)",
+    "table": "the table, with the definition of every word of its header",
+    "risk": "per-member risk: the most exposed members and the risk figures",
+    "attacks": "how strong the attacks were",
+}
 #: Chromium flags for a headless, offline, throw-away profile.
 FLAGS = (
     "--headless",
@@ -113,14 +129,30 @@ def render(page: Path, out: Path, *, width: int = 1100, max_height: int = 1400) 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", help="a run folder holding report.html")
-    parser.add_argument("--out", default=str(ROOT / "docs" / "img" / "report"))
+    parser.add_argument("--out", default=None, help=f"image folder (default {IMAGES})")
     parser.add_argument("--width", type=int, default=1100)
+    parser.add_argument("--update-docs", action="store_true",
+                        help=f"show the images in {DOC.relative_to(ROOT)}")  # fmt: skip
     args = parser.parse_args(argv)
     page = Path(args.run) / "report.html"
     if not page.exists():
         parser.error(f"{page} does not exist: expected a finished run folder")
-    for path in render(page, Path(args.out), width=args.width):
+    out = Path(args.out) if args.out else IMAGES
+    written = render(page, out, width=args.width)
+    for path in written:
         print(f"written: {path} ({path.stat().st_size // 1024} KiB)")
+    if args.update_docs:
+        from alm_opacus.io import atomic_write_text, replace_marked
+
+        lines = [f"Rendered by `scripts/render_report.py` (Chromium, {args.width} px wide):", ""]
+        for path in written:
+            name = path.stem.split("_", 2)[-1]
+            rel = path.resolve().relative_to(DOC.parent.resolve()).as_posix()
+            lines += [f"![{CAPTIONS.get(name, name)}]({rel})", ""]
+        begin, end = f"<!-- {BLOCK}:begin -->", f"<!-- {BLOCK}:end -->"
+        text = replace_marked(DOC.read_text(), begin=begin, end=end, block="\n".join(lines))
+        atomic_write_text(DOC, text)
+        print(f"written: {DOC}")
     return 0
 
 

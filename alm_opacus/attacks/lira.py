@@ -173,12 +173,56 @@ class LiraOfflinePoolAttack(Attack):
 
 
 @dataclass(frozen=True)
+class _Gaussians:
+    """Per-candidate Gaussians of ``phi`` over the references of one side (in or out)."""
+
+    mean: FloatArray
+    std: FloatArray
+
+
+@dataclass(frozen=True)
 class _CandidateFit:
+    """The candidates' features (a query must ask about exactly these) and their Gaussians."""
+
     features: torch.Tensor
-    mean_in: FloatArray
-    std_in: FloatArray
-    mean_out: FloatArray
-    std_out: FloatArray
+    out: _Gaussians
+    inn: _Gaussians | None = None
+
+    @classmethod
+    def of(
+        cls,
+        bank: HeadBank,
+        n_pool: int,
+        phi: FloatArray,
+        *,
+        location: LiraLocation,
+        fixed_out: float | None,
+        fixed_in: float | None = None,
+        with_in: bool = False,
+    ) -> _CandidateFit:
+        """Fit each candidate's out-Gaussian (and in-Gaussian) over the bank's references;
+        the candidates are the bank's rows after its ``n_pool`` pool rows."""
+        c_phi = phi[:, n_pool:].T  # (q, N): every reference on every candidate
+        mask = bank.in_mask[:, n_pool:].T
+
+        def side(selected: BoolArray, fixed: float | None) -> _Gaussians:
+            mean, std = fit_gaussian(c_phi, selected, location=location)
+            return _Gaussians(mean=mean, std=_std(std, fixed))
+
+        return cls(
+            features=bank.features[n_pool:],
+            out=side(~mask, fixed_out),
+            inn=side(mask, fixed_in) if with_in else None,
+        )
+
+    def check(self, name: str, query: TargetQuery) -> None:
+        """Refuse a query about other examples than the candidates fitted."""
+        q = query.features.to(self.features)
+        if q.shape != self.features.shape or not torch.equal(q, self.features):
+            raise ValueError(
+                f"{name} was prepared for other candidates: the target's evaluation features "
+                f"{tuple(query.features.shape)} differ from those given at preparation"
+            )
 
 
 @register_attack(AttackKind.LIRA_ONLINE)
@@ -206,24 +250,18 @@ class LiraOnlineAttack(Attack):
                 phi, mo, _std(so, fix_out)
             )
         self.threshold = _fit_loo_threshold(loo.reshape(-1), inn.reshape(-1))
-        c_phi = phi[:, n_pool:].T  # (q, N): every reference on every candidate
-        mean_in, std_in = fit_gaussian(c_phi, inn[:, n_pool:].T, location=loc)
-        mean_out, std_out = fit_gaussian(c_phi, out[:, n_pool:].T, location=loc)
-        self.fitted = _CandidateFit(
-            features=bank.features[n_pool:],
-            mean_in=mean_in,
-            std_in=_std(std_in, fix_in),
-            mean_out=mean_out,
-            std_out=_std(std_out, fix_out),
-        )
+        self.fitted = _CandidateFit.of(bank, n_pool, phi, location=loc, fixed_out=fix_out,
+                                       fixed_in=fix_in, with_in=True)  # fmt: skip
 
     def score(self, query: TargetQuery) -> AttackScores:
         f = self.fitted
-        if f is None or self.threshold is None:
+        if f is None or f.inn is None or self.threshold is None:
             raise RuntimeError(f"attack {self.name!r} was scored before fit()")
-        _check_candidates(self.name, f, query)
+        f.check(self.name, query)
         phi = logit_confidence(query.proba, query.labels)
-        s = gaussian_logpdf(phi, f.mean_in, f.std_in) - gaussian_logpdf(phi, f.mean_out, f.std_out)
+        s = gaussian_logpdf(phi, f.inn.mean, f.inn.std) - gaussian_logpdf(
+            phi, f.out.mean, f.out.std
+        )
         return AttackScores(scores=s, decisions=self.threshold.apply(s, query.labels))
 
 
@@ -248,29 +286,12 @@ class LiraOfflineAttack(Attack):
         with np.errstate(invalid="ignore"):
             loo = (phi - mo) / _std(so, fix_out)
         self.threshold = _fit_loo_threshold(loo.reshape(-1), bank.in_mask.reshape(-1))
-        c_phi = phi[:, n_pool:].T
-        mean_out, std_out = fit_gaussian(c_phi, out[:, n_pool:].T, location=loc)
-        self.fitted = _CandidateFit(
-            features=bank.features[n_pool:],
-            mean_in=np.full_like(mean_out, np.nan),
-            std_in=np.full_like(std_out, np.nan),
-            mean_out=mean_out,
-            std_out=_std(std_out, fix_out),
-        )
+        self.fitted = _CandidateFit.of(bank, n_pool, phi, location=loc, fixed_out=fix_out)
 
     def score(self, query: TargetQuery) -> AttackScores:
         f = self.fitted
         if f is None or self.threshold is None:
             raise RuntimeError(f"attack {self.name!r} was scored before fit()")
-        _check_candidates(self.name, f, query)
-        s = (logit_confidence(query.proba, query.labels) - f.mean_out) / f.std_out
+        f.check(self.name, query)
+        s = (logit_confidence(query.proba, query.labels) - f.out.mean) / f.out.std
         return AttackScores(scores=s, decisions=self.threshold.apply(s, query.labels))
-
-
-def _check_candidates(name: str, fitted: _CandidateFit, query: TargetQuery) -> None:
-    q = query.features.to(fitted.features)
-    if q.shape != fitted.features.shape or not torch.equal(q, fitted.features):
-        raise ValueError(
-            f"{name} was prepared for other candidates: the target's evaluation features "
-            f"{tuple(query.features.shape)} differ from those given at preparation"
-        )

@@ -84,7 +84,11 @@ class RunFacts:
 
     @classmethod
     def from_settings(
-        cls, settings: Mapping[str, Any], *, num_classes: int | None = None
+        cls,
+        settings: Mapping[str, Any],
+        *,
+        num_classes: int | None = None,
+        num_reference: int | None = None,
     ) -> RunFacts:
         split = settings.get("split") or {}
         members = split.get("members")
@@ -96,7 +100,7 @@ class RunFacts:
             nonmembers=int(nonmembers) if nonmembers else None,
             num_classes=num_classes,
             attacks=tuple(settings.get("attacks") or ()),
-            num_reference=options.get("num_reference"),
+            num_reference=options.get("num_reference", num_reference),
         )
 
 
@@ -252,27 +256,30 @@ def _attack_notes(rows: Sequence[ResultRow], facts: RunFacts) -> str:
         f"Attacks run: {', '.join(attacks) or 'none'}. Each number in the table is the "
         "strongest of them (the largest value over every attack and attacker), which errs on "
         "the attacker's side.",
-        "Unsuffixed attacks are the noise-aware attacker's: its shadow and reference heads are "
-        "protected like the release (same mechanism and ε). Names ending in -clean are the "
-        "clean-reference attacker's, whose heads are unprotected.",
+        "Where a method supplies a noise-aware attacker (the post-training mechanisms), "
+        "unsuffixed attacks are its: its shadow and reference heads are protected like the "
+        "release (same mechanism and ε), and names ending in -clean are the clean-reference "
+        "attacker's, whose heads are unprotected. For the other methods the attacker's heads "
+        "follow the victim's recipe, unprotected.",
         "LiRA (Carlini et al. 2022) uses "
-        f"{facts.num_reference or 64} reference heads of the victim's size; lira-offline "
+        f"{facts.num_reference or 'its'} reference heads of the victim's size; lira-offline "
         "scores each candidate with the references that did not train on it (full strength), "
         "lira-offline-pool only with references that never saw a candidate (a stricter "
         "attacker, weaker).",
     ]
     if facts.nonmembers:
-        resolved = [f"{1 / fpr:g}" for _, _, fpr in TPR_LEVELS if facts.nonmembers * fpr >= 1]
-        smallest = 1 / facts.nonmembers
+        levels = [
+            f"TPR at {100 * fpr:g}% FPR is "
+            + ("resolved" if facts.nonmembers * fpr >= 1 else
+               f"not (it needs {math.ceil(1 / fpr - 1e-9)} non-members)")
+            for _, _, fpr in TPR_LEVELS
+        ]  # fmt: skip
         notes.append(
             f"The evaluation set has {facts.members} members and {facts.nonmembers} "
-            f"non-members: the smallest false positive rate it resolves is {smallest:.2g}, so "
-            "a TPR is shown only at FPRs of at least that (the ROC axes start there); "
-            + (
-                f"TPR at 1/{' and 1/'.join(resolved)} FPR is resolved."
-                if resolved
-                else "no TPR level of the table is resolved."
-            )
+            f"non-members: the smallest false positive rate it resolves is 1/{facts.nonmembers}"
+            f", so the ROC axes start there and a TPR is shown only at FPRs of at least that: "
+            + "; ".join(levels)
+            + "."
         )
     ceilings = [
         r.eps_lower_bound_ceiling for r in rows if not math.isnan(r.eps_lower_bound_ceiling)

@@ -18,12 +18,16 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from alm_opacus.report.draws import DRAWS_FILE
+from alm_opacus.report.html import REPORT_FILE
+from alm_opacus.report.risk import RISK_FOLDER
 from alm_opacus.run.config import config_mismatch
 
 __all__ = ["RUN_FILES", "RunFolder", "check_can_create", "check_writable_dir"]
 
 #: What a run writes in its folder (besides ``cache/``), removed by an overwrite.
-RUN_FILES = ("config.json", "split.json", "results.csv", "rocs.json", "tb", "plots")
+RUN_FILES = ("config.json", "split.json", "results.csv", "rocs.json", "tb", "plots",
+             DRAWS_FILE, REPORT_FILE, RISK_FOLDER.parts[0])  # fmt: skip
 _LOCK = ".lock"
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 import alm_opacus
+from alm_opacus.attacks import AttackConfig
 from alm_opacus.io import atomic_write_json, atomic_write_text
 from alm_opacus.methods import method_class, method_options
 from alm_opacus.posthoc import PostTrainingOptions
@@ -134,7 +135,9 @@ class RunWriter:
     def describe(self, *, num_classes: int, images: ImageSource | None) -> None:
         """What the views need of the data: the class count (chance accuracy) and, for image
         data, the images of dataset rows (the most exposed members in ``risk/``)."""
-        self.facts = RunFacts.from_settings(self.settings, num_classes=num_classes)
+        options = AttackConfig(**self.settings.get("attack_options", {}))
+        self.facts = RunFacts.from_settings(self.settings, num_classes=num_classes,
+                                            num_reference=options.num_reference)  # fmt: skip
         self.images = images
 
     def interrupted(self) -> None:
