@@ -1,30 +1,53 @@
 """alm_opacus: post-training and during-training privacy protections, attacked alike.
 
-Importing the package registers the ``alm_pld`` accountant into Opacus's registry, so
-``opacus.PrivacyEngine(accountant="alm_pld")`` works after ``import alm_opacus``.
+The package imports lazily, so that ``alm-opacus --help`` and other light uses start without
+torch: the names below load their module on first use (PEP 562). ``import alm_opacus`` still
+registers the ``alm_pld`` accountant into Opacus's registry, as soon as Opacus is imported
+(right away if it already is), so ``opacus.PrivacyEngine(accountant="alm_pld")`` works after
+``import alm_opacus``.
 """
 
 from __future__ import annotations
 
-from alm_opacus import accounting as _accounting  # noqa: F401  (registers "alm_pld")
-from alm_opacus import posthoc as _posthoc  # noqa: F401  (registers alm, laplace, gaussian)
-from alm_opacus.accounting import ACCOUNTANT_NAME, PipelineAccountant
-from alm_opacus.mechanisms import (
-    AdditiveNoiseMechanism,
-    available_mechanisms,
-    create_mechanism,
-    make_generator,
-    register_mechanism,
-)
-from alm_opacus.protect import (
-    Guarantee,
-    PostTrainingPrivacyEngine,
-    PrivacyStatement,
-    ProtectedModule,
-    SensitivityInfo,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from alm_opacus._lazy import after_import
+
+if TYPE_CHECKING:
+    from alm_opacus.accounting import ACCOUNTANT_NAME, PipelineAccountant
+    from alm_opacus.mechanisms import (
+        AdditiveNoiseMechanism,
+        available_mechanisms,
+        create_mechanism,
+        make_generator,
+        register_mechanism,
+    )
+    from alm_opacus.protect import (
+        Guarantee,
+        PostTrainingPrivacyEngine,
+        PrivacyStatement,
+        ProtectedModule,
+        SensitivityInfo,
+    )
 
 __version__ = "0.1.0"
+
+#: public name -> the module that defines it
+_EXPORTS = {
+    "ACCOUNTANT_NAME": "alm_opacus.accounting",
+    "PipelineAccountant": "alm_opacus.accounting",
+    "AdditiveNoiseMechanism": "alm_opacus.mechanisms",
+    "available_mechanisms": "alm_opacus.mechanisms",
+    "create_mechanism": "alm_opacus.mechanisms",
+    "make_generator": "alm_opacus.mechanisms",
+    "register_mechanism": "alm_opacus.mechanisms",
+    "Guarantee": "alm_opacus.protect",
+    "PostTrainingPrivacyEngine": "alm_opacus.protect",
+    "PrivacyStatement": "alm_opacus.protect",
+    "ProtectedModule": "alm_opacus.protect",
+    "SensitivityInfo": "alm_opacus.protect",
+}
 
 __all__ = [
     "ACCOUNTANT_NAME",
@@ -40,3 +63,20 @@ __all__ = [
     "make_generator",
     "register_mechanism",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'alm_opacus' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+# Importing alm_opacus.accounting registers "alm_pld" in Opacus: do it once Opacus is loaded.
+after_import("opacus", "alm_opacus.accounting")

@@ -312,8 +312,15 @@ def register_method(name: str, *, force: bool = False) -> Callable[[_M], _M]:
     return decorator
 
 
+def _builtin_methods() -> None:
+    """Import the module that registers the post-training methods (``alm``, ``laplace``,
+    ``gaussian``, ``gaussian-classic``): the package imports lazily, so it may not be yet."""
+    import alm_opacus.posthoc  # noqa: F401
+
+
 def available_methods() -> list[str]:
     """Registered method names, sorted."""
+    _builtin_methods()
     return sorted(_METHODS)
 
 
@@ -328,6 +335,8 @@ def method_class(name: str) -> type[Method[Any, Any]]:
     Raises:
         ValueError: for an unknown name, listing the registered ones.
     """
+    if name not in _METHODS:
+        _builtin_methods()
     if name not in _METHODS:
         raise ValueError(
             f"unknown method {name!r}: expected one of {', '.join(available_methods())}"

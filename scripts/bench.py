@@ -19,8 +19,12 @@
   Opacus's Gaussian DP-SGD per step (total, without noise, clipping; the noise's share), and
   2 gloo ranks against one process on the same global batch (issue 20: <= 1.05x per step).
 
-Targets (issues 4, 5, 7, 13, 14): sampler ratio >= 10; attacks <= 5 s; digits full run <=
-180 s and <= 3 GiB peak RSS; mnist full run <= 15 min and <= 4 GiB; resume <= 10 s. They are
+* ``compare.py --help``: wall time of a fresh process, and its ratio to ``import torch``
+  (the CLI imports lazily, so its help must not pay for torch).
+
+Targets (issues 4, 5, 7, 13, 14, 22): sampler ratio >= 10; attacks <= 5 s; digits full run <=
+180 s and <= 3 GiB peak RSS; mnist full run <= 15 min and <= 4 GiB; resume <= 10 s;
+``--help`` < 2 s (and well below ``import torch``). They are
 printed beside the measurements, never asserted in tests (timings belong here, not in tests).
 
     .venv/bin/python scripts/bench.py [--skip-full-run] [--mnist] [--ray] [--out bench.json]
@@ -91,6 +95,24 @@ def full_run(work: Path, *, dataset: str = "digits") -> dict[str, Any]:
     }
 
 
+def help_cost(repeats: int = 3) -> dict[str, Any]:
+    """Wall time of ``compare.py --help`` and of ``python -c "import torch"`` in fresh
+    processes (the fastest of ``repeats``), and their ratio."""
+
+    def fastest(cmd: list[str]) -> float:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    helped = fastest([sys.executable, str(ROOT / "scripts" / "compare.py"), "--help"])
+    torch_import = fastest([sys.executable, "-c", "import torch"])
+    return {"help_seconds": helped, "import_torch_seconds": torch_import,
+            "ratio": helped / torch_import, "target_seconds": 2.0}  # fmt: skip
+
+
 def attack_cost(work: Path) -> dict[str, Any]:
     """All attacks on one release of the unprotected head, once prepared."""
     data = prepare(RunConfig(out=str(work / "attack"), cache_dir=str(work / "full" / "cache"),
@@ -147,7 +169,7 @@ def main() -> None:
         "in-process (minutes; scripts/bench_ray.py; needs the cluster extra)",
     )  # fmt: skip
     args = parser.parse_args()
-    report: dict[str, Any] = {"torch_threads": torch.get_num_threads()}
+    report: dict[str, Any] = {"torch_threads": torch.get_num_threads(), "help": help_cost()}
     with torch_threads(1):  # the draw and torch.normal on the same footing
         report["exact"] = bench_exact()
     if args.only_exact:
@@ -180,7 +202,11 @@ def main() -> None:
 
 
 def format_table(report: dict[str, Any]) -> str:
-    rows = []
+    h = report["help"]
+    rows = [
+        ("compare.py --help, fresh process (s)", f"{h['help_seconds']:.2f}", "< 2"),
+        ("  --help / import torch", f"{h['ratio']:.2f}", "well below 1"),
+    ]
     for full in report.get("full_runs", []):
         name = full["dataset"]
         rows += [

@@ -241,13 +241,21 @@ ABLATION: dict[str, tuple[str, str, dict[str, Any]]] = {
         "2n",
         {"lira_fixed_variance": False},
     ),
-    "lira-offline N=64 fixed mean": ("lira-offline", "64", {"lira_fixed_variance": True}),
-    "lira-offline N=64 fixed median": (
-        "lira-offline",
+    "lira-offline-pool N=64 fixed mean": (
+        "lira-offline-pool",
+        "64",
+        {"lira_fixed_variance": True},
+    ),
+    "lira-offline-pool N=64 fixed median": (
+        "lira-offline-pool",
         "64",
         {"lira_fixed_variance": True, "lira_location": "median"},
     ),
-    "lira-offline N=64 per-example mean": ("lira-offline", "64", {"lira_fixed_variance": False}),
+    "lira-offline-pool N=64 per-example mean": (
+        "lira-offline-pool",
+        "64",
+        {"lira_fixed_variance": False},
+    ),
     "shadow gbm (all pairs)": ("shadow", "64", {"shadow_model": "gbm"}),
     "shadow mlp (2,000 pairs)": ("shadow", "64", {"shadow_model": "mlp"}),
     "shadow auto": ("shadow", "64", {"shadow_model": "auto"}),

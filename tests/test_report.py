@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import json
 import math
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from sklearn.metrics import roc_auc_score
 from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.util import tensor_util
 
 import alm_opacus.run.harness as harness
+from alm_opacus.report.draws import read_draws
 from alm_opacus.report.results import read_results
+from alm_opacus.report.risk import risk_table
+from alm_opacus.report.risk_plots import RISK_PLOTS
 from alm_opacus.report.table import format_tradeoff_table
-from alm_opacus.report.tensorboard import LAYOUT_NAME, run_label
+from alm_opacus.report.tensorboard import LAYOUT_NAME, EpsilonAxis, run_label
 from alm_opacus.run.harness import RunConfig, run
 
 
@@ -36,15 +43,16 @@ def small_run(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path):  # 
 @pytest.mark.slow
 def test_tensorboard_events_hold_the_results(small_run) -> None:  # type: ignore[no-untyped-def]
     """End to end: the harness's TensorBoard folder, read back with TensorBoard's loader,
-    holds every (method, epsilon) point of results.csv at step = index of epsilon."""
+    holds every (method, epsilon) point of results.csv at its log-spaced step, and one
+    hparams session per release (draws.csv)."""
     rows = small_run.rows
     mux = EventMultiplexer(tensor_size_guidance={"scalars": 0, "images": 0})
     mux.AddRunsFromDirectory(str(small_run.out / "tb"))
     mux.Reload()
-    grid = sorted({r.epsilon for r in rows if math.isfinite(r.epsilon)})
+    axis = EpsilonAxis(sorted({r.epsilon for r in rows if math.isfinite(r.epsilon)}))
     for method in ("alm", "gaussian"):
         first = next(r for r in rows if r.method == method)
-        run = f"{run_label(method, first.guarantee, first.neighbouring)}/seed=0"
+        run = run_label(method, first.guarantee, first.neighbouring)
         logged = {
             e.step: float(tensor_util.make_ndarray(e.tensor_proto))
             for e in mux.Tensors(run, "utility_loss")
@@ -55,7 +63,7 @@ def test_tensorboard_events_hold_the_results(small_run) -> None:  # type: ignore
         }
         for row in rows:
             if row.method == method and row.attack == "loss":
-                step = grid.index(row.epsilon)
+                step = axis.step(row.epsilon)
                 assert logged[step] == pytest.approx(row.utility_loss, abs=1e-6)
                 assert auc[step] == pytest.approx(row.mia_auc, abs=1e-6)
     layout = layout_pb2.Layout()
@@ -63,8 +71,88 @@ def test_tensorboard_events_hold_the_results(small_run) -> None:  # type: ignore
     layout.ParseFromString(tensor_util.make_ndarray(config.tensor_proto).item())
     assert any(c.title.startswith(LAYOUT_NAME) for c in layout.category)
     assert any(t.startswith("plots/roc") for t in mux.Runs()["."]["tensors"])
-    # The hparams plugin gets one session per (method, epsilon, seed) cell.
-    assert len([r for r in mux.Runs() if r.startswith("hparams/")]) == 1 + 2 * 2
+    # One hparams session per release: the baseline's, and 2 methods x 2 epsilons x 2 draws.
+    draws = read_draws(small_run.out / "draws.csv")
+    assert len(draws) == 1 + 2 * 2 * 2
+    sessions = [r for r in mux.Runs() if r.startswith("hparams/")]
+    assert len(sessions) == len(draws)
+    for d in draws:
+        eps = "inf" if math.isinf(d.epsilon) else f"{d.epsilon:g}"
+        name = f"hparams/{d.method}/eps={eps}/seed={d.seed}/draw={d.draw}"
+        (event,) = mux.Tensors(name, "hparams/mia_auc")
+        assert float(tensor_util.make_ndarray(event.tensor_proto)) == pytest.approx(d.mia_auc)
+
+
+class _Page(HTMLParser):
+    """The report's table cells, images and links."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells: list[str] = []
+        self.images: list[str] = []
+        self.links: list[str] = []
+        self._in_cell = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        if tag == "img":
+            self.images.append(found.get("src") or "")
+        if tag in ("a", "link", "script"):
+            self.links.append(found.get("href") or found.get("src") or "")
+        self._in_cell = tag == "td"
+
+    def handle_data(self, data: str) -> None:
+        if self._in_cell:
+            self.cells.append(data.strip())
+            self._in_cell = False
+
+
+@pytest.mark.slow
+def test_report_html_holds_every_method_epsilon_and_image(small_run) -> None:  # type: ignore[no-untyped-def]
+    page = _Page()
+    text = (small_run.out / "report.html").read_text()
+    page.feed(text)
+    for method in ("none", "alm", "gaussian"):
+        assert method in page.cells
+    for epsilon in ("1", "10", "inf"):
+        assert epsilon in page.cells
+    assert "random DP: not a DP guarantee" in text and "no guarantee" in text
+    assert len(page.images) >= 6  # trade-off figures and risk figures
+    for src in page.images:
+        assert src.startswith("data:image/png;base64,")
+        data = base64.b64decode(src.split(",", 1)[1])
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+    # offline: nothing is fetched, every link stays in the page
+    assert all(link.startswith("#") for link in page.links)
+    assert "http://" not in text and "https://" not in text
+
+
+@pytest.mark.slow
+def test_risk_files_name_the_split_rows_and_agree_with_results(small_run) -> None:  # type: ignore[no-untyped-def]
+    split = json.loads((small_run.out / "split.json").read_text())
+    members, nonmembers = set(split["members"]), set(split["nonmembers"])
+    base = risk_table(small_run.out, method="none", epsilon=math.inf)
+    clean = {int(r["row"]): r["loss_score"] for r in base.records}
+    for method, epsilon in (("none", math.inf), ("alm", 1.0), ("alm", 10.0), ("gaussian", 10.0)):
+        table = risk_table(small_run.out, method=method, epsilon=epsilon)
+        rows = {int(r["row"]): r for r in table.records}
+        assert set(rows) == members | nonmembers
+        assert {r for r, v in rows.items() if v["member"]} == members
+        assert table.kinds == ["lira", "loss"]
+        ranks = sorted(v["lira_rank"] for v in rows.values() if v["member"])
+        assert ranks == list(range(1, len(members) + 1))
+        by_score = sorted((v for v in rows.values() if v["member"]), key=lambda v: -v["lira_score"])
+        assert [v["lira_rank"] for v in by_score] == ranks  # rank 1: the highest score
+        for row, v in rows.items():  # the unprotected column is the baseline's own score
+            assert v["loss_score_unprotected"] == pytest.approx(clean[row])
+    # one draw: the baseline's loss scores give results.csv's loss AUC
+    (loss,) = [r for r in small_run.rows if r.method == "none" and r.attack == "loss"]
+    member = [bool(r["member"]) for r in base.records]
+    score = [r["loss_score"] for r in base.records]
+    assert roc_auc_score(member, score) == pytest.approx(loss.mia_auc, abs=1e-9)
+    assert len(base.top(5).records) == 5 and "lira_rank" in str(base.top(5))
+    for name in ("hist_alm", "class_auc_gaussian", "top16", "top_overlap"):
+        assert (small_run.out / RISK_PLOTS / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.slow
@@ -74,10 +162,14 @@ def test_plots_and_table(small_run) -> None:  # type: ignore[no-untyped-def]
         assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (small_run.out / "plots" / f"{name}.pdf").read_bytes()[:4] == b"%PDF"
     table = format_tradeoff_table(small_run.rows)
-    lines = table.split("\n\n")[0].splitlines()
-    assert "alm" in lines[0] and "gaussian" in lines[0] and "none" in lines[0]
-    assert [ln.split("|")[0].strip() for ln in lines[3:]] == ["1", "10", "inf"]
-    assert "random-dp" in table  # sampled sensitivity: never pure-dp
+    lines = table.split("\n\n")[0].splitlines()[2:]
+    assert [ln.split()[:3] for ln in lines] == [
+        ["none", "inf", "none"],
+        ["alm", "1", "random"],
+        ["alm", "10", "random"],
+        ["gaussian", "1", "random"],
+        ["gaussian", "10", "random"],
+    ]  # sampled sensitivity: random DP, never pure DP
 
 
 @pytest.mark.slow

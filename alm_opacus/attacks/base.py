@@ -51,6 +51,8 @@ class AttackKind(str, enum.Enum):
     CORRECTNESS = "correctness"
     LIRA_OFFLINE = "lira-offline"
     LIRA_ONLINE = "lira-online"
+    #: offline LiRA whose references never trained on a candidate (pool only): stricter
+    LIRA_OFFLINE_POOL = "lira-offline-pool"
 
 
 class ShadowDataSource(str, enum.Enum):
@@ -107,8 +109,10 @@ class AttackConfig:
 
     Attributes:
         num_shadow: ``k``, shadow heads, each trained on ``n`` rows of the shadow data.
-        num_reference: ``N``, LiRA reference heads (even, >= 4). Offline LiRA trains them on
-            ``n`` rows of the pool; online LiRA on ``n`` rows of candidates (and pool).
+        num_reference: ``N``, LiRA reference heads (even, >= 4), each on ``n`` rows: halves of
+            the candidates (and pool rows where they are too few) for online LiRA and offline
+            LiRA (which uses the ``N / 2`` references *out* for each candidate); halves of the
+            pool for the stricter ``lira-offline-pool``.
         heads_per_seed: heads trained by one trainer call; each call gets its own
             initialisation seed so that references vary in initialisation too.
         shadow_data: where shadow data comes from (shadow-model and metric attacks; LiRA

@@ -142,7 +142,8 @@ class ShadowContext:
         """
         if self.candidates is None:
             raise ValueError(
-                "lira-online needs the candidate examples (features, labels) at preparation: "
+                "LiRA (lira-online, lira-offline) needs the candidate examples (features, "
+                "labels) at preparation: "
                 "pass candidate_features and candidate_labels to prepare_attacks"
             )
         if self._online is None:

@@ -7,9 +7,13 @@ are fitted to ``phi`` under reference heads that did (*in*) and did not (*out*) 
 - online (Algorithm 1): score = ``log N(phi; mu_in, s_in^2) - log N(phi; mu_out, s_out^2)``,
   the log likelihood ratio; the references train on halves of pool + candidates, so each
   candidate is *in* for exactly half of them.
-- offline (Sec. IV-C): only *out* references (halves of the pool, which is disjoint from the
-  candidates); score = ``(phi - mu_out) / s_out``, monotone in the one-sided p-value
-  ``Pr[Z <= phi]``, ``Z ~ N(mu_out, s_out^2)``, so the ROC is the same and nothing saturates.
+- offline (Sec. IV-C): only *out* references; score = ``(phi - mu_out) / s_out``, monotone
+  in the one-sided p-value ``Pr[Z <= phi]``, ``Z ~ N(mu_out, s_out^2)``, so the ROC is the
+  same and nothing saturates. As in Carlini et al. (Sec. VI-A), the references train on
+  random halves of all the attacker's data, candidates included (the online bank), and each
+  candidate is scored with the ``N / 2`` references that did not train on it
+  (``lira-offline``). ``lira-offline-pool`` is the stricter attacker whose ``N`` references
+  train on halves of the pool only, so none ever saw a candidate.
 
 ``fixed_variance`` replaces the per-example variances by the pooled within-example variance,
 which Carlini et al. recommend with few references. The Gaussians are maximum-likelihood fits
@@ -140,9 +144,10 @@ def _phi(bank: HeadBank) -> FloatArray:
     return logit_confidence(bank.proba, bank.labels.cpu().numpy().astype(np.int64))
 
 
-@register_attack(AttackKind.LIRA_OFFLINE)
-class LiraOfflineAttack(Attack):
-    """Offline LiRA: how far the target's ``phi`` sits above the out-references' Gaussian."""
+@register_attack(AttackKind.LIRA_OFFLINE_POOL)
+class LiraOfflinePoolAttack(Attack):
+    """Offline LiRA on references that never saw a candidate: halves of the pool only, so all
+    ``N`` are *out* for every candidate (a stricter attacker than :class:`LiraOfflineAttack`)."""
 
     bank: HeadBank | None = None
     threshold: Threshold | None = None
@@ -160,7 +165,7 @@ class LiraOfflineAttack(Attack):
 
     def score(self, query: TargetQuery) -> AttackScores:
         if self.bank is None or self.threshold is None:
-            raise RuntimeError("attack 'lira-offline' was scored before fit()")
+            raise RuntimeError(f"attack {self.name!r} was scored before fit()")
         ref = logit_confidence(self.bank.predict(query.features), query.labels)  # (N, q), all out
         mean, std = fit_gaussian(ref.T, location=self.config.lira_location)
         s = (logit_confidence(query.proba, query.labels) - mean) / _std(std, self.fixed_std)
@@ -168,12 +173,56 @@ class LiraOfflineAttack(Attack):
 
 
 @dataclass(frozen=True)
+class _Gaussians:
+    """Per-candidate Gaussians of ``phi`` over the references of one side (in or out)."""
+
+    mean: FloatArray
+    std: FloatArray
+
+
+@dataclass(frozen=True)
 class _CandidateFit:
+    """The candidates' features (a query must ask about exactly these) and their Gaussians."""
+
     features: torch.Tensor
-    mean_in: FloatArray
-    std_in: FloatArray
-    mean_out: FloatArray
-    std_out: FloatArray
+    out: _Gaussians
+    inn: _Gaussians | None = None
+
+    @classmethod
+    def of(
+        cls,
+        bank: HeadBank,
+        n_pool: int,
+        phi: FloatArray,
+        *,
+        location: LiraLocation,
+        fixed_out: float | None,
+        fixed_in: float | None = None,
+        with_in: bool = False,
+    ) -> _CandidateFit:
+        """Fit each candidate's out-Gaussian (and in-Gaussian) over the bank's references;
+        the candidates are the bank's rows after its ``n_pool`` pool rows."""
+        c_phi = phi[:, n_pool:].T  # (q, N): every reference on every candidate
+        mask = bank.in_mask[:, n_pool:].T
+
+        def side(selected: BoolArray, fixed: float | None) -> _Gaussians:
+            mean, std = fit_gaussian(c_phi, selected, location=location)
+            return _Gaussians(mean=mean, std=_std(std, fixed))
+
+        return cls(
+            features=bank.features[n_pool:],
+            out=side(~mask, fixed_out),
+            inn=side(mask, fixed_in) if with_in else None,
+        )
+
+    def check(self, name: str, query: TargetQuery) -> None:
+        """Refuse a query about other examples than the candidates fitted."""
+        q = query.features.to(self.features)
+        if q.shape != self.features.shape or not torch.equal(q, self.features):
+            raise ValueError(
+                f"{name} was prepared for other candidates: the target's evaluation features "
+                f"{tuple(query.features.shape)} differ from those given at preparation"
+            )
 
 
 @register_attack(AttackKind.LIRA_ONLINE)
@@ -201,27 +250,48 @@ class LiraOnlineAttack(Attack):
                 phi, mo, _std(so, fix_out)
             )
         self.threshold = _fit_loo_threshold(loo.reshape(-1), inn.reshape(-1))
-        c_phi = phi[:, n_pool:].T  # (q, N): every reference on every candidate
-        mean_in, std_in = fit_gaussian(c_phi, inn[:, n_pool:].T, location=loc)
-        mean_out, std_out = fit_gaussian(c_phi, out[:, n_pool:].T, location=loc)
-        self.fitted = _CandidateFit(
-            features=bank.features[n_pool:],
-            mean_in=mean_in,
-            std_in=_std(std_in, fix_in),
-            mean_out=mean_out,
-            std_out=_std(std_out, fix_out),
+        self.fitted = _CandidateFit.of(bank, n_pool, phi, location=loc, fixed_out=fix_out,
+                                       fixed_in=fix_in, with_in=True)  # fmt: skip
+
+    def score(self, query: TargetQuery) -> AttackScores:
+        f = self.fitted
+        if f is None or f.inn is None or self.threshold is None:
+            raise RuntimeError(f"attack {self.name!r} was scored before fit()")
+        f.check(self.name, query)
+        phi = logit_confidence(query.proba, query.labels)
+        s = gaussian_logpdf(phi, f.inn.mean, f.inn.std) - gaussian_logpdf(
+            phi, f.out.mean, f.out.std
         )
+        return AttackScores(scores=s, decisions=self.threshold.apply(s, query.labels))
+
+
+@register_attack(AttackKind.LIRA_OFFLINE)
+class LiraOfflineAttack(Attack):
+    """Offline LiRA at full strength (Carlini et al. 2022, Sec. IV-C and VI-A): the references
+    train on random halves of the candidates (and pool), and each candidate is scored against
+    the Gaussian of the ``N / 2`` references that did not train on it."""
+
+    fitted: _CandidateFit | None = None
+    threshold: Threshold | None = None
+
+    def fit(self, context: ShadowContext) -> None:
+        bank, n_pool = context.online_bank()
+        phi = _phi(bank)
+        out = ~bank.in_mask
+        loc = self.config.lira_location
+        fixed = self.config.lira_fixed_variance in (None, True)  # None: pooled, offline
+        fix_out = pooled_std(phi, out) if fixed else None
+        # each reference in turn plays the target; the others' out-Gaussians score it
+        mo, so = leave_one_out_fit(phi, out, location=loc)
+        with np.errstate(invalid="ignore"):
+            loo = (phi - mo) / _std(so, fix_out)
+        self.threshold = _fit_loo_threshold(loo.reshape(-1), bank.in_mask.reshape(-1))
+        self.fitted = _CandidateFit.of(bank, n_pool, phi, location=loc, fixed_out=fix_out)
 
     def score(self, query: TargetQuery) -> AttackScores:
         f = self.fitted
         if f is None or self.threshold is None:
-            raise RuntimeError("attack 'lira-online' was scored before fit()")
-        q = query.features.to(f.features)
-        if q.shape != f.features.shape or not torch.equal(q, f.features):
-            raise ValueError(
-                "lira-online was prepared for other candidates: the target's evaluation "
-                f"features {tuple(query.features.shape)} differ from those given at preparation"
-            )
-        phi = logit_confidence(query.proba, query.labels)
-        s = gaussian_logpdf(phi, f.mean_in, f.std_in) - gaussian_logpdf(phi, f.mean_out, f.std_out)
+            raise RuntimeError(f"attack {self.name!r} was scored before fit()")
+        f.check(self.name, query)
+        s = (logit_confidence(query.proba, query.labels) - f.out.mean) / f.out.std
         return AttackScores(scores=s, decisions=self.threshold.apply(s, query.labels))

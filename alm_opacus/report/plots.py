@@ -336,10 +336,17 @@ def equal_noise_figure(rows: Sequence[ResultRow]) -> Figure:
     return view.finish()
 
 
-_ROC_FLOOR = 1e-4
+def roc_floor(rocs: RocMap) -> float:
+    """The smallest FPR the evaluation set resolves, 1 / (non-members): the smallest positive
+    FPR of any curve (every FPR is a multiple of it). The ROC axes start there, since an FPR
+    below one false positive cannot be read off the evaluation set."""
+    steps = [min((x for x in fpr if x > 0), default=1.0) for fpr, _ in rocs.values()]
+    return min(steps, default=1e-2)
 
 
-def _roc_panel(ax: Axes, rocs: RocMap, epsilon: float, colours: Mapping[str, str]) -> None:
+def _roc_panel(
+    ax: Axes, rocs: RocMap, epsilon: float, colours: Mapping[str, str], floor: float
+) -> None:
     """At ``epsilon``: per method its strongest attack by AUC, the unprotected head, chance."""
     best: dict[str, tuple[float, str, np.ndarray, np.ndarray]] = {}
     for (method, eps, attack), (fpr, tpr) in rocs.items():
@@ -349,7 +356,6 @@ def _roc_panel(ax: Axes, rocs: RocMap, epsilon: float, colours: Mapping[str, str
         auc = float(np.sum(np.diff(f) * (t[1:] + t[:-1]) / 2))
         if method not in best or auc > best[method][0]:
             best[method] = (auc, attack, f, t)
-    floor = _ROC_FLOOR
     for method, (auc, attack, f, t) in sorted(best.items()):
         label = f"{method}: {attack} (AUC {auc:.2f})"
         ax.plot(np.clip(f, floor, 1), np.clip(t, floor, 1), lw=1.2, color=colours[method],
@@ -360,7 +366,8 @@ def _roc_panel(ax: Axes, rocs: RocMap, epsilon: float, colours: Mapping[str, str
     ax.set_xlim(floor, 1)
     ax.set_ylim(floor, 1)
     ax.set_title(f"ε = {format_epsilon(epsilon)}", fontsize=9)
-    ax.legend(fontsize=6, loc="lower right")
+    ax.legend(fontsize=6, loc="lower right", title=f"FPR from 1/{round(1 / floor)}",
+              title_fontsize=6)  # fmt: skip
 
 
 def _roc_colours(rocs: RocMap) -> dict[str, str]:
@@ -373,7 +380,7 @@ def roc_figure(rocs: RocMap, *, epsilon: float | None = None) -> Figure:
     finite = sorted({e for (_, e, _) in rocs if not math.isinf(e)})
     target = epsilon if epsilon is not None else (finite[-1] if finite else math.inf)
     fig, ax = plt.subplots(figsize=(5.5, 5))
-    _roc_panel(ax, rocs, target, _roc_colours(rocs))
+    _roc_panel(ax, rocs, target, _roc_colours(rocs), roc_floor(rocs))
     ax.set_title(f"ROC (log-log), ε = {format_epsilon(target)}")
     ax.set_xlabel("false positive rate")
     ax.set_ylabel("true positive rate")
@@ -387,9 +394,9 @@ def roc_grid_figure(rocs: RocMap) -> Figure:
     grid_rows = -(-len(finite) // cols)
     fig, axes = plt.subplots(grid_rows, cols, figsize=(3.6 * cols, 3.4 * grid_rows),
                              sharex=True, sharey=True, squeeze=False)  # fmt: skip
-    colours = _roc_colours(rocs)
+    colours, floor = _roc_colours(rocs), roc_floor(rocs)
     for ax, epsilon in zip(axes.flat, finite, strict=False):
-        _roc_panel(ax, rocs, epsilon, colours)
+        _roc_panel(ax, rocs, epsilon, colours, floor)
     for ax in axes.flat[len(finite) :]:
         ax.set_visible(False)
     fig.supxlabel("false positive rate")

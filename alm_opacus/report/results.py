@@ -1,6 +1,6 @@
 """The ``results.csv`` contract: one row per method x epsilon x seed x attack.
 
-Columns are only ever appended, never renamed (see ../shared/DESIGN.md).
+Columns are only ever appended, never renamed (see docs/design.md).
 """
 
 from __future__ import annotations

@@ -28,6 +28,9 @@ from alm_opacus.report.results import ResultRow
 
 #: Above this (replace-one) epsilon the guarantee is marked as weak in every view.
 WEAK_EPSILON = 10.0
+#: Above ``1 / n`` (n members) a replace-one delta is weak: a mechanism may then publish one
+#: member's row outright and still meet it. Where n is not known, this delta is the line.
+WEAK_DELTA_UNKNOWN_N = 1e-3
 #: The attack metrics of a random guess: AUC and accuracy 0.5, and TPR equal to the FPR.
 CHANCE = {"mia_auc": 0.5, "mia_accuracy": 0.5, "tpr_at_fpr_0_01": 0.01, "tpr_at_fpr_0_001": 0.001}
 #: The common neighbouring relation every comparison is made under.
@@ -171,7 +174,23 @@ class Point:
 
     @property
     def weak(self) -> bool:
-        return self.epsilon_common > WEAK_EPSILON
+        """Whether the replace-one guarantee shown is weak (:func:`is_weak`, n unknown)."""
+        return is_weak(epsilon=self.epsilon_common, delta=self.delta_common)
+
+    def weak_for(self, members: int | None) -> bool:
+        """:func:`is_weak` of the replace-one guarantee shown, for ``members`` members."""
+        return is_weak(epsilon=self.epsilon_common, delta=self.delta_common, members=members)
+
+
+def is_weak(*, epsilon: float, delta: float, members: int | None = None) -> bool:
+    """Whether a replace-one (epsilon, delta) is a weak guarantee, not protection: epsilon
+    above :data:`WEAK_EPSILON`, or delta above ``1 / members`` (above
+    :data:`WEAK_DELTA_UNKNOWN_N` where the member count is not known). The baseline's
+    infinite epsilon is no guarantee at all, not a weak one."""
+    if math.isinf(epsilon):
+        return False
+    line = 1.0 / members if members else WEAK_DELTA_UNKNOWN_N
+    return epsilon > WEAK_EPSILON or delta > line
 
 
 def cells(rows: Sequence[ResultRow]) -> dict[tuple[str, float, int], list[ResultRow]]:

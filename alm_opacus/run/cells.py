@@ -6,10 +6,12 @@ imports the other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from alm_opacus.report.draws import DrawRecord
 from alm_opacus.report.results import ResultRow, cell_key
+from alm_opacus.report.risk import CellScores
 
 __all__ = ["Cell", "CellOutcome", "RocKey", "RocMap"]
 
@@ -34,7 +36,9 @@ class Cell:
 
 @dataclass
 class CellOutcome:
-    """What one cell produced: its rows, the first draw's ROC curves, its chosen config.
+    """What one cell produced: its rows, the first draw's ROC curves, its chosen config, one
+    record per release (noise draw), and the per-example scores behind ``risk/`` (computed
+    from the private data: the driver writes them under ``report.risk.RISK_FOLDER``).
 
     Attributes:
         baseline_accuracy: for an unprotected baseline's cell, its test accuracy: the
@@ -45,3 +49,5 @@ class CellOutcome:
     rocs: RocMap
     chosen: dict[str, Any] | None = None
     baseline_accuracy: float | None = None
+    draws: list[DrawRecord] = field(default_factory=list)
+    scores: CellScores | None = None

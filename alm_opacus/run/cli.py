@@ -16,17 +16,22 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from alm_opacus.data import DataError, available_datasets, dataset_spec, parse_split_sizes
-from alm_opacus.io import StaleCacheWarning
-from alm_opacus.methods import available_methods, default_methods
-from alm_opacus.report.table import format_tradeoff_table
-from alm_opacus.report.tensorboard import dashboard_urls
-from alm_opacus.run.config import RunConfig
-from alm_opacus.run.executors import CLUSTER_EXTRA, ExecutorError, available_executors
-from alm_opacus.run.harness import load_plugins, run
-from alm_opacus.run.rundir import PRIVATE_DIR, check_can_create, export_run
+from alm_opacus.run.catalogue import (
+    CLUSTER_EXTRA,
+    DATASETS,
+    DEFAULTS,
+    EXECUTORS,
+    METHODS,
+    OPT_IN_METHODS,
+    PRIVATE_DIR,
+)
+
+if TYPE_CHECKING:
+    from alm_opacus.run.config import RunConfig
+
+# Everything else is imported where it is used: ``--help`` must not load torch.
 
 
 def _comma_list(
@@ -90,6 +95,18 @@ def _option(text: str) -> tuple[str, str]:
     return key, value
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: X)`` only where the help does not already say the default and X
+    is a value (not ``None``: the help text then says what applies)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default is None or default is False or default == []:
+            return text
+        return super()._get_help_string(action)
+
+
 class _Parser(argparse.ArgumentParser):
     """Bad input: one line naming the flag and the expected form, then exit code 2."""
 
@@ -103,18 +120,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="Protect a fine-tuned head in several ways, attack every release with the "
         "same membership-inference attacks, and report privacy against utility. "
         "`alm-opacus export RUN DEST` copies what may be shared of a run folder.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     data = parser.add_argument_group("data")
     data.add_argument(
         "--dataset", default="digits",
-        help=f"one of {', '.join(available_datasets())}, or features:PATH (your own encoder's "
-        "features in an .npz: docs/own_features.md)",
+        help=f"one of {', '.join(DATASETS)} (or a plugin's), or features:PATH (your own "
+        "encoder's features in an .npz: docs/own_features.md)",
     )  # fmt: skip
     data.add_argument(
         "--data-root", default=None, help="folder holding the dataset files (not needed for digits)"
     )
-    data.add_argument("--split-seed", type=int, default=0, help="seeds the split and pre-training")
+    data.add_argument("--split-seed", type=int, default=DEFAULTS["RunConfig.split_seed"],
+                      help="seeds the split and pre-training")  # fmt: skip
     data.add_argument(
         "--split", default=None, metavar="PART=N,...",
         help="split sizes, e.g. members=500,attacker=1000 (parts left out keep the dataset's "
@@ -122,12 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
 
     privacy = parser.add_argument_group("protections")
-    opt_in = sorted(set(available_methods()) - set(default_methods()))
+    opt_in = list(OPT_IN_METHODS)
     privacy.add_argument(
         "--methods",
         default="none",
-        help=f"comma list of {', '.join(available_methods())}, or 'all' for every method"
-        + (f" but the opt-in {', '.join(opt_in)} (e.g. all,{opt_in[0]})" if opt_in else ""),
+        help=f"comma list of {', '.join(METHODS)} (or a plugin's), or 'all' for every method"
+        + (f" but the opt-in {', '.join(opt_in)} (e.g. all,{opt_in[0]})" if opt_in else "")
+        + "; the unprotected baseline none always runs",
     )
     privacy.add_argument(
         "--epsilons",
@@ -143,14 +162,15 @@ def build_parser() -> argparse.ArgumentParser:
     privacy.add_argument(
         "--noise-draws",
         type=_positive_int("--noise-draws"),
-        default=5,
+        default=DEFAULTS["RunConfig.noise_draws"],
         help="independent noise draws per (method, epsilon, seed)",
     )
     privacy.add_argument(
         "--sensitivity",
         choices=("sampled", "sampled-members", "analytic"),
         default=None,
-        help="sensitivity of the post-training mechanisms: sampled (default; neighbouring data "
+        help="sensitivity of the post-training mechanisms (default: "
+        f"{DEFAULTS['PostTrainingOptions.sensitivity']}): sampled (neighbouring data "
         "sets drawn from the public split: random-DP), analytic (the convex head's proven "
         "bound: pure/approx DP), or sampled-members (the ALM paper's Algorithm 2 on the "
         "members: no guarantee, for reproducing the paper)",
@@ -159,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--m",
         type=_positive_int("--m"),
         default=None,
-        help="neighbour pairs drawn by the sensitivity sampler (default 200)",
+        help="neighbour pairs drawn by the sensitivity sampler (default: "
+        f"{DEFAULTS['PostTrainingOptions.m']})",
     )
     privacy.add_argument(
         "--head", choices=("linear", "mlp"), default=None,
@@ -172,13 +193,13 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     privacy.add_argument(
         "--accountant", choices=("alm_pld", "prv", "rdp"), default=None,
-        help="DP-SGD's accountant (default alm_pld: this project's PLD accountant, registered "
-        "in Opacus)",
+        help=f"DP-SGD's accountant (default: {DEFAULTS['DPSGD accountant']}, this project's PLD "
+        "accountant, registered in Opacus)",
     )  # fmt: skip
     privacy.add_argument(
         "--queries", type=_positive_int("--queries"), default=None,
-        help="queries answered by per-query methods (lu; default 1); their total epsilon "
-        "covers this many",
+        help="queries answered by per-query methods (lu; default: "
+        f"{DEFAULTS['LuOptions.queries']}); their total epsilon covers this many",
     )  # fmt: skip
     privacy.add_argument(
         "--opt", action="append", default=[], metavar="KEY=VALUE", type=_option,
@@ -195,33 +216,24 @@ def build_parser() -> argparse.ArgumentParser:
     attack.add_argument("--attacks", default="all", help="comma list of attack names, or 'all'")
     attack.add_argument(
         "--shadow-model", choices=("gbm", "mlp", "auto"), default=None,
-        help="the shadow attack's classifier: gradient boosting (default; strongest on held-out "
-        "shadow data, docs/threat_model.md), the ALM appendix's 5-layer MLP, or auto",
+        help="the shadow attack's classifier (default: "
+        f"{DEFAULTS['AttackConfig.shadow_model']}): gbm, gradient boosting (strongest on "
+        "held-out shadow data, docs/threat_model.md), mlp, the ALM appendix's 5-layer MLP, or "
+        "auto",
     )  # fmt: skip
     attack.add_argument(
         "--num-reference", type=_positive_int("--num-reference"), default=None,
-        help="LiRA reference heads (default 64)",
+        help=f"LiRA reference heads (default: {DEFAULTS['AttackConfig.num_reference']})",
     )  # fmt: skip
 
     runopts = parser.add_argument_group("run")
     runopts.add_argument(
         "--seeds",
         type=_comma_list("--seeds", int, "a comma list of integers"),
-        default="0",
+        default=",".join(map(str, DEFAULTS["RunConfig.seeds"])),  # type: ignore[call-overload]
         help="one cell per seed: head training, noise draws and attacks are seeded by it",
     )
-    runopts.add_argument("--device", default="cpu", help="cpu or cuda")
-    runopts.add_argument(
-        "--executor", choices=tuple(available_executors()), default="in-process",
-        help="where the run's units (cells, per-seed preparations, shadow and LiRA reference "
-        "heads, sensitivity-sampler chunks) are computed: in this process, or as Ray tasks "
-        f"(optional extra: {CLUSTER_EXTRA}); the table is the same",
-    )  # fmt: skip
-    runopts.add_argument(
-        "--ray-address", default=None, metavar="HOST:PORT",
-        help="the Ray cluster of --executor ray (default: $RAY_ADDRESS, else a local cluster "
-        "on this machine, bound to 127.0.0.1)",
-    )  # fmt: skip
+    runopts.add_argument("--device", default=DEFAULTS["RunConfig.device"], help="cpu or cuda")
     runopts.add_argument(
         "--out", default=None,
         help=f"run folder (default: a new {RUNS}/<UTC time> folder, linked as {RUNS}/latest; "
@@ -230,7 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     runopts.add_argument(
         "--cache-dir", default=None,
         help=f"encoder, feature and head cache; it holds the clean heads, never share it "
-        f"(default: {RUNS}/cache without --out, else <out>/{PRIVATE_DIR}/cache)",
+        f"(default: {RUNS}/cache without --out, else $ALM_OPACUS_CACHE if set, else "
+        f"<out>/{PRIVATE_DIR}/cache)",
     )  # fmt: skip
     runopts.add_argument(
         "--resume", action="store_true",
@@ -244,7 +257,23 @@ def build_parser() -> argparse.ArgumentParser:
     runopts.add_argument(
         "--config", default=None, help="YAML file; every flag is a key, and the command line wins"
     )
+    runopts.add_argument(
+        "--executor", choices=EXECUTORS, default="in-process",
+        help="where the run's units (cells, per-seed preparations, shadow and LiRA reference "
+        "heads, sensitivity-sampler chunks) are computed: in this process, or as Ray tasks "
+        f"(optional extra: {CLUSTER_EXTRA}); the table is the same",
+    )  # fmt: skip
+    runopts.add_argument(
+        "--ray-address", default=None, metavar="HOST:PORT",
+        help="the Ray cluster of --executor ray (default: $RAY_ADDRESS, else a local cluster "
+        "on this machine, bound to 127.0.0.1)",
+    )  # fmt: skip
     runopts.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    runopts.add_argument(
+        "--wide-table", action="store_true",
+        help="print the side-by-side table (a column block per method) instead of one line per "
+        "(method, epsilon) in at most 100 columns",
+    )  # fmt: skip
     return parser
 
 
@@ -320,9 +349,16 @@ def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
 
 def parse_command(argv: Sequence[str] | None = None) -> Command:
     """Parse the command line into a :class:`Command`; exits with code 2 on bad input."""
-    load_plugins()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    if {"-h", "--help"} & set(argv):
+        parser.parse_args(["--help"])  # prints and exits before anything heavy is imported
+    from alm_opacus.data import DataError, dataset_spec, parse_split_sizes
+    from alm_opacus.run.config import RunConfig
+    from alm_opacus.run.harness import load_plugins
+    from alm_opacus.run.rundir import check_can_create
+
+    load_plugins()
     _apply_config_file(parser, argv)
     args = parser.parse_args(argv)
     methods = _methods(parser, str(args.methods))
@@ -389,6 +425,8 @@ def parse_command(argv: Sequence[str] | None = None) -> Command:
 
 
 def _methods(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    from alm_opacus.methods import available_methods, default_methods
+
     methods = [m.strip() for m in text.split(",") if m.strip()]
     if not methods:
         parser.error("--methods is empty: expected a comma list of method names, or 'all'")
@@ -416,6 +454,8 @@ def export_main(argv: Sequence[str]) -> int:
     parser.add_argument("run", help="the run folder")
     parser.add_argument("dest", help="a new folder for the shareable copy")
     args = parser.parse_args(list(argv))
+    from alm_opacus.run.rundir import export_run
+
     try:
         copied = export_run(Path(args.run), Path(args.dest))
     except ValueError as exc:
@@ -436,6 +476,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["export"]:
         return export_main(argv[1:])
     command = parse_command(argv)
+    from alm_opacus.io import StaleCacheWarning
+
     with warnings.catch_warnings():
         shown = warnings.showwarning
 
@@ -447,11 +489,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shown(message, category, *args, **kwargs)
 
         warnings.showwarning = show
-        return _run(command)
+        return _run(command, wide=_wide_table(argv))
 
 
-def _run(command: Command) -> int:
+def _run(command: Command, *, wide: bool) -> int:
     config = command.config
+    from alm_opacus.data import DataError
+    from alm_opacus.report.table import format_tradeoff_table
+    from alm_opacus.report.tensorboard import dashboard_urls
+    from alm_opacus.run.executors import ExecutorError
+    from alm_opacus.run.harness import run
+
     try:
         result = run(config, on_start=_link_latest, executor=command.executor,
                      executor_options=command.executor_options)  # fmt: skip
@@ -479,17 +527,31 @@ def _run(command: Command) -> int:
             file=sys.stderr,
         )
         return 130
+    split = config.split_sizes
     print()
-    print(format_tradeoff_table(result.rows))
+    print(format_tradeoff_table(result.rows, wide=wide, members=split.members,
+                                nonmembers=split.nonmembers or split.members,
+                                num_classes=result.num_classes))  # fmt: skip
     print()
     print(f"results: {result.out / 'results.csv'}  ({result.seconds:.1f} s)")
     print(f"TensorBoard: tensorboard --logdir {result.out / 'tb'}, then open (smoothing off):")
-    for view in ("time series", "custom scalars"):
+    for view in ("time series", "custom scalars", "hparams"):
         print(f"  {view}: {dashboard_urls()[view]}")
     plots = result.out / "plots"
     if plots.exists():
         print(f"plots: {plots}  (how to read them: docs/reading_results.md)")
+    report = result.out / "report.html"
+    if report.exists():
+        print(f"report: {report}  (offline, self-contained; with per-member risk: for the data "
+              "owner only)")  # fmt: skip
     return 0
+
+
+def _wide_table(argv: Sequence[str]) -> bool:
+    """``--wide-table``, from the command line or the ``--config`` file."""
+    parser = build_parser()
+    _apply_config_file(parser, argv)
+    return bool(parser.parse_args(argv).wide_table)
 
 
 #: Where runs go when ``--out`` is not given.

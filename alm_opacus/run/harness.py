@@ -266,6 +266,15 @@ class RunResult:
     rows: list[ResultRow]
     out: Path
     seconds: float
+    num_classes: int | None = None
+
+
+def image_source(images: np.ndarray | None) -> Callable[[np.ndarray], np.ndarray] | None:
+    """``rows -> images`` for data whose rows are pictures ((N, H, W) or (N, H, W, C)), for
+    the figure of the most exposed members; ``None`` for feature vectors."""
+    if images is None or np.ndim(images) < 3:
+        return None
+    return lambda rows: np.asarray(images[np.asarray(rows, dtype=np.int64)])
 
 
 def run(
@@ -315,6 +324,7 @@ def run(
                            hparams=tensorboard_hparams(config), before_write=commit)  # fmt: skip
         data = prepare(config)
         data.split.save(out / SPLIT_FILE)
+        writer.describe(num_classes=data.num_classes, images=image_source(data.images))
         engine = (executor if isinstance(executor, Executor) else stack.enter_context(
             create_executor(executor, **dict(executor_options or {}))))  # fmt: skip
         shared = RunInputs.build(config, data, memo=engine.memo(), map_units=engine.unit_map(),
@@ -354,7 +364,8 @@ def run(
             for done in outcomes:
                 writer.add(done)
         writer.finish(force=bool(cells))
-    return RunResult(rows=writer.rows, out=out, seconds=time.perf_counter() - start)
+    return RunResult(rows=writer.rows, out=out, seconds=time.perf_counter() - start,
+                     num_classes=data.num_classes)  # fmt: skip
 
 
 def _measured(outcome: CellOutcome, reference: float) -> CellOutcome:

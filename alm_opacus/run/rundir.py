@@ -44,7 +44,10 @@ from pathlib import Path
 from typing import Any
 
 from alm_opacus.io import atomic_write_json, atomic_write_text
+from alm_opacus.report.draws import DRAWS_FILE
+from alm_opacus.report.html import REPORT_FILE
 from alm_opacus.report.results import ResultRow, cell_key, read_results
+from alm_opacus.report.risk import RISK_FOLDER
 from alm_opacus.run.config import config_mismatch
 
 __all__ = [
@@ -73,11 +76,13 @@ PRIVATE_README = f"{PRIVATE_DIR}/README.txt"
 #: The cache of a run given ``--out`` and no ``--cache-dir`` (clean heads live there).
 DEFAULT_CACHE = f"{PRIVATE_DIR}/cache"
 #: What may be shared: aggregates over the evaluation set, with no member index and no
-#: clean weight. ``export_run`` copies exactly these (others add theirs here).
-SHARED_FILES = ("config.json", "results.csv", "rocs.json", "tb", "plots")
+#: clean weight. ``export_run`` copies exactly these (others add theirs here);
+#: ``report.html`` names the most exposed members, so it stays with the owner.
+SHARED_FILES = ("config.json", "results.csv", "rocs.json", "tb", "plots", DRAWS_FILE)
 #: What a run writes in its folder (besides caches), removed by an overwrite.
 #: ``split.json`` at the top is the layout before ``private/`` existed.
-RUN_FILES = ("config.json", SPLIT_FILE, "results.csv", "rocs.json", "tb", "plots", "split.json")
+RUN_FILES = ("config.json", SPLIT_FILE, "results.csv", "rocs.json", "tb", "plots", "split.json",
+             DRAWS_FILE, REPORT_FILE, str(RISK_FOLDER))  # fmt: skip
 #: ``config.json`` keys an export withholds: the split seed re-draws the member indices
 #: (the split is a public, deterministic function of data set, sizes and seed), and paths
 #: describe the owner's machine.

@@ -39,6 +39,8 @@ from alm_opacus.methods import (
     method_options,
     plain_shadow_trainer,
 )
+from alm_opacus.report.draws import draw_records
+from alm_opacus.report.risk import cell_scores
 from alm_opacus.run.cells import Cell, CellOutcome, RocMap
 from alm_opacus.run.config import RunConfig
 from alm_opacus.run.evaluation import (
@@ -79,6 +81,8 @@ class RunInputs:
             ``evaluation`` (members then non-members), in each input kind the run's methods
             take.
         labels: ``part -> labels`` for ``members`` and ``nonmembers``.
+        rows: the dataset rows of the evaluation set (members then non-members), for the
+            per-example scores behind ``risk/``.
     """
 
     config: RunConfig
@@ -87,6 +91,7 @@ class RunInputs:
     evaluation: Evaluation
     queries: dict[tuple[InputKind, str], Tensor]
     labels: dict[str, Tensor]
+    rows: np.ndarray
 
     @classmethod
     def build(
@@ -128,7 +133,8 @@ class RunInputs:
             queries[kind, "members"], queries[kind, "nonmembers"] = members, nonmembers
             queries[kind, "evaluation"] = torch.cat([members, nonmembers])
         return cls(config=config, delta=data.delta, context=context, evaluation=evaluation,
-                   queries=queries, labels={"members": y_in, "nonmembers": y_out})  # fmt: skip
+                   queries=queries, labels={"members": y_in, "nonmembers": y_out},
+                   rows=np.r_[data.split.members, data.split.nonmembers])  # fmt: skip
 
     def method(self, name: str) -> Method[Any, Any]:
         """The method ``name`` with the run's options."""
@@ -201,7 +207,31 @@ def cell_unit(shared: RunInputs, cell: Cell, prepared: Any, plain: PlainAttacks)
     entry = None if chosen is None else {"method": cell.method, "epsilon": cell.epsilon,
                                          "seed": cell.seed, "config": chosen}  # fmt: skip
     baseline = accuracies[0] if releases[0].baseline else None
-    return CellOutcome(rows=rows, rocs=rocs, chosen=entry, baseline_accuracy=baseline)
+    per_draw = _by_draw(results)
+    draws = draw_records(method=cell.method, epsilon=cell.epsilon, seed=cell.seed,
+                         accuracies=accuracies, results=per_draw)  # fmt: skip
+    evaluation = shared.evaluation
+    scores = cell_scores(
+        method=cell.method, epsilon=cell.epsilon, seed=cell.seed, rows=shared.rows,
+        labels=evaluation.labels.numpy(), is_member=evaluation.is_member,
+        draws=[{r.attack: r.scores for r in d if r.scores is not None} for d in per_draw],
+    )  # fmt: skip
+    return CellOutcome(rows=rows, rocs=rocs, chosen=entry, baseline_accuracy=baseline,
+                       draws=draws, scores=scores)  # fmt: skip
+
+
+def _by_draw(results: list[AttackResult]) -> list[list[AttackResult]]:
+    """The results of a cell split per noise draw (within a draw every attack name, with its
+    attacker's suffix, occurs once, so a repeated name starts the next draw)."""
+    out: list[list[AttackResult]] = []
+    names: set[str] = set()
+    for result in results:
+        if not out or result.attack in names:
+            out.append([])
+            names = set()
+        out[-1].append(result)
+        names.add(result.attack)
+    return out
 
 
 def _draws(

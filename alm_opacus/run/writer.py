@@ -15,16 +15,23 @@ from typing import Any
 import torch
 
 import alm_opacus
+from alm_opacus.attacks import AttackConfig
 from alm_opacus.io import atomic_write_json, atomic_write_text
 from alm_opacus.methods import method_class, method_options
 from alm_opacus.posthoc import PostTrainingOptions
+from alm_opacus.report.draws import DRAWS_FILE, DrawRecord, read_draws, write_draws
+from alm_opacus.report.html import REPORT_FILE, RunFacts, write_report
 from alm_opacus.report.plots import write_plots
-from alm_opacus.report.results import ResultRow, read_results, write_results
+from alm_opacus.report.results import ResultRow, cell_key, read_results, write_results
+from alm_opacus.report.risk import CellScores, load_risk, write_risk
+from alm_opacus.report.risk_plots import ImageSource, one_seed, write_risk_plots
 from alm_opacus.report.tensorboard import write_tensorboard
 from alm_opacus.run.cells import CellOutcome, RocMap
 from alm_opacus.run.config import RunConfig
 
 __all__ = ["RunWriter", "run_settings", "tensorboard_hparams"]
+
+BASELINE = "none"
 
 #: Seconds between live rewrites of ``tb/`` while cells finish; results.csv, rocs.json and
 #: config.json are rewritten after every cell, and tb/ at the end and on an interruption.
@@ -75,10 +82,15 @@ class RunWriter:
         self.rows: list[ResultRow] = []
         self.rocs: RocMap = {}
         self.chosen: list[dict[str, Any]] = []
+        self.draws: list[DrawRecord] = []
+        #: per-example scores by cell key (private: written under risk.RISK_FOLDER)
+        self.scores: dict[tuple[str, str, int], CellScores] = {}
         self.settings = dict(settings)
+        self.facts = RunFacts.from_settings(self.settings)
         if resume:
             self._load_previous()
         self.done = {row.cell() for row in self.rows}
+        self.images: ImageSource | None = None
         self._board_written = -math.inf
 
     def _load_previous(self) -> None:
@@ -89,6 +101,16 @@ class RunWriter:
             except (OSError, ValueError) as exc:
                 raise ValueError(f"--resume: {exc}; use --overwrite to start again") from exc
         self.rocs = _load_rocs(self.out / "rocs.json")
+        if (self.out / DRAWS_FILE).exists():
+            self.draws = read_draws(self.out / DRAWS_FILE)
+        cells = {(r.method, r.epsilon) for r in self.rows if r.status == "ok"}
+        try:
+            for table in load_risk(self.out, cells).values():
+                for seed in table.seeds:
+                    cell = table.cell(seed)
+                    self.scores[cell_key(cell.method, cell.epsilon, seed)] = cell
+        except ValueError as exc:
+            raise ValueError(f"--resume: {exc}; use --overwrite to start again") from exc
         config = self.out / "config.json"
         previous = json.loads(config.read_text()) if config.exists() else {}
         self.chosen = list(previous.get("chosen_configs", []))
@@ -97,17 +119,34 @@ class RunWriter:
             self.settings[key] = merged
 
     def add(self, outcome: CellOutcome) -> None:
-        """Record one finished cell and rewrite results, ROC curves, config and TensorBoard."""
+        """Record one finished cell and rewrite results, ROC curves, config, the releases'
+        records, the cell's risk file and TensorBoard."""
         self._start_writing()
         self.rows.extend(outcome.rows)
         self.rocs.update(outcome.rocs)
         if outcome.chosen is not None:
             self.chosen.append(outcome.chosen)
+        self.draws.extend(outcome.draws)
         write_results(self.out / "results.csv", self.rows)
         _save_rocs(self.out / "rocs.json", self.rocs)
+        if self.draws:
+            write_draws(self.out / DRAWS_FILE, self.draws)
+        if outcome.scores is not None:
+            cell = outcome.scores
+            self.scores[cell_key(cell.method, cell.epsilon, cell.seed)] = cell
+            # a baseline changes every file's unprotected column
+            self._write_risk(None if cell.method == BASELINE else (cell.method, cell.epsilon))
         self._write_config()
         if time.monotonic() - self._board_written > TENSORBOARD_REFRESH_S:
             self._write_tensorboard(images=False)
+
+    def describe(self, *, num_classes: int, images: ImageSource | None) -> None:
+        """What the views need of the data: the class count (chance accuracy) and, for image
+        data, the images of dataset rows (the most exposed members in ``risk/``)."""
+        options = AttackConfig(**self.settings.get("attack_options", {}))
+        self.facts = RunFacts.from_settings(self.settings, num_classes=num_classes,
+                                            num_reference=options.num_reference)  # fmt: skip
+        self.images = images
 
     def interrupted(self) -> None:
         """Bring ``tb/`` up to the finished cells (results.csv already is), after a Ctrl-C
@@ -116,13 +155,32 @@ class RunWriter:
             self._write_tensorboard(images=False)
 
     def finish(self, *, force: bool) -> None:
-        """Render the plots once and TensorBoard with them; a resume that computed nothing and
-        finds them skips the work."""
+        """Render the plots, the risk figures, TensorBoard and ``report.html`` once; a resume
+        that computed nothing and finds them skips the work."""
         self._start_writing()
         self._write_config()
-        if force or not (self.out / "plots" / "fig1_utility_loss.png").exists():
+        done = [self.out / "plots" / "fig1_utility_loss.png", self.out / REPORT_FILE]
+        if force or not all(p.exists() for p in done):
             write_plots(self.rows, self.rocs, self.out / "plots")
+            self._write_risk(None)
+            risk = one_seed(self.scores_by_cell())
+            risk_plots = write_risk_plots(self.out, risk, images=self.images) if risk else []
             self._write_tensorboard(images=True)
+            write_report(self.out, rows=self.rows, settings=self.settings, facts=self.facts,
+                         risk=risk, risk_plots=risk_plots)  # fmt: skip
+
+    def scores_by_cell(self) -> dict[tuple[str, float, int], CellScores]:
+        return {(c.method, c.epsilon, c.seed): c for c in self.scores.values()}
+
+    def _write_risk(self, only: tuple[str, float] | None) -> None:
+        """Rewrite the risk file of ``only`` (method, epsilon), or of every cell."""
+        groups: dict[tuple[str, float], list[CellScores]] = {}
+        for cell in self.scores.values():
+            groups.setdefault((cell.method, cell.epsilon), []).append(cell)
+        baseline = {c.seed: c for c in self.scores.values() if c.method == BASELINE}
+        for key, cells in groups.items():
+            if only is None or key == only:
+                write_risk(self.out, cells, baseline)
 
     def _start_writing(self) -> None:
         if not self.wrote and self.before_write is not None:
@@ -137,7 +195,7 @@ class RunWriter:
         """Rewrite ``tb/`` from all rows (built aside, then swapped in): it always holds
         exactly this run's rows, resumed ones included."""
         write_tensorboard(self.rows, self.out / "tb", epsilons=self.settings["epsilons"],
-                          hparams=self.hparams,
+                          hparams=self.hparams, draws=self.draws,
                           images=self.out / "plots" if images else None)  # fmt: skip
         self._board_written = time.monotonic()
 

@@ -35,7 +35,7 @@ from alm_opacus.attacks import registry as registry_module
 
 BUILTIN = [
     "shadow", "loss", "confidence", "entropy", "modified-entropy", "correctness",
-    "lira-offline", "lira-online",
+    "lira-offline", "lira-online", "lira-offline-pool",
 ]  # fmt: skip
 
 

@@ -10,45 +10,150 @@ import pytest
 from scipy import stats
 
 from alm_opacus.report.results import ResultRow
-from alm_opacus.report.series import replace_one, to_replace_one
-from alm_opacus.report.table import format_tradeoff_table
+from alm_opacus.report.series import is_weak, replace_one, to_replace_one
+from alm_opacus.report.table import MAX_WIDTH, format_tradeoff_table
 
 RowsFactory = Callable[..., list[ResultRow]]
 
 
 def body(table: str) -> list[list[str]]:
-    """The table's data lines (above the footnotes), split into cells."""
+    """The default table's data lines (above the footnotes), split into cells."""
+    lines = table.split("\n\n")[0].splitlines()[2:]
+    return [line.split() for line in lines]
+
+
+def line(table: str, method: str, epsilon: str) -> list[str]:
+    (found,) = [c for c in body(table) if c[:2] == [method, epsilon]]
+    return found
+
+
+def wide_body(table: str) -> list[list[str]]:
     lines = table.split("\n\n")[0].splitlines()[3:]
     return [[c.strip() for c in line.split("|")] for line in lines]
 
 
-def test_one_line_per_epsilon_with_the_weak_ones_marked(synthetic_rows: RowsFactory) -> None:
+ALL_METHODS = ("alm", "dperm", "dpsgd", "dpsgd-alm", "dpsgd-laplace", "gaussian",
+               "gaussian-classic", "laplace", "lu")  # fmt: skip
+
+
+def _all_methods(rows: list[ResultRow]) -> list[ResultRow]:
+    """The synthetic rows under every name ``--methods all`` prints (the widest table)."""
+    out = [r for r in rows if r.method == "none"]
+    for k, name in enumerate(ALL_METHODS):
+        source = ("alm", "laplace", "dpsgd")[k % 3]
+        out += [r.replace(method=name) for r in rows if r.method == source]
+    return out
+
+
+def test_one_line_per_method_and_epsilon(synthetic_rows: RowsFactory) -> None:
     table = format_tradeoff_table(synthetic_rows())
-    assert [r[0] for r in body(table)] == ["0.1", "1", "10", "100*", "1000*", "10000*", "inf"]
-    assert "* epsilon > 10: a weak guarantee" in table
+    assert [c[:2] for c in body(table)] == [["none", "inf"]] + [
+        [m, e] for m in ("alm", "laplace", "dpsgd")
+        for e in ("0.1", "1", "10", "100", "1000", "10000")
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_every_header_word_is_defined_under_the_table(
+    synthetic_rows: RowsFactory, wide: bool
+) -> None:
+    table = format_tradeoff_table(synthetic_rows(), wide=wide, members=150, nonmembers=150)
+    top, notes = table.split("\n\n", 1)
+    header = top.splitlines()[1 if wide else 0]
+    words = (
+        ["acc", "uloss", "AUC [95% CI]", "guarantee"]
+        if wide
+        else [
+            "method",
+            "ε",
+            "kind",
+            "ε′",
+            "δ′",
+            "acc",
+            "uloss",
+            "AUC [95% CI]",
+            "TPR@1%",
+            "TPR@0.1%",
+        ]
+    )
+    for word in words:
+        assert word in header
+        defined = any(
+            n.startswith(word) or f" {word}:" in n or f"{word}," in n
+            for n in notes.replace("\n  ", " ").splitlines()
+        )
+        assert defined, word
+    for kind in ("random", "pure", "approx", "none"):
+        assert f"{kind}{'-dp' if wide and kind != 'none' else ''} = " in notes.replace("\n  ", " ")
+
+
+def test_default_table_fits_100_columns_with_every_method(synthetic_rows: RowsFactory) -> None:
+    table = format_tradeoff_table(_all_methods(synthetic_rows()), members=150, nonmembers=150,
+                                  num_classes=10)  # fmt: skip
+    assert max(len(x) for x in table.splitlines()) <= MAX_WIDTH
+    assert {c[0] for c in body(table)} == {"none", *ALL_METHODS}
+    wide = format_tradeoff_table(_all_methods(synthetic_rows()), wide=True)
+    assert max(len(x) for x in wide.splitlines()) > MAX_WIDTH  # the wide form is opt-in
 
 
 def test_cells_show_means_and_the_auc_interval(synthetic_rows: RowsFactory) -> None:
     rows = synthetic_rows()
     table = format_tradeoff_table(rows)
-    header = [c.strip() for c in table.splitlines()[0].split("|")]
-    alm = body(table)[1][header.index("alm")]  # epsilon 1
+    alm = line(table, "alm", "1")
     this = [r for r in rows if r.method == "alm" and r.epsilon == 1.0]
     accuracy = np.mean([r.test_accuracy for r in this if r.attack == "loss"])
     best = [max((r for r in this if r.seed == s), key=lambda r: r.mia_auc) for s in (0, 1)]
     auc = np.mean([r.mia_auc for r in best])
     low, high = min(r.mia_auc_ci_low for r in best), max(r.mia_auc_ci_high for r in best)
-    assert alm.startswith(f"{accuracy:.3f}")
-    assert f"{auc:.3f} [{low:.2f},{high:.2f}]  random-dp" in alm
+    assert alm[2] == "random" and alm[5] == f"{accuracy:.3f}"
+    assert " ".join(alm[7:9]) == f"{auc:.3f} [{low:.2f},{high:.2f}]"
 
 
 def test_add_remove_rows_show_the_replace_one_guarantee(synthetic_rows: RowsFactory) -> None:
-    table = format_tradeoff_table(synthetic_rows())
-    header = [c.strip() for c in table.splitlines()[0].split("|")]
-    dpsgd = [line[header.index("dpsgd")] for line in body(table)]
-    assert dpsgd[1].endswith("approx-dp† ε'=2 δ'=3.7e-05")  # (1 + e) 1e-5 = 3.718e-5
-    assert dpsgd[3].endswith("δ'≥1: none")  # (1 + e^100) 1e-5 >= 1: nothing proven
-    assert "† dpsgd: an add/remove guarantee, shown under replace-one" in table
+    table = format_tradeoff_table(synthetic_rows(), members=150)
+    assert line(table, "dpsgd", "1")[2:5] == ["approx", "2†", "3.7e-05"]  # (1 + e) 1e-5
+    assert line(table, "dpsgd", "100")[2:5] == ["none", "200†", "≥1*"]  # nothing proven
+    assert "† dpsgd: an add/remove guarantee" in table.replace("\n  ", " ")
+
+
+def test_star_is_decided_on_the_replace_one_guarantee_shown(synthetic_rows: RowsFactory) -> None:
+    """dpsgd asked for epsilon 10 shows ε′ = 20, δ′ = 0.22: weak, though 10 is not above 10."""
+    table = format_tradeoff_table(synthetic_rows(), members=150)
+    assert line(table, "dpsgd", "10")[3:5] == ["20†", "0.22*"]
+    assert line(table, "alm", "10")[3:5] == ["10", "1e-05"]  # ε′ = 10 is not above 10
+    assert line(table, "alm", "100")[4] == "1e-05*"
+    wide = format_tradeoff_table(synthetic_rows(), wide=True, members=150)
+    row10 = next(c for c in wide_body(wide) if c[0] == "10")
+    header = [c.strip() for c in wide.splitlines()[0].split("|")]
+    assert row10[header.index("dpsgd")].endswith("δ'=0.22*")
+    assert not row10[header.index("alm")].endswith("*")
+
+
+def test_weak_delta_line_follows_the_member_count() -> None:
+    assert is_weak(epsilon=1.0, delta=0.01, members=150)  # δ′ above 1/150
+    assert not is_weak(epsilon=1.0, delta=0.005, members=150)
+    assert is_weak(epsilon=1.0, delta=0.005)  # n unknown: above 1e-3
+    assert not is_weak(epsilon=math.inf, delta=0.0)  # the baseline: no guarantee, not weak
+
+
+def test_below_chance_accuracy_is_flagged(synthetic_rows: RowsFactory) -> None:
+    rows = [r.replace(test_accuracy=0.08) if (r.method, r.epsilon) == ("alm", 0.1) else r
+            for r in synthetic_rows()]  # fmt: skip
+    table = format_tradeoff_table(rows, num_classes=10)
+    assert line(table, "alm", "0.1")[5] == "0.080!"
+    assert line(table, "alm", "1")[5].endswith("!") is False
+    assert "!: below chance (1/C = 0.1)" in table.replace("\n  ", " ")
+    assert "below chance" not in format_tradeoff_table(synthetic_rows(), num_classes=10)
+
+
+def test_tpr_is_shown_only_where_the_non_members_resolve_it(synthetic_rows: RowsFactory) -> None:
+    rows = synthetic_rows()
+    few = format_tradeoff_table(rows, nonmembers=150)
+    assert line(few, "alm", "1")[-1] == "—" and line(few, "alm", "1")[-2] != "—"
+    assert "150 non-members cannot resolve an FPR of 0.001; it needs at least 1000" in (
+        few.replace("\n  ", " "))  # fmt: skip
+    many = format_tradeoff_table(rows, nonmembers=1000)
+    assert line(many, "alm", "1")[-1] != "—" and "cannot resolve" not in many
 
 
 def test_no_conversion_note_without_add_remove_rows(synthetic_rows: RowsFactory) -> None:
@@ -59,8 +164,7 @@ def test_no_conversion_note_without_add_remove_rows(synthetic_rows: RowsFactory)
 def test_infeasible_cells_print_as_infeasible(synthetic_rows: RowsFactory) -> None:
     rows = synthetic_rows(methods=("laplace",), infeasible=[("laplace", 10000.0)])
     table = format_tradeoff_table(rows)
-    header = [c.strip() for c in table.splitlines()[0].split("|")]
-    assert body(table)[5][header.index("laplace")] == "infeasible"
+    assert line(table, "laplace", "10000")[2] == "infeasible"
     assert "infeasible: laplace at epsilon 10000 (seeds 0, 1): no noise scale" in table
 
 

@@ -1,6 +1,7 @@
 """TensorBoard output read back with TensorBoard's own loader (the plugin event multiplexer
-its server uses): every (method, epsilon, seed) point survives, and ``tb/`` holds exactly
-the rows it was last written from."""
+its server uses): one run per method with every (method, epsilon) point at its log-spaced
+step, one hparams session per release, and ``tb/`` holds exactly the rows it was last
+written from."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from tensorboard.plugins.hparams import metadata as hparams_metadata
 from tensorboard.util import tensor_util
 
 from alm_opacus.report import events
+from alm_opacus.report.draws import DrawRecord
 from alm_opacus.report.plots import write_plots
 from alm_opacus.report.results import ResultRow
 from alm_opacus.report.tensorboard import (
-    CHANCE_RUN,
     README_TAG,
+    EpsilonAxis,
     dashboard_urls,
     run_label,
     write_tensorboard,
@@ -59,43 +61,74 @@ def cell(rows: list[ResultRow], method: str, epsilon: float, seed: int) -> list[
     return [r for r in rows if (r.method, r.epsilon, r.seed) == (method, epsilon, seed)]
 
 
+def step(epsilon: float) -> int:
+    """The stated x axis: 100 steps per decade from 0.1, the grid's lowest power of ten."""
+    return round(100 * math.log10(epsilon / 0.1))
+
+
+def draws_of(rows: list[ResultRow]) -> list[DrawRecord]:
+    """Two releases per cell, each with values that differ per draw."""
+    out = []
+    for method, epsilon, seed in sorted({(r.method, r.epsilon, r.seed) for r in rows}):
+        this = cell(rows, method, epsilon, seed)
+        for draw in range(2):
+            out.append(DrawRecord(method=method, epsilon=epsilon, seed=seed, draw=draw,
+                                  test_accuracy=this[0].test_accuracy + 0.001 * draw,
+                                  mia_auc=max(r.mia_auc for r in this) - 0.002 * draw,
+                                  mia_accuracy=0.6, tpr_at_fpr_0_01=0.02,
+                                  tpr_at_fpr_0_001=math.nan, attack="loss"))  # fmt: skip
+    return out
+
+
 @pytest.fixture
 def written(tmp_path: Path, synthetic_rows: RowsFactory) -> tuple[list[ResultRow], Path]:
     rows = synthetic_rows(methods=METHODS, seeds=(0, 1), epsilons=EPSILONS)
-    logdir = write_tensorboard(rows, tmp_path / "tb", epsilons=EPSILONS, hparams={"m": 16})
+    logdir = write_tensorboard(rows, tmp_path / "tb", epsilons=EPSILONS, hparams={"m": 16},
+                               draws=draws_of(rows))  # fmt: skip
     return rows, logdir
 
 
-def test_every_method_epsilon_seed_point_survives(written: tuple[list[ResultRow], Path]) -> None:
+def test_every_method_epsilon_point_is_at_its_log_step(
+    written: tuple[list[ResultRow], Path],
+) -> None:
     rows, logdir = written
     mux = load(logdir)
     for method in METHODS:
-        for seed in (0, 1):
-            run = f"{label_of(rows, method)}/seed={seed}"
-            loss, auc = series(mux, run, "utility_loss"), series(mux, run, "best/mia_auc")
-            shown = series(mux, run, "grid/epsilon")
-            assert sorted(loss) == sorted(auc) == sorted(shown) == list(range(len(EPSILONS)))
-            for step, epsilon in enumerate(EPSILONS):
-                this = cell(rows, method, epsilon, seed)
-                assert loss[step] == pytest.approx(this[0].utility_loss, rel=F32)
-                # the strongest attack: the largest AUC over every attack row of the cell
-                assert auc[step] == pytest.approx(max(r.mia_auc for r in this), rel=F32)
-                assert shown[step] == pytest.approx(epsilon, rel=F32)
-                for row in this:
-                    per_attack = series(mux, run, f"attack/{row.attack}/mia_auc")
-                    assert per_attack[step] == pytest.approx(row.mia_auc, rel=F32)
-
-
-def test_mean_run_averages_the_seeds(written: tuple[list[ResultRow], Path]) -> None:
-    rows, logdir = written
-    mux = load(logdir)
-    for method in METHODS:
-        run = f"{label_of(rows, method)}/mean"
-        auc, seeds = series(mux, run, "best/mia_auc"), series(mux, run, "seeds")
-        for step, epsilon in enumerate(EPSILONS):
+        run = label_of(rows, method)
+        loss, auc = series(mux, run, "utility_loss"), series(mux, run, "best/mia_auc")
+        shown, seeds = series(mux, run, "grid/epsilon"), series(mux, run, "seeds")
+        assert sorted(loss) == sorted(auc) == sorted(shown) == [step(e) for e in EPSILONS]
+        for epsilon in EPSILONS:
+            k = step(epsilon)
+            # the mean over seeds of each seed's strongest attack (largest AUC of its rows)
             per_seed = [max(r.mia_auc for r in cell(rows, method, epsilon, s)) for s in (0, 1)]
-            assert auc[step] == pytest.approx(np.mean(per_seed), rel=F32)
-            assert seeds[step] == 2
+            assert auc[k] == pytest.approx(np.mean(per_seed), rel=F32)
+            losses = [cell(rows, method, epsilon, s)[0].utility_loss for s in (0, 1)]
+            assert loss[k] == pytest.approx(np.mean(losses), rel=F32)
+            assert shown[k] == pytest.approx(epsilon, rel=F32) and seeds[k] == 2
+            for attack in {r.attack for r in cell(rows, method, epsilon, 0)}:
+                both = [r.mia_auc for r in rows if (r.method, r.epsilon, r.attack)
+                        == (method, epsilon, attack)]  # fmt: skip
+                per_attack = series(mux, run, f"attack/{attack}/mia_auc")
+                assert per_attack[k] == pytest.approx(np.mean(both), rel=F32)
+
+
+def test_one_run_per_method(written: tuple[list[ResultRow], Path]) -> None:
+    rows, logdir = written
+    runs = {r for r in load(logdir).Runs() if not r.startswith("hparams/") and r != "."}
+    assert runs == {label_of(rows, m) for m in ("none", *METHODS)}
+    assert "dpsgd [approx-dp, add-remove]" in runs and "alm [random-dp]" in runs
+
+
+def test_epsilon_axis_is_log_spaced_and_stated() -> None:
+    axis = EpsilonAxis([0.1, 1.0, 10.0, 1e4])
+    assert axis.steps == [0, 100, 200, 500] and axis.origin == 0.1
+    assert "x = 100·log10(ε/0.1)" in axis.caption() and "100 ↔ ε=1" in axis.caption()
+    close = EpsilonAxis([1.0, 1.01, 3.0])  # 100 per decade puts 1 and 1.01 on one step
+    assert close.per_decade == 1000 and len(set(close.steps)) == 3
+    for epsilon, k in zip(close.grid, close.steps, strict=True):
+        assert close.epsilon(k) == pytest.approx(epsilon, rel=2e-3)
+    assert EpsilonAxis([0.003, 5.0]).steps == [48, 370]  # origin 0.001
 
 
 def test_add_remove_runs_carry_their_replace_one_epsilon(
@@ -103,37 +136,32 @@ def test_add_remove_runs_carry_their_replace_one_epsilon(
 ) -> None:
     _, logdir = written
     mux = load(logdir)
-    run = "dpsgd [approx-dp, add-remove]/seed=0"
-    assert run in mux.Runs()
+    run = "dpsgd [approx-dp, add-remove]"
     converted = series(mux, run, "grid/epsilon_replace_one")
-    for step, epsilon in enumerate(EPSILONS):
-        assert converted[step] == pytest.approx(2 * epsilon, rel=F32)  # group privacy, k = 2
+    for epsilon in EPSILONS:
+        assert converted[step(epsilon)] == pytest.approx(2 * epsilon, rel=F32)  # group privacy
     weak = series(mux, run, "grid/weak_guarantee")
-    assert [weak[k] for k in range(len(EPSILONS))] == [0, 0, 1, 1, 1, 1]  # 2 * 10 > 10
-    assert series(mux, "laplace [pure-dp]/seed=0", "grid/weak_guarantee")[2] == 0
+    assert [weak[step(e)] for e in EPSILONS] == [0, 0, 1, 1, 1, 1]  # 2 * 10 > 10
+    assert series(mux, "laplace [pure-dp]", "grid/weak_guarantee")[step(10.0)] == 0
 
 
-def test_baseline_and_chance_are_drawn_across_the_grid(
-    written: tuple[list[ResultRow], Path],
-) -> None:
+def test_baseline_is_drawn_across_the_grid(written: tuple[list[ResultRow], Path]) -> None:
     rows, logdir = written
     mux = load(logdir)
-    for seed in (0, 1):
-        unprotected = max(r.mia_auc for r in cell(rows, "none", math.inf, seed))
-        flat = series(mux, f"none [none]/seed={seed}", "best/mia_auc")
-        assert flat == pytest.approx(dict.fromkeys(range(len(EPSILONS)), unprotected), rel=F32)
-    assert series(mux, CHANCE_RUN, "best/mia_auc") == dict.fromkeys(range(len(EPSILONS)), 0.5)
+    unprotected = np.mean([max(r.mia_auc for r in cell(rows, "none", math.inf, s)) for s in (0, 1)])
+    flat = series(mux, "none [none]", "best/mia_auc")
+    assert flat == pytest.approx({step(e): unprotected for e in EPSILONS}, rel=F32)
 
 
-def test_read_me_gives_the_grid_and_the_weak_region(
+def test_read_me_gives_the_axis_and_the_weak_region(
     written: tuple[list[ResultRow], Path],
 ) -> None:
     _, logdir = written
     mux = load(logdir)
     (event,) = mux.Tensors(".", README_TAG)
     text = tensor_util.make_ndarray(event.tensor_proto).item().decode()
-    assert "| 3 | 100 | yes |" in text and "| 2 | 10 |  |" in text
-    assert "smoothing to 0" in text
+    assert "| 300 | 100 | yes |" in text and "| 200 | 10 |  |" in text
+    assert "smoothing off" in text and "random DP: not a DP guarantee" in text
 
 
 def _hparams(mux: EventMultiplexer, run: str, tag: str) -> object:
@@ -143,31 +171,46 @@ def _hparams(mux: EventMultiplexer, run: str, tag: str) -> object:
     return hparams_metadata.parse_session_start_info_plugin_data(content)
 
 
-def test_hparams_has_method_delta_and_guarantee_columns(
-    written: tuple[list[ResultRow], Path],
-) -> None:
+def test_hparams_has_one_session_per_release(written: tuple[list[ResultRow], Path]) -> None:
     rows, logdir = written
     mux = load(logdir)
     experiment = _hparams(mux, ".", hparams_metadata.EXPERIMENT_TAG)
     columns = {info.name: info for info in experiment.hparam_infos}  # type: ignore[attr-defined]
-    assert {"method", "delta", "guarantee", "epsilon", "seed", "neighbouring", "m"} <= set(columns)
-    assert set(columns["method"].domain_discrete.values[i].string_value
-               for i in range(len(columns["method"].domain_discrete.values))) == {
-        "none", *METHODS}  # fmt: skip
+    assert {"method", "epsilon", "draw", "seed", "guarantee", "neighbouring", "m"} <= set(columns)
+    metrics = {m.name.tag for m in experiment.metric_infos}  # type: ignore[attr-defined]
+    assert {"hparams/test_accuracy", "hparams/mia_auc", "hparams/tpr_at_fpr_0.01"} <= metrics
     sessions = [r for r in mux.Runs() if r.startswith("hparams/")]
-    assert len(sessions) == 2 * (1 + len(METHODS) * len(EPSILONS))  # one per cell
-    start = _hparams(mux, "hparams/dpsgd/eps=10/seed=1", hparams_metadata.SESSION_START_INFO_TAG)
-    hp = start.hparams  # type: ignore[attr-defined]
-    assert hp["method"].string_value == "dpsgd" and hp["guarantee"].string_value == "approx-dp"
-    assert hp["delta"].number_value == pytest.approx(1e-5)
-    assert hp["epsilon"].number_value == 10 and hp["seed"].number_value == 1
-    auc = series(mux, "hparams/dpsgd/eps=10/seed=1", "hparams/best_mia_auc")
-    assert auc[0] == pytest.approx(max(r.mia_auc for r in cell(rows, "dpsgd", 10.0, 1)), rel=F32)
-    none = _hparams(mux, "hparams/none/eps=inf/seed=0", hparams_metadata.SESSION_START_INFO_TAG)
-    assert "epsilon" not in none.hparams  # type: ignore[attr-defined]  # JSON has no inf
+    assert len(sessions) == len(draws_of(rows))  # one per release
+    for d in draws_of(rows):
+        name = f"hparams/{d.method}/eps={d.epsilon:g}/seed={d.seed}/draw={d.draw}"
+        if math.isinf(d.epsilon):
+            name = f"hparams/{d.method}/eps=inf/seed={d.seed}/draw={d.draw}"
+        hp = _hparams(mux, name, hparams_metadata.SESSION_START_INFO_TAG).hparams  # type: ignore[attr-defined]
+        assert hp["method"].string_value == d.method and hp["draw"].number_value == d.draw
+        assert ("epsilon" not in hp) if math.isinf(d.epsilon) else (  # JSON has no inf
+            hp["epsilon"].number_value == d.epsilon)  # fmt: skip
+        assert series(mux, name, "hparams/mia_auc")[0] == pytest.approx(d.mia_auc, rel=F32)
+        assert series(mux, name, "hparams/test_accuracy")[0] == pytest.approx(
+            d.test_accuracy, rel=F32)  # fmt: skip
+        # an unresolved TPR is not logged
+        assert "hparams/tpr_at_fpr_0.001" not in mux.Runs()[name]["tensors"]
 
 
-def test_layout_charts_point_at_logged_tags(written: tuple[list[ResultRow], Path]) -> None:
+def test_cells_without_release_records_get_one_session(
+    tmp_path: Path, synthetic_rows: RowsFactory
+) -> None:
+    rows = synthetic_rows(methods=("alm",), seeds=(0,), epsilons=(1.0, 10.0))
+    mux = load(write_tensorboard(rows, tmp_path / "tb", epsilons=(1.0, 10.0)))
+    sessions = sorted(r for r in mux.Runs() if r.startswith("hparams/"))
+    assert sessions == ["hparams/alm/eps=1/seed=0/mean", "hparams/alm/eps=10/seed=0/mean",
+                        "hparams/none/eps=inf/seed=0/mean"]  # fmt: skip
+    start = _hparams(mux, sessions[0], hparams_metadata.SESSION_START_INFO_TAG)
+    assert start.hparams["draw"].number_value == -1  # type: ignore[attr-defined]
+
+
+def test_layout_has_one_chart_per_metric_on_logged_tags(
+    written: tuple[list[ResultRow], Path],
+) -> None:
     import re
 
     _, logdir = written
@@ -177,7 +220,10 @@ def test_layout_charts_point_at_logged_tags(written: tuple[list[ResultRow], Path
     layout.ParseFromString(tensor_util.make_ndarray(event.tensor_proto).item())
     tags = {t for run, kinds in mux.Runs().items() for t in kinds["tensors"]}
     charts = [c for category in layout.category for c in category.chart]
-    assert any("weak guarantee" in category.title for category in layout.category)
+    assert "x = 100·log10(ε/0.1)" in layout.category[0].title
+    trade_off = [c.multiline.tag for c in layout.category[0].chart if c.HasField("multiline")]
+    for metric in ("test_accuracy", "utility_loss", "best/mia_auc", "best/tpr_at_fpr_0\\.01"):
+        assert [f"^{metric}$"] in [list(t) for t in trade_off], metric
     for chart in charts:
         if chart.HasField("multiline"):
             for regex in chart.multiline.tag:
@@ -187,6 +233,16 @@ def test_layout_charts_point_at_logged_tags(written: tuple[list[ResultRow], Path
                 assert {s.value, s.lower, s.upper} <= tags, chart.title
 
 
+def test_unresolved_tpr_gets_no_chart(tmp_path: Path, synthetic_rows: RowsFactory) -> None:
+    rows = [r.replace(tpr_at_fpr_0_001=math.nan) for r in synthetic_rows(methods=("alm",))]
+    mux = load(write_tensorboard(rows, tmp_path / "tb", epsilons=EPSILONS))
+    (event,) = mux.Tensors(".", "custom_scalars__config__")
+    layout = layout_pb2.Layout()
+    layout.ParseFromString(tensor_util.make_ndarray(event.tensor_proto).item())
+    titles = [c.title for c in layout.category[0].chart]
+    assert not any("0.1% FPR" in t for t in titles) and any("1% FPR" in t for t in titles)
+
+
 def test_rewrite_holds_only_the_current_rows(tmp_path: Path, synthetic_rows: RowsFactory) -> None:
     logdir = tmp_path / "tb"
     write_tensorboard(synthetic_rows(), logdir, epsilons=EPSILONS)
@@ -194,8 +250,8 @@ def test_rewrite_holds_only_the_current_rows(tmp_path: Path, synthetic_rows: Row
     write_tensorboard(fewer, logdir, epsilons=(1.0, 10.0))
     mux = load(logdir)
     runs = {r for r in mux.Runs() if not r.startswith("hparams/")}
-    assert runs == {".", "alm [random-dp]/seed=0", "none [none]/seed=0", CHANCE_RUN}
-    assert series(mux, "alm [random-dp]/seed=0", "grid/epsilon") == pytest.approx({0: 1, 1: 10})
+    assert runs == {".", "alm [random-dp]", "none [none]"}
+    assert series(mux, "alm [random-dp]", "grid/epsilon") == pytest.approx({0: 1, 100: 10})
     assert len([r for r in mux.Runs() if r.startswith("hparams/")]) == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tb"]  # no temporary folder left
     assert len(list(logdir.rglob("events.out.tfevents.*"))) == len(mux.Runs())
@@ -247,12 +303,14 @@ def test_logdir_that_is_a_file_is_refused(tmp_path: Path, synthetic_rows: RowsFa
 def test_infeasible_cells_are_gaps_and_listed(tmp_path: Path, synthetic_rows: RowsFactory) -> None:
     rows = synthetic_rows(methods=("laplace",), infeasible=[("laplace", 10000.0)])
     mux = load(write_tensorboard(rows, tmp_path / "tb", epsilons=EPSILONS))
-    assert sorted(series(mux, "laplace [pure-dp]/seed=0", "utility_loss")) == [0, 1, 2, 3, 4]
+    assert sorted(series(mux, "laplace [pure-dp]", "utility_loss")) == [
+        step(e) for e in EPSILONS[:5]
+    ]
     (event,) = mux.Tensors(".", README_TAG)
     text = tensor_util.make_ndarray(event.tensor_proto).item().decode()
     assert "laplace at epsilon 10000, seed 0: no noise scale" in text
     start = _hparams(
-        mux, "hparams/laplace/eps=10000/seed=0", hparams_metadata.SESSION_START_INFO_TAG
+        mux, "hparams/laplace/eps=10000/seed=0/mean", hparams_metadata.SESSION_START_INFO_TAG
     )
     assert start.hparams["status"].string_value == "infeasible"  # type: ignore[attr-defined]
 
@@ -274,30 +332,31 @@ def test_plots_are_shown_as_images(tmp_path: Path, synthetic_rows: RowsFactory) 
     assert blob == (plots / "roc_loglog.png").read_bytes()
 
 
-def test_dashboard_links_select_the_trade_off_runs_and_tags(
+def test_dashboard_links_select_the_method_runs_and_colour_each(
     written: tuple[list[ResultRow], Path],
 ) -> None:
     """The links' filters are JavaScript regexes; these patterns mean the same in Python's
-    ``re`` (anchors, groups, alternation, a negative look-ahead)."""
+    ``re`` (anchors, groups, a negative look-ahead). TensorBoard gives each colour group of
+    ``runColorGroup`` one colour and runs that match no group none of the palette."""
     import re
     from urllib.parse import parse_qs, urlsplit
 
-    _, logdir = written
+    rows, logdir = written
     mux = load(logdir)
     runs = list(mux.Runs())
     links = dashboard_urls("http://host:6006")
     query = parse_qs(urlsplit(links["time series"]).query)
     assert query["smoothing"] == ["0"]
     shown = [r for r in runs if re.search(query["runFilter"][0], r)]
-    assert shown and not any(r.startswith("hparams/") for r in shown)
-    assert len(shown) == len(runs) - 2 * (1 + len(METHODS) * len(EPSILONS))
+    assert sorted(shown) == sorted(label_of(rows, m) for m in ("none", *METHODS))
     tags = {t for r in shown for t in mux.Runs()[r]["tensors"]}
     key = {t for t in tags if re.search(query["tagFilter"][0], t)}
-    assert {"utility_loss", "best/mia_auc", "best/tpr_at_fpr_0.001", "grid/epsilon"} <= key
-    assert not any(t.startswith("attack/") for t in key)
+    assert {"utility_loss", "test_accuracy", "best/mia_auc", "best/tpr_at_fpr_0.01"} <= key
+    assert not any(t.startswith(("attack/", "grid/")) for t in key)
     group = re.compile(query["runColorGroup"][0].removeprefix("regex:"))
-    assert {group.match(r).group(1) for r in shown if r != "."} == {  # type: ignore[union-attr]
-        "alm", "laplace", "dpsgd", "none", CHANCE_RUN}  # fmt: skip
+    groups = {r: group.match(r) for r in runs}
+    assert {m.group(1) for r, m in groups.items() if m} == set(shown)  # one colour each
+    assert all(groups[r] is None for r in runs if r.startswith("hparams/") or r == ".")
     fragment = parse_qs(urlsplit(links["custom scalars"]).fragment.split("&", 1)[1])
     assert fragment == {"_smoothingWeight": ["0"], "regexInput": [query["runFilter"][0]]}
     root = parse_qs(urlsplit(links["read me"]).fragment.split("&", 1)[1])["regexInput"][0]

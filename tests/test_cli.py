@@ -1,0 +1,125 @@
+"""The command line's first minutes: ``--help`` without torch, and help text that agrees with
+the code; ``import alm_opacus`` stays light and still registers the accountant."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from alm_opacus.run import catalogue
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _python(code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, check=True, timeout=600)  # fmt: skip
+    return done.stdout.strip()
+
+
+def test_help_prints_without_importing_torch() -> None:
+    out = _python(
+        "import sys\n"
+        "sys.argv = ['compare.py', '--help']\n"
+        "from alm_opacus.run.cli import main\n"
+        "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\n"
+        "print('torch' in sys.modules, 'opacus' in sys.modules, code)"
+    )
+    assert out.splitlines()[-1] == "False False 0"
+    assert "--wide-table" in out and "--num-reference" in out
+
+
+def test_import_alm_opacus_registers_the_accountant_in_either_order() -> None:
+    first = _python(
+        "import sys, alm_opacus\n"
+        "light = 'torch' not in sys.modules\n"
+        "import opacus\n"
+        "print(light, type(opacus.PrivacyEngine(accountant='alm_pld').accountant).__name__)"
+    )
+    assert first.splitlines()[-1] == "True PipelineAccountant"
+    second = _python(
+        "import opacus, alm_opacus\n"
+        "print(type(opacus.PrivacyEngine(accountant='alm_pld').accountant).__name__)"
+    )
+    assert second.splitlines()[-1] == "PipelineAccountant"
+
+
+def test_lazy_names_resolve_to_their_modules() -> None:
+    import alm_opacus
+    from alm_opacus.protect import PrivacyStatement
+
+    assert alm_opacus.PrivacyStatement is PrivacyStatement
+    assert set(alm_opacus.__all__) <= set(dir(alm_opacus))
+    with pytest.raises(AttributeError, match="no attribute 'nosuch'"):
+        _ = alm_opacus.nosuch  # type: ignore[attr-defined]
+
+
+def test_catalogue_names_what_the_registries_hold() -> None:
+    from alm_opacus.data import available_datasets
+    from alm_opacus.methods import available_methods, default_methods
+    from alm_opacus.run.harness import load_plugins
+
+    load_plugins()
+    assert list(catalogue.METHODS) == available_methods()
+    assert list(catalogue.OPT_IN_METHODS) == sorted(
+        set(available_methods()) - set(default_methods())
+    )
+    assert set(catalogue.DATASETS) <= set(available_datasets())
+
+
+def test_catalogue_names_the_executors_and_the_private_folder() -> None:
+    from alm_opacus.run import executors, rundir
+
+    assert list(catalogue.EXECUTORS) == executors.available_executors()
+    assert catalogue.CLUSTER_EXTRA == executors.CLUSTER_EXTRA
+    assert catalogue.PRIVATE_DIR == rundir.PRIVATE_DIR
+
+
+def test_catalogue_defaults_are_the_code_defaults() -> None:
+    from alm_opacus.attacks import AttackConfig
+    from alm_opacus.posthoc import PostTrainingOptions
+    from alm_opacus.run.config import RunConfig
+    from alm_opacus.training.engine import DEFAULT_ACCOUNTANT
+    from baselines.lu.method import LuOptions
+
+    config, options, attacks = RunConfig(), PostTrainingOptions(), AttackConfig()
+    code = {
+        "RunConfig.noise_draws": config.noise_draws,
+        "RunConfig.seeds": config.seeds,
+        "RunConfig.split_seed": config.split_seed,
+        "RunConfig.device": config.device,
+        "PostTrainingOptions.sensitivity": options.sensitivity,
+        "PostTrainingOptions.m": options.m,
+        "AttackConfig.num_reference": attacks.num_reference,
+        "AttackConfig.shadow_model": attacks.shadow_model.value,
+        "DPSGD accountant": DEFAULT_ACCOUNTANT,
+        "LuOptions.queries": LuOptions().queries,
+    }
+    assert code == catalogue.DEFAULTS
+
+
+def test_parsed_defaults_match_an_explicit_default_run(tmp_path: Path) -> None:
+    """No flags and every flag at the help's stated default give the same RunConfig."""
+    from alm_opacus.run.cli import parse_config
+
+    base = ["--out", str(tmp_path / "a"), "--cache-dir", str(tmp_path / "c")]
+    plain = parse_config(base)
+    d = catalogue.DEFAULTS
+    explicit = parse_config([
+        *base, "--noise-draws", str(d["RunConfig.noise_draws"]), "--seeds", "0",
+        "--split-seed", "0", "--device", "cpu", "--methods", "none", "--attacks", "all",
+    ])  # fmt: skip
+    assert dataclasses.asdict(plain) == dataclasses.asdict(explicit)
+
+
+def test_help_states_no_default_twice() -> None:
+    from alm_opacus.run.cli import build_parser
+
+    text = build_parser().format_help()
+    assert "(default: None)" not in text
+    for action in build_parser()._actions:
+        assert (action.help or "").count("default") <= 1, action.option_strings
