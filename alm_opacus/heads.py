@@ -20,6 +20,7 @@ convex head trained to its minimiser) by :mod:`alm_opacus.sensitivity.convex`, w
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -269,10 +270,21 @@ def train_heads(
         ValueError: on shape mismatches, an empty mask row, or ``init`` for Adam.
     """
     check_head_inputs(features, labels, masks)
+    if config.solver not in _SOLVERS and config.solver in _BUILTIN_SOLVERS:
+        # registered on import of its module, which imports this one; a process that has not
+        # imported it yet (a Ray worker, or a lazy `import alm_opacus`) imports it here
+        importlib.import_module(_BUILTIN_SOLVERS[config.solver])
     if config.solver not in _SOLVERS:
-        raise ValueError(f"solver {config.solver!r} is not registered: import alm_opacus first")
+        raise ValueError(
+            f"solver {config.solver!r} is not registered: expected one of "
+            f"{sorted({*_SOLVERS, *_BUILTIN_SOLVERS})}, or a solver registered with register_solver"
+        )
     return _SOLVERS[config.solver](features, labels, masks=masks, num_classes=num_classes,
                                    config=config, seed=seed, init=init)  # fmt: skip
+
+
+#: Solvers this package registers in modules that import this one (name -> module).
+_BUILTIN_SOLVERS = {"newton": "alm_opacus.sensitivity.convex"}
 
 
 @register_solver("adam")

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from alm_opacus.run.rundir import SPLIT_FILE
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "own_features.md"
 
@@ -57,7 +59,7 @@ def test_the_documented_flow_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert {"none", "alm", "dpsgd"} <= {r.split(",")[1] for r in rows[1:]}
     exec(with_roles, namespace)  # the same file with a role column
     assert main([*argv[2:], *quick[:1], "run-roles", *quick[2:]]) == 0
-    split = json.loads((tmp_path / "run-roles" / "split.json").read_text())
+    split = json.loads((tmp_path / "run-roles" / SPLIT_FILE).read_text())
     with np.load("my_features.npz") as saved:
         role = saved["role"]
     assert sorted(split["members"]) == np.flatnonzero(role == "member").tolist()

@@ -23,6 +23,7 @@ from alm_opacus.report.risk_plots import RISK_PLOTS
 from alm_opacus.report.table import format_tradeoff_table
 from alm_opacus.report.tensorboard import LAYOUT_NAME, EpsilonAxis, run_label
 from alm_opacus.run.harness import RunConfig, run
+from alm_opacus.run.rundir import SPLIT_FILE
 
 
 def _small(out: Path, cache: Path, **changes: object) -> RunConfig:
@@ -129,7 +130,7 @@ def test_report_html_holds_every_method_epsilon_and_image(small_run) -> None:  #
 
 @pytest.mark.slow
 def test_risk_files_name_the_split_rows_and_agree_with_results(small_run) -> None:  # type: ignore[no-untyped-def]
-    split = json.loads((small_run.out / "split.json").read_text())
+    split = json.loads((small_run.out / SPLIT_FILE).read_text())
     members, nonmembers = set(split["members"]), set(split["nonmembers"])
     base = risk_table(small_run.out, method="none", epsilon=math.inf)
     clean = {int(r["row"]): r["loss_score"] for r in base.records}

@@ -179,9 +179,16 @@ def load_dataset_plugins() -> list[str]:
 
 
 def available_datasets() -> list[str]:
-    """Sorted names of the registered datasets (plugins included)."""
+    """Sorted names of the registered datasets (plugins included); a family's members
+    (``features:PATH`` once resolved) are not listed: the family is (:func:`dataset_families`)."""
     load_dataset_plugins()
-    return sorted(_DATASETS)
+    return sorted(n for n in _DATASETS if not is_family_member(n))
+
+
+def is_family_member(name: str) -> bool:
+    """Whether ``name`` is ``prefix:argument`` of a registered family."""
+    prefix, sep, _ = str(name).partition(":")
+    return bool(sep) and prefix in _FAMILIES
 
 
 def load_dataset(name: str, *, root: str | Path | None = None) -> Dataset:

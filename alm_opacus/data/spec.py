@@ -19,6 +19,7 @@ from alm_opacus.data.registry import (
     DataError,
     DatasetLoader,
     dataset_families,
+    is_family_member,
     load_dataset_plugins,
     register_dataset,
     resolve_dataset,
@@ -183,9 +184,10 @@ def dataset_spec(name: str) -> DatasetSpec:
 
 
 def available_dataset_specs() -> list[str]:
-    """Sorted names of the datasets that have a spec (plugins included)."""
+    """Sorted names of the datasets that have a spec (plugins included; not a family's
+    members, e.g. a resolved ``features:PATH``)."""
     load_dataset_plugins()
-    return sorted(_SPECS)
+    return sorted(n for n in _SPECS if not is_family_member(n))
 
 
 _SPLIT_KEYS = tuple(f.name for f in fields(SplitSizes))
