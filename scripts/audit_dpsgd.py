@@ -9,6 +9,7 @@ and ``audit_dpsgd.md`` (the table in ``docs/dpsgd_noise.md``) into ``--out``::
 
     python scripts/audit_dpsgd.py --out runs/audit_dpsgd
 
+The audited step is the exact one DP-SGD ships (``--float-step``: the floating-point step).
 Exit status 1 if any lower bound exceeds the accountant's epsilon.
 """
 
@@ -38,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=8, help="expected batch size")
     p.add_argument("--runs", type=int, default=10_000, help="models per world and phase")
     p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--float-step", action="store_true", help="audit exact=False's step")
     p.add_argument("--out", type=Path, default=Path("runs/audit_dpsgd"))
     return p
 
@@ -65,7 +67,8 @@ def _table(rows: list[dict[str, Any]], config: CanaryAuditConfig, seeds: int) ->
         f"Target (epsilon, delta) = ({config.target_epsilon:g}, {config.target_delta:g}), "
         f"q = {config.sample_rate:g}, T = {config.steps}, n = {config.num_examples} + canary, "
         f"{config.runs} runs per world and phase, {seeds} seeds, "
-        f"confidence {config.confidence:g} per seed.",
+        f"confidence {config.confidence:g} per seed, "
+        f"{'exact' if config.exact else 'floating-point'} step.",
         "",
         "| noise | σ | accountant ε | lower bound: median | max | max / accountant ε "
         "| ceiling | canary at full norm | bounds above ε |",
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         config = CanaryAuditConfig(
             noise_mechanism=mechanism, target_epsilon=args.epsilon, target_delta=args.delta,
             sample_rate=args.sample_rate, steps=args.steps, num_examples=args.examples,
-            expected_batch_size=args.batch_size, runs=args.runs,
+            expected_batch_size=args.batch_size, runs=args.runs, exact=not args.float_step,
         )  # fmt: skip
         start = time.perf_counter()
         results = run_canary_audits(config, seeds=list(range(args.seeds)))

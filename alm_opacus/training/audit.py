@@ -19,8 +19,11 @@ The score of a trained model is the change of the canary coordinate's weight; th
 is chosen on one set of runs and the bound computed on a fresh set, so the selection cannot
 inflate it. The many models are trained at once by `train_batched`, a hand-vectorised loop
 that uses the SAME per-sample norms and clip factors (`per_sample_norms`, `clip_factors`),
-Poisson masks (`poisson_mask`) and mechanism samplers as `MechanismDPOptimizer` and
-`SecureDPDataLoader`; the tests check that it agrees in distribution with Opacus.
+Poisson masks (`poisson_mask`) and noise as `MechanismDPOptimizer` and
+`SecureDPDataLoader`; the tests check that it replays Opacus from the same seeds. By default
+(``exact=True``) that is the shipped exact step: each clipped example rounded to the step's
+grid with its cell norm enforced, the int64 sum, exact grid noise at σΔ', γ·(sum + K)
+(`alm_opacus.mechanisms.exact`); ``exact=False`` audits the floating-point step.
 """
 
 from __future__ import annotations
@@ -36,6 +39,16 @@ import torch
 from alm_opacus._validation import check_delta, check_epsilon, check_positive
 from alm_opacus.accounting import PipelineAccountant
 from alm_opacus.attacks.metrics import clopper_pearson, epsilon_from_rates, epsilon_lower_bound
+from alm_opacus.mechanisms.exact import (
+    Grid,
+    cell_radius,
+    dequantize,
+    discrete_noise,
+    enforce_radius,
+    inflated_sensitivity,
+    scaled_cells,
+    step_grid,
+)
 from alm_opacus.mechanisms.sampling import NoiseGenerator, make_generator
 from alm_opacus.training.engine import noise_multiplier_for
 from alm_opacus.training.optimizer import clip_factors, per_sample_norms, training_mechanism
@@ -82,6 +95,8 @@ class CanaryAuditConfig:
         runs: models per world (with / without the canary) in EACH of the two phases.
         confidence: joint confidence of the Clopper–Pearson bound.
         data_seed: seed of the public synthetic data.
+        exact: audit the exact step (the default, as `MechanismDPOptimizer` ships it);
+            False audits the floating-point step (``exact=False``).
     """
 
     noise_mechanism: str = "alm"
@@ -98,6 +113,7 @@ class CanaryAuditConfig:
     runs: int = 1000
     confidence: float = 0.95
     data_seed: int = 0
+    exact: bool = True
 
     def __post_init__(self) -> None:
         training_mechanism(self.noise_mechanism)
@@ -216,7 +232,9 @@ def train_batched(
     Each step: Poisson mask (rate q; the canary row only in runs with ``with_canary``),
     per-example gradients of the logistic loss, clipping in the mechanism's norm over
     [weight, bias], the sum plus mechanism noise of scale σC on all 4 coordinates, divided by
-    ``expected_batch_size``, then an SGD step, exactly as `MechanismDPOptimizer` does.
+    ``expected_batch_size``, then an SGD step, exactly as `MechanismDPOptimizer` does. With
+    ``config.exact`` (default) the sum and noise are its exact step's: cells on the step grid
+    (norm enforced), their int64 sum plus exact grid noise of scale σΔ', times γ.
 
     Args:
         config: the configuration.
@@ -237,7 +255,15 @@ def train_batched(
     w0, b0 = initial_parameters(config)
     weight = w0.repeat(runs, 1)
     bias = torch.full((runs,), b0, dtype=torch.float64)
-    scale = noise_multiplier * config.max_grad_norm
+    norm = mechanism.norm
+    grid = step_grid(max_grad_norm=config.max_grad_norm, norm=norm, dim=NUM_PARAMETERS)
+    sensitivity = config.max_grad_norm
+    if config.exact:  # Δ' = C + w(d)γ/2, as MechanismDPOptimizer.noise_sensitivity
+        sensitivity = inflated_sensitivity(sensitivity=sensitivity, norm=norm,
+                                           dim=NUM_PARAMETERS, grid=grid, rounding=0.5)  # fmt: skip
+    radius = cell_radius(max_grad_norm=config.max_grad_norm, norm=norm, dim=NUM_PARAMETERS,
+                         grid=grid)  # fmt: skip
+    scale = noise_multiplier * sensitivity
     sampled = full = 0
     masks = generator if sampling_generator is None else sampling_generator
     for _ in range(config.steps):
@@ -251,9 +277,14 @@ def train_batched(
         factors = clip_factors(norms, max_grad_norm=config.max_grad_norm) * mask
         sampled += int(mask[:, -1].sum())
         full += int((mask[:, -1] & (norms[:, -1] >= config.max_grad_norm)).sum())
-        summed = torch.cat([torch.einsum("rn,rnf->rf", factors, grad_w),
-                            (factors * residual).sum(1, keepdim=True)], dim=1)  # fmt: skip
-        if scale > 0:
+        if config.exact:
+            summed = _exact_noisy_sum(factors, grad_w, residual, grid=grid, radius=radius,
+                                      norm=norm, scale=scale, mechanism=mechanism,
+                                      generator=generator)  # fmt: skip
+        else:
+            summed = torch.cat([torch.einsum("rn,rnf->rf", factors, grad_w),
+                                (factors * residual).sum(1, keepdim=True)], dim=1)  # fmt: skip
+        if scale > 0 and not config.exact:
             summed = summed + mechanism.sample(
                 (runs, NUM_PARAMETERS), scale=scale, generator=generator
             ).to(summed.device)
@@ -261,6 +292,25 @@ def train_batched(
         weight = weight - step[:, :NUM_FEATURES]
         bias = bias - step[:, NUM_FEATURES]
     return BatchedRuns(weight=weight, bias=bias, canary_steps=sampled, canary_full_norm_steps=full)
+
+
+def _exact_noisy_sum(
+    factors: torch.Tensor, grad_w: torch.Tensor, residual: torch.Tensor, *, grid: Grid,
+    radius: float, norm: str, scale: float, mechanism: object, generator: NoiseGenerator,
+) -> torch.Tensor:  # fmt: skip
+    """``(R, 4)`` γ·(Σ cells + K): `MechanismDPOptimizer`'s exact step for every run at once
+    (cells per example, norm enforced; noise drawn per parameter, weight then bias, as the
+    optimizer draws it, so one seeded run replays it)."""
+    runs, rows = factors.shape
+    flat = factors.reshape(-1)
+    cells = [scaled_cells(grad_w.reshape(-1, NUM_FEATURES), flat, grid=grid),
+             scaled_cells(residual.reshape(-1, 1), flat, grid=grid)]  # fmt: skip
+    enforce_radius(cells, norm=norm, radius=radius)
+    total = [c.view(runs, rows, -1).sum(1).to(torch.int64) for c in cells]  # exact: < 2^53
+    if scale > 0:
+        total = [t + discrete_noise(tuple(t.shape), mechanism=mechanism, scale=scale, grid=grid,
+                                    generator=generator) for t in total]  # fmt: skip
+    return dequantize(torch.cat(total, dim=1), grid=grid, dtype=torch.float64)
 
 
 def canary_scores(runs: BatchedRuns, config: CanaryAuditConfig) -> np.ndarray:

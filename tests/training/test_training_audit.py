@@ -88,7 +88,7 @@ def test_one_noiseless_full_batch_step_equals_opacus(mechanism: str) -> None:
     # q = 1 (every example in), sigma = 0 and a small clip (clipping binds for most
     # examples): the batched update must equal MechanismDPOptimizer's.
     config = replace(SMALL, noise_mechanism=mechanism, sample_rate=1.0, steps=1,
-                     expected_batch_size=33, max_grad_norm=0.3)  # fmt: skip
+                     expected_batch_size=33, max_grad_norm=0.3, exact=False)  # fmt: skip
     batched = train_batched(config=config, noise_multiplier=0.0,
                             with_canary=torch.ones(1, dtype=torch.bool),
                             generator=make_generator(seed=0))  # fmt: skip
@@ -112,7 +112,7 @@ def test_one_noiseless_full_batch_step_equals_opacus(mechanism: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(("mechanism", "sigma"), [("alm", 0.4), ("gaussian", 1.0)])
 def test_batched_loop_and_opacus_agree_in_distribution(mechanism: str, sigma: float) -> None:
-    config = replace(SMALL, noise_mechanism=mechanism)
+    config = replace(SMALL, noise_mechanism=mechanism, exact=False)
     opacus_scores, opacus_bias = _opacus_runs(config, sigma=sigma, runs=200, batch_size=17, seed=0)
     batched = train_batched(config=config, noise_multiplier=sigma,
                             with_canary=torch.ones(3000, dtype=torch.bool),
@@ -127,11 +127,13 @@ def test_batched_loop_and_opacus_agree_in_distribution(mechanism: str, sigma: fl
     assert stats.ks_2samp(opacus_bias, batched.bias.numpy()).pvalue > 1e-4
 
 
+@pytest.mark.parametrize("exact", [True, False])
 @pytest.mark.parametrize("mechanism", ["alm", "laplace", "gaussian"])
-def test_batched_loop_replays_opacus_from_the_same_seeds(mechanism: str) -> None:
+def test_batched_loop_replays_opacus_from_the_same_seeds(mechanism: str, exact: bool) -> None:
     # One run, seeded: the batched loop draws its masks and its noise from the same streams
-    # as PrivacyEngine's loader and optimizer, so the models must coincide.
-    config = replace(SMALL, noise_mechanism=mechanism, steps=4, max_grad_norm=0.5)
+    # as PrivacyEngine's loader and optimizer, so the models must coincide: the exact step
+    # (the default, what ships) and the floating-point one.
+    config = replace(SMALL, noise_mechanism=mechanism, steps=4, max_grad_norm=0.5, exact=exact)
     sigma = 0.7
     x, y = audit_data(config)
     model = _opacus_model(config)
@@ -140,8 +142,7 @@ def test_batched_loop_replays_opacus_from_the_same_seeds(mechanism: str) -> None
         data_loader=DataLoader(TensorDataset(x, y), batch_size=17,
                                generator=torch.Generator().manual_seed(11)),
         noise_multiplier=sigma, max_grad_norm=config.max_grad_norm, noise_mechanism=mechanism,
-        noise_generator=torch.Generator().manual_seed(10),
-        exact=False,  # the batched loop replays the floating-point step
+        noise_generator=torch.Generator().manual_seed(10), exact=exact,
     )  # fmt: skip
     for _ in range(2):  # 2 epochs x 2 Poisson steps
         for xb, yb in loader:
@@ -250,3 +251,5 @@ def test_the_audit_script_writes_its_table(tmp_path: Path) -> None:
     assert row["mechanism"] == "alm" and len(row["lower_bounds"]) == 2
     assert row["max_lower_bound"] <= row["accountant_epsilon"] and row["violations"] == 0
     assert "| alm |" in (out / "audit_dpsgd.md").read_text()
+    assert "exact step" in (out / "audit_dpsgd.md").read_text()  # what ships is audited
+    assert saved["configs"][0]["exact"] is True
