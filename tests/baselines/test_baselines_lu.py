@@ -194,7 +194,10 @@ def test_release_states_none_with_named_gaps_and_total(pixel_features, make_cont
     params = prepared.nets[release.chosen_config["l2"]]
     clean = lu.lu_logits(params, x[500:520])[0]
     ratio = torch.log(proba.double()) - clean
-    spread = (ratio - ratio.median(1, keepdim=True).values).abs() > 1e-4
+    # a probability float32 holds only as a subnormal (the noisy logit near ±100 at this
+    # scale) has lost its relative precision: such entries are left out (NaN compares false)
+    ratio[proba < torch.finfo(torch.float32).tiny] = math.nan
+    spread = (ratio - ratio.nanmedian(1, keepdim=True).values).abs() > 1e-4
     assert bool((spread.sum(1) <= 1).all())
 
 
