@@ -9,15 +9,25 @@ with ``||w - w'|| <= Delta_2`` the density ratio is ``exp(epsilon (||b'|| - ||b|
 <= exp(epsilon)`` by the triangle inequality: pure epsilon-DP (their Section 3), paying the
 *L2* sensitivity where Laplace and ALM pay ``L1 <= sqrt(P) L2``.
 
-Sampling: in polar coordinates the density of ``r = ||b||`` is proportional to
-``r^{P-1} exp(-epsilon r / Delta_2)``, i.e. ``Gamma(shape=P, scale=Delta_2 / epsilon)``, and
-the direction is uniform on the sphere (a normalised standard Gaussian vector).
+Exact release (the default, ``docs/baselines.md``, "dperm on a grid"): the noise is a scale
+mixture of Gaussians, ``b = s sqrt(V) G`` with ``V ~ chi^2_{P+1}`` and ``G ~ N(0, I_P)`` (the
+density ``exp(-||b||/s)`` integrates the Gaussian densities against that mixing law), so the
+head is released as ``gamma (round(clamp_B(w)/gamma) + K)`` with ``K`` the exact grid-rounded
+Gaussian of scale ``sigma = max(s sqrt(V), sigma_min)`` (``alm_opacus.mechanisms.exact``),
+``s`` calibrated to ``Delta' = Delta_2 + sqrt(P) gamma``. ``V`` is drawn in floating point, so
+its law is not exactly chi-square and pure DP is not proven for the floats; but every component
+is an exact Gaussian release with ``sigma >= sigma_min``, calibrated to (epsilon,
+:data:`FLOOR_DELTA`) at ``Delta'``, and a data-independent mixture of (epsilon, delta)-DP
+mechanisms is (epsilon, delta)-DP: the statement is ``approx-dp`` at that delta. The floor
+binds only when ``V`` falls far below its mean ``P + 1``; the noise law is the L2-Laplace's
+otherwise. The floating-point sampler (polar form: ``Gamma(P)`` norm, uniform direction) is
+kept as an opt-in (``exact=False``) whose statement is ``none`` (Mironov 2012).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -26,8 +36,9 @@ from torch import Tensor
 
 from alm_opacus._validation import check_epsilon, check_positive
 from alm_opacus.heads import Head, HeadConfig, Params, batched_logits, flat_params
-from alm_opacus.mechanisms import SecureGenerator
-from alm_opacus.mechanisms.sampling import standard_normal, uniform_open
+from alm_opacus.mechanisms import NoiseGenerator, SecureGenerator, create_mechanism
+from alm_opacus.mechanisms.exact import ReleasePlan, exact_release, plan_release
+from alm_opacus.mechanisms.sampling import make_generator, standard_normal, uniform_open
 from alm_opacus.methods import (
     Method,
     MethodContext,
@@ -38,7 +49,7 @@ from alm_opacus.methods import (
     register_method,
 )
 from alm_opacus.posthoc import clean_shadow_heads, convex_config
-from alm_opacus.protect import Guarantee, PrivacyStatement, SensitivityInfo
+from alm_opacus.protect import FLOAT_NOTE, Guarantee, PrivacyStatement, SensitivityInfo
 from alm_opacus.sensitivity import analytic_sensitivity, train_convex_heads
 from baselines._common import (
     TUNING_DRAWS,
@@ -52,12 +63,17 @@ from baselines._common import (
 __all__ = [
     "DEFAULT_CLIP",
     "DEFAULT_L2",
+    "FLOOR_DELTA",
     "TUNING_GRID",
     "DPERMMethod",
     "DPERMOptions",
+    "ExactL2Plan",
     "L2LaplaceNoise",
+    "dperm_statement",
+    "exact_plan",
     "expected_noise_norm",
     "perturb",
+    "perturb_exact",
 ]
 
 #: Defaults equal to ``alm_opacus.posthoc``'s analytic head, so that without tuning dperm
@@ -80,11 +96,14 @@ class DPERMOptions(MethodOptions):
         l2: fixes lambda (skipping tuning); ``None`` tunes it over :data:`TUNING_GRID`.
         clip_radius: features are clipped to this L2 norm in the convex head.
         tune: tune lambda on public data (false: :data:`DEFAULT_L2`).
+        exact: release on a grid with exact noise (the default; ``approx-dp``). False draws
+            the floating-point L2-Laplace, whose statement is ``none`` (Mironov 2012).
     """
 
     l2: float | None = None
     clip_radius: float = DEFAULT_CLIP
     tune: bool = True
+    exact: bool = True
 
     def __post_init__(self) -> None:
         if self.l2 is not None:
@@ -101,10 +120,13 @@ class L2LaplaceNoise:
     """
 
     name: ClassVar[str] = "l2-laplace"
+    norm: ClassVar[str] = "l2"
 
     @staticmethod
-    def calibrate(*, epsilon: float, sensitivity: float) -> float:
-        """``scale = Delta_2 / epsilon`` makes the release pure epsilon-DP.
+    def calibrate(*, epsilon: float, sensitivity: float, delta: float = 0.0) -> float:
+        """``scale = Delta_2 / epsilon`` makes the real-valued release pure epsilon-DP
+        (``delta`` is ignored: it lets :func:`~alm_opacus.mechanisms.exact.plan_release`
+        calibrate this mechanism like the registered ones).
 
         Raises:
             ValueError: on a non-positive or non-finite argument.
@@ -202,13 +224,67 @@ def perturb(params: Params, *, scale: float, rng: NoiseRng) -> Params:
     n_heads = next(iter(params.values())).shape[0]
     dim = sum(params[k][0].numel() for k in keys)
     noise = np.stack([L2LaplaceNoise.sample(dim, scale=scale, rng=rng) for _ in range(n_heads)])
-    flat = torch.from_numpy(noise)
+    flat = torch.cat([params[k].reshape(n_heads, -1) for k in keys], dim=1)
+    return _unflatten(flat + torch.from_numpy(noise).to(flat), params, keys)
+
+
+#: The delta of an exact release: the floor sigma_min of the mixture is the analytic Gaussian
+#: scale for (epsilon, FLOOR_DELTA) at Delta' (module docstring).
+FLOOR_DELTA = 2.0**-40
+
+
+@dataclass(frozen=True)
+class ExactL2Plan:
+    """How an exact dperm release is made.
+
+    Attributes:
+        release: the grid, Delta' = Delta_2 + sqrt(P) gamma, and s = Delta'/epsilon.
+        floor: sigma_min, the smallest Gaussian scale of the mixture.
+        delta: what every component, hence the release, is (epsilon, delta)-DP at.
+    """
+
+    release: ReleasePlan
+    floor: float
+    delta: float = FLOOR_DELTA
+
+
+def exact_plan(*, epsilon: float, sensitivity: float, dim: int) -> ExactL2Plan:
+    """The grid, scale and floor of an exact release of ``dim`` parameters (float64).
+
+    Raises:
+        ValueError: on a bad budget, sensitivity or dim.
+    """
+    plan = plan_release(mechanism=L2LaplaceNoise(), epsilon=epsilon, delta=0.0,
+                        sensitivity=sensitivity, dim=dim, dtype=torch.float64)  # fmt: skip
+    floor = create_mechanism("gaussian").calibrate(
+        epsilon=epsilon, delta=FLOOR_DELTA, sensitivity=plan.sensitivity
+    )
+    return ExactL2Plan(release=plan, floor=float(floor))
+
+
+def perturb_exact(params: Params, *, plan: ExactL2Plan, generator: NoiseGenerator) -> Params:
+    """Release each head of a batch on ``plan``'s grid with exact noise (module docstring):
+    per head, V ~ chi^2_{P+1} (floats), then the exact grid Gaussian at max(s sqrt(V), floor).
+    The output is float64 (every value a multiple of gamma)."""
+    keys = sorted(params)
+    flat = torch.cat([params[k].detach().reshape(len(params[k]), -1) for k in keys], dim=1)
+    flat = flat.to(device="cpu", dtype=torch.float64)
+    rows = []
+    for w in flat:
+        v = float(standard_normal((len(w) + 1,), generator=generator).square().sum())
+        sigma = max(plan.release.scale * math.sqrt(v), plan.floor)
+        rows.append(exact_release(w, mechanism="gaussian", scale=sigma, grid=plan.release.grid,
+                                  generator=generator))  # fmt: skip
+    return _unflatten(torch.stack(rows), params, keys)
+
+
+def _unflatten(flat: Tensor, params: Params, keys: list[str]) -> Params:
     out: Params = {}
     start = 0
     for k in keys:
         v = params[k]
         size = v[0].numel()
-        out[k] = v + flat[:, start : start + size].reshape(v.shape).to(v)
+        out[k] = flat[:, start : start + size].reshape(v.shape).to(v.device)
         start += size
     return out
 
@@ -218,29 +294,41 @@ class _Prepared(PreparedData):
     fits: dict[float, _Fit] = field(default_factory=dict)
     public_fits: dict[float, _Fit] = field(default_factory=dict)
     tuned: dict[float, tuple[float, TuningResult]] = field(default_factory=dict)
-    #: epsilon released so far per member fit (basic composition of pure-DP releases).
+    #: epsilon released so far per member fit (basic composition).
     spent: dict[float, float] = field(default_factory=dict)
+    #: delta released so far per member fit (exact releases are approx-DP).
+    spent_delta: dict[float, float] = field(default_factory=dict)
 
 
 def _describe(l2: float) -> dict[str, Any]:
     return {"l2": l2}
 
 
-def _noise_notes(*, num_params: int, scale: float, seeded: bool) -> tuple[str, ...]:
+def _noise_notes(
+    *, num_params: int, scale: float, seeded: bool, plan: ExactL2Plan | None
+) -> tuple[str, ...]:
     source = (
-        "numpy PCG64 seeded from public labels (method, seed, draw, epsilon): whoever knows "
-        "them can subtract the noise, so the guarantee holds only while they stay secret"
+        "noise seeded from public labels (method, seed, draw, epsilon): whoever knows them "
+        "can subtract the noise, so the guarantee holds only while they stay secret"
         if seeded
-        else "noise from an AES-256-CTR keystream keyed from os.urandom: direction by "
-        "inverse-CDF normals, norm as a sum of exponentials"
+        else "noise from an AES-256-CTR keystream keyed from os.urandom"
     )
-    return (
-        f"noise density proportional to exp(-epsilon ||b||_2 / Delta_2) over all {num_params} "
+    law = (
+        f"noise density proportional to exp(-epsilon ||b||_2 / Delta) over all {num_params} "
         "parameters (Chaudhuri et al. 2011, Algorithm 1); expected noise norm "
-        f"{L2LaplaceNoise.mean_norm(dim=num_params, scale=scale):.4g}",
+        f"{L2LaplaceNoise.mean_norm(dim=num_params, scale=scale):.4g}"
+    )
+    if plan is None:
+        return (law, source, FLOAT_NOTE)
+    return (
+        law,
         source,
-        "floating-point noise (no exact grid version of this mechanism yet; Mironov 2012): "
-        "the guarantee is for the ideal real-valued mechanism",
+        "exact on the released floats: gamma*(round(w/gamma) + K), K the exact grid-rounded "
+        "Gaussian of scale max(s sqrt(V), sigma_min), V ~ chi^2_{P+1} (the L2-Laplace as a "
+        f"scale mixture of Gaussians); sigma_min={plan.floor:.4g} is the analytic Gaussian "
+        f"scale for (epsilon, {plan.delta:.3g}) at Delta', so every component, and the "
+        "mixture, is (epsilon, delta)-DP; V is drawn in floating point, so the pure-DP bound "
+        "of the real-valued mechanism is not claimed (docs/baselines.md, 'dperm on a grid')",
     )
 
 
@@ -306,11 +394,10 @@ class DPERMMethod(Method[DPERMOptions, _Prepared]):
         fit = self._fit_at(
             prepared.public_fits, s.train_features, s.train_labels, l2=l2, context=context
         )
-        scale = L2LaplaceNoise.calibrate(epsilon=epsilon, sensitivity=fit.sensitivity.value)
+        noise = self._noise(epsilon=epsilon, fit=fit)
         accs = []
         for draw in range(TUNING_DRAWS):
-            rng = noise_rng(derive_seed("dperm-tune", prepared.seed, epsilon, l2, draw))
-            noisy = perturb(fit.params, scale=scale, rng=rng)
+            noisy = noise(fit.params, derive_seed("dperm-tune", prepared.seed, epsilon, l2, draw))
             proba = batched_logits(
                 noisy, s.validation_features.to(context.device), config=fit.config
             )[0]
@@ -333,33 +420,26 @@ class DPERMMethod(Method[DPERMOptions, _Prepared]):
         fit = self._fit_at(
             prepared.fits, prepared.features, prepared.labels, l2=l2, context=context
         )
-        scale = L2LaplaceNoise.calibrate(epsilon=epsilon, sensitivity=fit.sensitivity.value)
+        noise = self._noise(epsilon=epsilon, fit=fit)
         noise_seed = context.noise.seed(self.name, seed, draw, float(epsilon))
-        noisy = perturb(fit.params, scale=scale, rng=noise_rng(noise_seed))
+        noisy = noise(fit.params, noise_seed)
         head = Head.from_params(noisy, num_classes=context.num_classes, config=fit.config)
-        prepared.spent[l2] = prepared.spent.get(l2, 0.0) + float(epsilon)
-        statement = PrivacyStatement(
-            epsilon=float(epsilon),
-            delta=0.0,
-            guarantee=Guarantee.PURE_DP,
-            mechanism=L2LaplaceNoise.name,
-            noise_scale=scale,
-            sensitivity=fit.sensitivity,
-            notes=_noise_notes(
-                num_params=fit.num_params, scale=scale, seeded=noise_seed is not None
-            ),
-            neighbouring=fit.sensitivity.neighbouring,
-            noise=context.noise.source,
-            epsilon_spent=prepared.spent[l2],
-            delta_spent=0.0,
+        statement = dperm_statement(
+            epsilon=epsilon, fit=fit, plan=noise.plan, source=context.noise.source
         )
+        prepared.spent[l2] = prepared.spent.get(l2, 0.0) + float(epsilon)
+        prepared.spent_delta[l2] = min(1.0, prepared.spent_delta.get(l2, 0.0) + statement.delta)
+        statement = replace(
+            statement, epsilon_spent=prepared.spent[l2], delta_spent=prepared.spent_delta[l2]
+        )
+        scale = noise.scale
         return Release(
             method=self.name,
             statement=statement,
             predict_proba=lambda x: head.predict_proba(x.to(context.device)).float().cpu(),
             module=head,
             chosen_config={"l2": l2, "clip_radius": fit.config.clip_radius},
-            attacker=lambda: self._attacker(l2=l2, scale=scale, context=context),
+            attacker=lambda: self._attacker(l2=l2, noise=noise, context=context),
             attacker_note="adaptive: convex shadow heads with L2-Laplace noise of the released "
             "scale",
             noise_std=L2LaplaceNoise.coordinate_std(dim=fit.num_params, scale=scale),
@@ -370,7 +450,11 @@ class DPERMMethod(Method[DPERMOptions, _Prepared]):
             },
         )
 
-    def _attacker(self, *, l2: float, scale: float, context: MethodContext) -> ShadowTrainer:
+    def _noise(self, *, epsilon: float, fit: _Fit) -> _Noise:
+        """The noise of a release at ``epsilon`` of ``fit``: exact (default) or float."""
+        return _Noise.build(epsilon=epsilon, fit=fit, exact=self.options.exact)
+
+    def _attacker(self, *, l2: float, noise: _Noise, context: MethodContext) -> ShadowTrainer:
         """The adaptive attacker: convex heads of the same recipe, noise of the released scale
         (the statement publishes it), one independent vector per head. The noise-free fits
         are shared by every epsilon through the run's memo."""
@@ -388,9 +472,7 @@ class DPERMMethod(Method[DPERMOptions, _Prepared]):
                 cache_dir=context.cache_dir,
                 memo=context.memo,
             )
-            noisy = perturb(
-                clean, scale=scale, rng=noise_rng(derive_seed("dperm-shadow", seed, scale))
-            )
+            noisy = noise(clean, derive_seed("dperm-shadow", seed, noise.scale))
 
             def predict(x: Tensor) -> Tensor:
                 with torch.no_grad():
@@ -399,6 +481,55 @@ class DPERMMethod(Method[DPERMOptions, _Prepared]):
             return predict
 
         return trainer
+
+
+@dataclass(frozen=True)
+class _Noise:
+    """The noise of one (fit, epsilon): ``plan`` for the exact path, ``None`` for floats."""
+
+    scale: float
+    plan: ExactL2Plan | None
+
+    @classmethod
+    def build(cls, *, epsilon: float, fit: _Fit, exact: bool) -> _Noise:
+        if not exact:
+            scale = L2LaplaceNoise.calibrate(epsilon=epsilon, sensitivity=fit.sensitivity.value)
+            return cls(scale=scale, plan=None)
+        plan = exact_plan(epsilon=epsilon, sensitivity=fit.sensitivity.value, dim=fit.num_params)
+        return cls(scale=plan.release.scale, plan=plan)
+
+    def __call__(self, params: Params, seed: int | None) -> Params:
+        """One draw per head: seeded from ``seed``, or from the OS CSPRNG (None)."""
+        if self.plan is None:
+            return perturb(params, scale=self.scale, rng=noise_rng(seed))
+        generator = make_generator(seed=seed, secure_mode=seed is None)
+        return perturb_exact(params, plan=self.plan, generator=generator)
+
+
+def dperm_statement(
+    *, epsilon: float, fit: _Fit, plan: ExactL2Plan | None, source: str
+) -> PrivacyStatement:
+    """What a dperm release may claim: ``approx-dp`` at (epsilon, ``plan.delta``) when exact,
+    ``none`` (floating-point noise, the nominal epsilon kept) otherwise."""
+    scale = (
+        plan.release.scale
+        if plan is not None
+        else L2LaplaceNoise.calibrate(epsilon=epsilon, sensitivity=fit.sensitivity.value)
+    )
+    notes = _noise_notes(num_params=fit.num_params, scale=scale, seeded=source == "seeded",
+                         plan=plan)  # fmt: skip
+    common: dict[str, Any] = {"mechanism": L2LaplaceNoise.name, "noise_scale": scale,
+                              "sensitivity": fit.sensitivity, "noise": source}  # fmt: skip
+    if plan is None:
+        return PrivacyStatement(epsilon=math.inf, delta=0.0, guarantee=Guarantee.NONE,
+                                neighbouring="", nominal_epsilon=float(epsilon), notes=notes,
+                                **common)  # fmt: skip
+    grid = plan.release.grid
+    return PrivacyStatement(
+        epsilon=float(epsilon), delta=plan.delta, guarantee=Guarantee.APPROX_DP, notes=notes,
+        neighbouring=fit.sensitivity.neighbouring, grid=grid.gamma, clamp=grid.clamp,
+        grid_sensitivity=plan.release.sensitivity, **common,
+    )  # fmt: skip
 
 
 def expected_noise_norm(*, dim: int, epsilon: float, sensitivity: float) -> float:

@@ -6,12 +6,19 @@ What the statement claims (``docs/baselines.md``, "Gaps"):
   ratios ``p_i / p_j = exp(z_i - z_j)`` for ``i, j != T`` are released exactly: no finite
   epsilon holds, whatever the chain. The noise was calibrated to the paper's per-query
   epsilon, stated as ``nominal_epsilon``; the paper's numbers are in the notes.
-* ``C = 2``: ``per-query``, at the epsilon we can prove. An answer is a bijection of
-  ``z_1 - z_2 + s_T eta`` with symmetric noise ``eta``, so its law does not depend on the
-  selected ``T``; and ``|z_1 - z_2| <= sqrt(2H) B`` for every network in the weight ball
-  the training projects onto (:func:`~baselines.lu.chain.output_range`). The noise's own
-  privacy loss at sensitivity ``2 sqrt(2H) B`` is therefore a proven per-query epsilon,
-  whichever data sets are compared. The paper's nominal epsilon is in the notes.
+* ``C = 2``: ``per-query``, at the epsilon we can prove (on the grid, by default). An
+  answer is a bijection of ``z_1 - z_2 + s_T eta`` with symmetric noise ``eta``, so its law
+  does not depend on the selected ``T``; and ``|z_1 - z_2| <= sqrt(2H) B`` for every
+  network in the weight ball the training projects onto
+  (:func:`~baselines.lu.chain.output_range`). The noise's own privacy loss at sensitivity
+  ``2 sqrt(2H) B`` is therefore a proven per-query epsilon, whichever data sets are
+  compared. The paper's nominal epsilon is in the notes.
+
+  The shipped answer is exact (:func:`~baselines.lu.net.exact_logits`): the noisy logit
+  difference is ``gamma (round(clamp(z_T - z_other)/gamma) + K)`` with ``K`` the exact
+  grid-rounded noise, so the epsilon holds for the released floats at the rounded
+  sensitivity ``2 sqrt(2H) B + gamma``. ``exact=False`` adds floating-point noise instead
+  (opt-in): its statement is ``none`` (Mironov 2012), the proven epsilon kept as nominal.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from torch import Tensor
 
 from alm_opacus.heads import Params
 from alm_opacus.mechanisms import create_mechanism, make_generator
+from alm_opacus.mechanisms.exact import inflated_sensitivity
 from alm_opacus.methods import (
     Method,
     MethodContext,
@@ -33,7 +41,7 @@ from alm_opacus.methods import (
     ShadowTrainer,
     register_method,
 )
-from alm_opacus.protect import Guarantee, PrivacyStatement
+from alm_opacus.protect import FLOAT_NOTE, Guarantee, PrivacyStatement
 from baselines._common import (
     TUNING_DRAWS,
     PreparedData,
@@ -78,6 +86,8 @@ class LuOptions(MethodOptions):
         lr: Adam learning rate.
         clip_radius: features are clipped to this L2 norm.
         tune: tune lambda on public data (false: the first grid value).
+        exact: release the noisy logit on a grid with exact noise (default); False adds
+            floating-point noise, and the statement is ``none`` (Mironov 2012).
     """
 
     noise: NoiseName = "laplace"
@@ -89,6 +99,7 @@ class LuOptions(MethodOptions):
     lr: float = 0.01
     clip_radius: float = 1.0
     tune: bool = True
+    exact: bool = True
 
     def __post_init__(self) -> None:
         if self.noise not in NOISES:
@@ -175,7 +186,8 @@ def lu_statement(
         source: ``"secure"`` or ``"seeded"``.
 
     Returns:
-        ``none`` (C >= 3) or ``per-query`` at the proven epsilon (C = 2).
+        ``none`` (C >= 3, or floating-point noise) or ``per-query`` at the proven epsilon
+        (C = 2, exact).
     """
     budget, noise, scale = mechanism.budget, mechanism.noise, mechanism.scale
     notes = [
@@ -184,29 +196,48 @@ def lu_statement(
         "every query spends the per-query epsilon; k queries spend k times it",
     ]
 
+    grid = mechanism.grid
+    exact: dict[str, Any] = {} if grid is None else {"grid": grid.gamma, "clamp": grid.clamp}
+
     def statement(**fields: Any) -> PrivacyStatement:
         return PrivacyStatement(
-            delta=budget.delta, mechanism=f"lu-{noise}", noise_scale=scale, noise=source, **fields
-        )
+            delta=budget.delta, mechanism=f"lu-{noise}", noise_scale=scale, noise=source,
+            **exact, **fields,
+        )  # fmt: skip
 
     if num_classes >= 3:
         return statement(
             epsilon=math.inf,
             guarantee=Guarantee.NONE,
-            notes=tuple(notes),
+            notes=tuple(notes if grid is not None else [*notes, FLOAT_NOTE]),
             neighbouring="",
             nominal_epsilon=budget.per_query,
         )
     sensitivity = 2.0 * output_range(hidden=config.hidden, weight_radius=config.radius(2))
-    epsilon = create_mechanism(noise).epsilon(
-        delta=budget.delta, scale=scale, sensitivity=sensitivity, dim=1
-    )
+    mech = create_mechanism(noise)
+    rounded = sensitivity
+    if grid is not None:  # both neighbours' differences are rounded: S + γ
+        rounded = inflated_sensitivity(sensitivity=sensitivity, norm=mech.norm, dim=1, grid=grid)
+        exact["grid_sensitivity"] = rounded
+    epsilon = mech.epsilon(delta=budget.delta, scale=scale, sensitivity=rounded, dim=1)
     proven = (
         f"proven per query (C = 2): the answer is a bijection of z_1 - z_2 + noise whatever "
         f"logit is selected, and |z_1 - z_2| <= sqrt(2H) B on the weight ball, so the noise "
-        f"(scale {scale:.4g}) at sensitivity {sensitivity:.4g} gives epsilon={epsilon:.4g} for "
+        f"(scale {scale:.4g}) at sensitivity {rounded:.4g} gives epsilon={epsilon:.4g} for "
         f"any two data sets; over k={queries} queries: epsilon={queries * epsilon:.4g}, "
         f"delta={queries * budget.delta:g}"
+    )
+    if grid is None:
+        return statement(
+            epsilon=math.inf,
+            guarantee=Guarantee.NONE,
+            notes=(proven, *notes, FLOAT_NOTE),
+            neighbouring="",
+            nominal_epsilon=epsilon,
+        )
+    proven += (
+        f"; exact on the released floats: z_T - z_other is rounded to the grid 2^"
+        f"{grid.exponent} with exact noise, and {rounded:.4g} includes the rounding"
     )
     return statement(
         epsilon=epsilon,
@@ -302,6 +333,7 @@ class LuMethod(Method[LuOptions, _Prepared]):
             epsilon=epsilon,
             delta=delta,
             noise=self.options.noise,
+            exact=self.options.exact,
         )
         g = make_generator(
             seed=derive_seed("lu-tune", prepared.seed, epsilon, config.l2), device=context.device
@@ -343,6 +375,7 @@ class LuMethod(Method[LuOptions, _Prepared]):
             epsilon=epsilon,
             delta=delta,
             noise=opts.noise,
+            exact=opts.exact,
         )
         generator = context.noise.generator(
             self.name, seed, draw, float(epsilon), device=context.device

@@ -12,6 +12,7 @@ from torch.nn import functional as F
 from alm_opacus._validation import check_features_labels, check_positive
 from alm_opacus.heads import Params, clip_features, uniform_init
 from alm_opacus.mechanisms import NoiseGenerator, create_mechanism
+from alm_opacus.mechanisms.exact import Grid, dequantize, discrete_noise, grid_for, quantize
 from alm_opacus.mechanisms.sampling import SecureGenerator, uniform_open
 from baselines._common import single_thread
 from baselines.lu.chain import (
@@ -27,7 +28,9 @@ from baselines.lu.chain import (
 __all__ = [
     "LuConfig",
     "LuMechanism",
+    "answer_grid",
     "convexified_loss",
+    "exact_logits",
     "lu_logits",
     "lu_query",
     "network_chain",
@@ -248,10 +251,15 @@ def lu_query(
     noise: str,
     clip_radius: float,
     generator: NoiseGenerator,
+    exact: bool = True,
 ) -> Tensor:
     """Answer queries the paper's way (their Algorithm 1): per query, sample T by the
     exponential mechanism on the softmax outputs, add noise to logit T only, return the
     softmax.
+
+    With ``exact`` (the default) the noisy logit is released on a grid with exact noise
+    (:func:`exact_logits`); otherwise floating-point noise is added to logit T (no guarantee
+    on the floats: Mironov 2012).
 
     Args:
         params: a batch of B networks (from :func:`train_lu_nets`).
@@ -261,6 +269,7 @@ def lu_query(
         noise: ``"laplace"`` or ``"gaussian"``.
         clip_radius: features are clipped to this norm, as in training.
         generator: randomness (seeded or secure); advances with every call.
+        exact: grid release of the noisy logit (default) or floating-point noise.
 
     Returns:
         (B, q, C) probabilities.
@@ -273,8 +282,57 @@ def lu_query(
         weights = torch.softmax(budget.selection * p / (2.0 * chain.delta_p), dim=-1)
         t = sample_categorical(weights.reshape(b * q, c), generator=generator).view(b, q, 1)
         scale = noise_scale(chain=chain, budget=budget, noise=noise)
+        t = t.to(z.device)
+        if exact:
+            return torch.softmax(
+                exact_logits(z, t, noise=noise, scale=scale, grid=answer_grid(scale=scale,
+                             noise=noise), generator=generator),
+                dim=-1,
+            )  # fmt: skip
         eta = create_mechanism(noise).sample((b, q, 1), scale=scale, generator=generator)
-        return torch.softmax(z.scatter_add(-1, t.to(z.device), eta.to(z)), dim=-1)
+        return torch.softmax(z.scatter_add(-1, t, eta.to(z)), dim=-1)
+
+
+def answer_grid(*, scale: float, noise: str) -> Grid:
+    """The grid of the noisy logit: γ ≤ scale·2⁻⁷ (float64 range), so rounding is far below
+    the noise, and a C = 2 sensitivity S ≥ scale inflates by at most 2⁻⁷ (S + γ)."""
+    return grid_for(sensitivity=scale, norm=create_mechanism(noise).norm, dim=1)
+
+
+def exact_logits(
+    z: Tensor, t: Tensor, *, noise: str, scale: float, grid: Grid, generator: NoiseGenerator
+) -> Tensor:
+    """Logits whose softmax is the exact answer: logit T released as γ·(round(·/γ) + K), K the
+    exact grid-rounded noise (``alm_opacus.mechanisms.exact``).
+
+    * C = 2: N = round(clamp_B(z_T − z_other)/γ) + K and the logits are (γ·s_T·N, 0) with
+      s_T = +1 for T = 0, −1 for T = 1. Rounding and clamping are odd and K is symmetric, so
+      s_T·N has the law of round(clamp_B(z_1 − z_2)/γ) + K whatever T is: the answer is a
+      function of that grid value only (the real-valued proof's bijection, on the grid).
+    * C ≥ 3: z_T is replaced by γ·(round(clamp_B(z_T)/γ) + K); the other logits are released
+      as they are, so no guarantee holds anyway (``docs/baselines.md``, "Gaps").
+
+    Args:
+        z: (B, q, C) float64 logits.
+        t: (B, q, 1) int64 selected indices, on ``z``'s device.
+        noise: ``"laplace"`` or ``"gaussian"``.
+        scale: the continuous noise scale.
+        grid: :func:`answer_grid`.
+        generator: randomness for K.
+
+    Returns:
+        (B, q, C) float64 logits.
+    """
+    selected = z.gather(-1, t)
+    k = discrete_noise(tuple(t.shape), mechanism=noise, scale=scale, grid=grid, generator=generator)
+    if z.shape[-1] == 2:
+        other = z.gather(-1, 1 - t)
+        sign = (1 - 2 * t).cpu()
+        cells = (quantize(selected - other, grid=grid) + k) * sign
+        logit = dequantize(cells, grid=grid, dtype=torch.float64).to(z.device)
+        return torch.cat([logit, torch.zeros_like(logit)], dim=-1)
+    cells = quantize(selected, grid=grid) + k
+    return z.scatter(-1, t, dequantize(cells, grid=grid, dtype=torch.float64).to(z))
 
 
 def train_lu_net(
@@ -301,12 +359,15 @@ class LuMechanism:
         budget: the per-query split of the target epsilon.
         noise: ``"laplace"`` or ``"gaussian"``.
         clip_radius: queries are clipped to this norm, as in training.
+        exact: noisy logit on a grid with exact noise (default); False: floating-point
+            noise, whose statement is ``none``.
     """
 
     chain: LuSensitivity
     budget: LuBudget
     noise: str
     clip_radius: float
+    exact: bool = True
 
     @classmethod
     def build(
@@ -319,6 +380,7 @@ class LuMechanism:
         epsilon: float,
         delta: float,
         noise: str,
+        exact: bool = True,
     ) -> LuMechanism:
         """The mechanism of a network trained with ``config`` on ``n`` rows of dimension ``d``."""
         return cls(
@@ -326,12 +388,18 @@ class LuMechanism:
             budget=budget_split(epsilon=epsilon, num_classes=num_classes, noise=noise, delta=delta),
             noise=noise,
             clip_radius=config.clip_radius,
+            exact=exact,
         )
 
     @property
     def scale(self) -> float:
         """The scale of the noise on the selected logit."""
         return noise_scale(chain=self.chain, budget=self.budget, noise=self.noise)
+
+    @property
+    def grid(self) -> Grid | None:
+        """The grid of the noisy logit (``None`` for floating-point noise)."""
+        return answer_grid(scale=self.scale, noise=self.noise) if self.exact else None
 
     def answer(self, params: Params, x: Tensor, *, generator: NoiseGenerator) -> Tensor:
         """:func:`lu_query` with this mechanism: (B, q, C) probabilities."""
@@ -343,4 +411,5 @@ class LuMechanism:
             noise=self.noise,
             clip_radius=self.clip_radius,
             generator=generator,
+            exact=self.exact,
         )

@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy import stats
 
-from alm_opacus.mechanisms import make_generator
+from alm_opacus.mechanisms import create_mechanism, make_generator
 from alm_opacus.methods import create_method
 from baselines import dperm
 from baselines.dperm import L2LaplaceNoise
@@ -62,7 +62,50 @@ def test_privacy_loss_is_bounded_by_epsilon():
     assert loss.max() <= epsilon + 1e-12
 
 
-def test_release_is_pure_dp_with_analytic_l2_sensitivity(pixel_features, make_context):
+@pytest.mark.parametrize(("dim", "kind"), [(5, "seeded"), (64, "seeded"), (64, "secure")])
+def test_exact_noise_norm_follows_gamma(dim, kind):
+    # s sqrt(V) G with V ~ chi^2_{P+1} has density proportional to exp(-||b||/s), so the
+    # noise norm is Gamma(P, s); on the grid it moves by at most sqrt(P) gamma / 2 (far below
+    # the KS resolution here). The floor is lowered so that the pure mixture is tested.
+    plan = dperm.exact_plan(epsilon=1.0, sensitivity=1.0, dim=dim)
+    plan = dperm.ExactL2Plan(release=plan.release, floor=1e-300)
+    g = make_generator(seed=3) if kind == "seeded" else make_generator(secure_mode=True)
+    clean = {"w": torch.full((3000, dim), 0.25, dtype=torch.float64)}
+    released = dperm.perturb_exact(clean, plan=plan, generator=g)["w"]
+    cells = released / plan.release.grid.gamma
+    assert torch.equal(cells, torch.round(cells))  # every shipped value is on the grid
+    norms = (released - 0.25).norm(dim=1).numpy()
+    law = stats.gamma(a=dim, scale=plan.release.scale)
+    assert stats.kstest(norms, law.cdf).pvalue > 1e-6
+
+
+def test_exact_plan_floor_is_the_gaussian_at_floor_delta():
+    # every mixture component has sigma >= floor, an (epsilon, FLOOR_DELTA) Gaussian at Delta'
+    plan = dperm.exact_plan(epsilon=0.5, sensitivity=2.0, dim=650)
+    rp = plan.release
+    assert rp.sensitivity == pytest.approx(2.0 + math.sqrt(650) * rp.grid.gamma, rel=1e-12)
+    assert rp.sensitivity <= 2.0 * (1 + 2**-7) and rp.scale == rp.sensitivity / 0.5
+    gauss = create_mechanism("gaussian")
+    achieved = gauss.delta(epsilon=0.5, scale=plan.floor, sensitivity=rp.sensitivity)
+    assert achieved == pytest.approx(dperm.FLOOR_DELTA, rel=1e-3)
+    # the floor binds only far below the mixture's bulk: s sqrt(V), V ~ chi^2_651
+    assert stats.chi2(651).cdf((plan.floor / rp.scale) ** 2) < 1e-100
+
+
+def test_float_noise_is_opt_in_and_states_none(pixel_features, make_context):
+    x, y = pixel_features
+    ctx = make_context()
+    method = create_method("dperm", {"exact": False, "tune": False})
+    prepared = method.prepare(features=x[:150], labels=y[:150], seed=0, context=ctx)
+    release = method.release(prepared, features=x[:150], labels=y[:150], epsilon=2.0,
+                             delta=1e-5, seed=0, draw=0, context=ctx)  # fmt: skip
+    s = release.statement
+    assert s.guarantee.value == "none" and s.epsilon == math.inf and s.nominal_epsilon == 2.0
+    assert s.grid is None and "floating-point" in str(s) and "Mironov" in str(s)
+    assert create_method("dperm").options.exact  # the default is exact
+
+
+def test_release_is_exact_approx_dp_with_analytic_l2_sensitivity(pixel_features, make_context):
     x, y = pixel_features
     ctx = make_context()
     method = create_method("dperm")
@@ -78,10 +121,15 @@ def test_release_is_pure_dp_with_analytic_l2_sensitivity(pixel_features, make_co
         context=ctx,
     )
     s = release.statement
-    assert s.guarantee.value == "pure-dp" and s.delta == 0.0 and s.epsilon == 2.0
+    assert s.guarantee.value == "approx-dp" and s.epsilon == 2.0
+    assert s.delta == dperm.FLOOR_DELTA == s.delta_spent
     assert s.sensitivity is not None
     assert (s.sensitivity.norm, s.sensitivity.source.value) == ("l2", "analytic")
-    assert s.noise_scale == pytest.approx(s.sensitivity.value / 2.0)
+    # calibrated to Delta' = Delta + sqrt(P) gamma, within 2^-7 of Delta
+    assert s.grid is not None and s.grid_sensitivity is not None
+    assert s.grid_sensitivity == pytest.approx(s.sensitivity.value + math.sqrt(650) * s.grid)
+    assert s.grid_sensitivity <= s.sensitivity.value * (1 + 2**-7)
+    assert s.noise_scale == pytest.approx(s.grid_sensitivity / 2.0)
     l2 = release.chosen_config["l2"]
     assert l2 in [c["l2"] for c in dperm.TUNING_GRID]
     assert len(release.info["tuning"]["tried"]) == len(dperm.TUNING_GRID)
@@ -91,6 +139,8 @@ def test_release_is_pure_dp_with_analytic_l2_sensitivity(pixel_features, make_co
         [(release.module.state_dict()[k] - clean[k][0]).flatten() for k in sorted(clean)]
     )
     assert noise.numel() == 10 * 65 == release.info["num_params"]
+    shipped = torch.cat([release.module.state_dict()[k].flatten() for k in sorted(clean)])
+    assert torch.equal(shipped / s.grid, torch.round(shipped / s.grid))
     assert float(noise.norm()) > 0
     # Chaudhuri et al. 2011, Cor. 8 with L = sqrt(2 (R^2 + 1)), R = 1: 2L / (n lambda)
     assert s.sensitivity.value == pytest.approx(4 / (150 * l2), rel=1e-6)

@@ -10,6 +10,8 @@ enumerating the sampler's outcomes that reproduce them.
   a, and the release is fl(v + fl(s·g(a))); the a's that reproduce a release form intervals
   (the map is monotone), found by binary search. Many releases are impossible under the
   neighbour, and the attack wins far beyond ε: the test that shows the old path fails.
+* The baselines' exact releases: dperm (a grid Gaussian whose scale is a χ mixture) and a
+  C = 2 lu answer (a softmax of one grid value), attacked the same way.
 """
 
 from __future__ import annotations
@@ -234,3 +236,84 @@ def test_the_floating_point_path_fails_the_same_attack(mechanism: str, dtype: to
             )
             > BOUND + 0.2
         )
+
+
+# --- the same attack on the baselines' exact releases (dperm, lu) ----------------------------
+
+
+def test_exact_dperm_releases_resist_the_exact_likelihood_attack() -> None:
+    # dperm's release is γ·(n + K), K the exact grid Gaussian at σ = max(s√V, σ_min),
+    # V ~ χ²_{P+1}: P(release | h) = E_V[Π PMF_σ(m − n_h)], taken here by quadrature over V's
+    # quantiles. Every K has positive mass under every σ, so no release is impossible under
+    # the neighbour, and the release is (ε, 2⁻⁴⁰)-DP: the best test stays within that bound.
+    from scipy import special, stats
+
+    from baselines.dperm import FLOOR_DELTA, exact_plan, perturb_exact
+
+    head, _ = _neighbours(torch.float64)
+    clean = (_flat(head), _flat(head) + 0.999 / math.sqrt(18))  # L2 distance 0.999 < Δ = 1
+    plan = exact_plan(epsilon=EPSILON, sensitivity=1.0, dim=18)
+    grid = plan.release.grid
+    quantiles = stats.chi2(19).ppf((np.arange(64) + 0.5) / 64)
+    sigmas = np.maximum(plan.release.scale * np.sqrt(quantiles), plan.floor)
+    llr = []
+    for h in range(2):
+        params = {"w": clean[h].expand(3000, -1).contiguous()}
+        shipped = perturb_exact(params, plan=plan, generator=SecureGenerator())["w"]
+        per_hypothesis = []
+        for c in clean:
+            # ln P(release | c): log-mean-exp over the quadrature's σ of the product of PMFs
+            terms = np.stack([_exact_log_likelihood(shipped, c, mechanism="gaussian",
+                                                    scale=float(s), grid=grid)
+                              for s in sigmas])  # fmt: skip
+            assert np.all(np.isfinite(terms))  # no release is impossible under c, for any σ
+            per_hypothesis.append(special.logsumexp(terms, axis=0) - math.log(len(sigmas)))
+        llr.append(per_hypothesis[0] - per_hypothesis[1])
+    bound = (math.exp(EPSILON) - 1 + 2 * FLOOR_DELTA) / (math.exp(EPSILON) + 1)
+    # 3,000 per side: standard error < 0.013; 5 of them
+    assert _advantage(*llr) <= bound + 0.065
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_exact_binary_lu_answers_resist_the_exact_likelihood_attack(
+    noise: str, dtype: torch.dtype
+) -> None:
+    # A C = 2 lu answer is softmax((γM, 0)), M = s_T·(round(clamp(z_T − z_other)/γ) + K):
+    # the attacker enumerates the M that reproduce the released probabilities and sums their
+    # PMFs under each hypothesis on d = z_1 − z_2 (0 and 0.999, sensitivity S = 1), whatever
+    # logit was selected.
+    from baselines.lu.net import answer_grid, exact_logits
+
+    mech = create_mechanism(noise)
+    scale = mech.calibrate(epsilon=EPSILON, delta=_delta(noise), sensitivity=1.0)
+    grid = answer_grid(scale=scale, noise=noise)
+    window = torch.arange(-64, 65, dtype=torch.float64)
+    llr = []
+    for d in (0.0, 0.999):
+        z = torch.tensor([d, 0.0], dtype=torch.float64).expand(1, 20_000, 2)
+        t = torch.randint(0, 2, (1, 20_000, 1), generator=torch.Generator().manual_seed(5))
+        logits = exact_logits(z, t, noise=noise, scale=scale, grid=grid,
+                              generator=SecureGenerator())  # fmt: skip
+        shipped = torch.softmax(logits, dim=-1)[0].to(dtype)
+        guess = torch.round(torch.log(shipped[:, 0].double() / shipped[:, 1].double()) / grid.gamma)
+        m = guess[:, None] + window  # candidate outcomes near the log-odds
+        candidates = torch.softmax(torch.stack([m * grid.gamma, torch.zeros_like(m)], -1), -1)
+        match = (candidates.to(dtype) == shipped[:, None, :]).all(-1).numpy()
+        assert match[:, 64].all()  # the log-odds' own cell reproduces every answer
+        per_hypothesis = []
+        for clean in (0.0, 0.999):
+            n = round(clean / grid.gamma)
+            log_pmf = cell_log_pmf(noise, scale=scale, grid=grid,
+                                   k=(m.numpy() - n).astype(np.int64))  # fmt: skip
+            with np.errstate(divide="ignore"):
+                total = np.log(np.sum(np.where(match, np.exp(log_pmf), 0.0), axis=1))
+            assert np.all(np.isfinite(total))  # no answer is impossible under either d
+            per_hypothesis.append(total)
+        llr.append(per_hypothesis[0] - per_hypothesis[1])
+    # S' = S + γ: the ε these answers are proven at (within 2⁻⁷ of EPSILON)
+    epsilon = mech.epsilon(delta=_delta(noise), scale=scale, sensitivity=1.0 + grid.gamma, dim=1)
+    bound = (math.exp(epsilon) - 1 + 2 * _delta(noise)) / (math.exp(epsilon) + 1)
+    assert _advantage(*llr) <= bound + 0.025
+    if mech.pure:
+        assert np.max(np.abs(np.concatenate(llr))) <= epsilon + 1e-9
