@@ -105,7 +105,7 @@ class GaussianCells(CellLaw):
     def first_pass_(self, v: torch.Tensor, scale: float) -> torch.Tensor:
         # √2·erfinv(1 − V): twice as fast as ndtri; 1 − V rounds by ≤ 2⁻⁵⁴, which moves u by
         # at most 2⁻⁵⁴ over the density (≥ V·√(2/π)): under 2⁻⁵²/V
-        return torch.erfinv(v.neg_().add_(1.0), out=v).mul_(math.sqrt(2.0) * scale)
+        return torch.erfinv(torch.sub(1.0, v, out=v), out=v).mul_(math.sqrt(2.0) * scale)
 
     def log_tail(self, u: NDArray[np.float64]) -> NDArray[np.float64]:
         return np.asarray(math.log(2.0) + special.log_ndtr(-u), dtype=np.float64)
