@@ -12,7 +12,7 @@ import torch
 
 from alm_opacus.mechanisms.grid import Grid
 
-__all__ = ["clip_to_cells", "enforce_radius", "scaled_cells"]
+__all__ = ["clip_to_cells", "enforce_radius", "fused_cell_sums", "scaled_cells"]
 
 
 def clip_to_cells(
@@ -99,3 +99,133 @@ def _cell_sizes(cells: Sequence[torch.Tensor], *, norm: str) -> torch.Tensor:
         else:
             total += torch.einsum("ij,ij->i", flat, flat)
     return total
+
+
+# --------------------------------------------------------------------------------------------
+# The fused float32 path: clip, round and sum in one cache-resident sweep per parameter.
+# --------------------------------------------------------------------------------------------
+
+#: float32's unit roundoff, and the bound below which every float32 integer sum is exact
+#: whatever the order.
+_U32 = 2.0**-24
+_EXACT32 = 2.0**24
+#: Columns of one norm tile: γ_T = T·u32/(1 − T·u32) ≈ 2⁻¹¹ bounds the float32 error of a tile's
+#: sum of T non-negative terms in any order (Higham, Accuracy and Stability, eq. 4.4).
+_TILE = 8192
+#: Elements of one (batch, columns) tile of the cell sums (4 MiB of float32).
+_SUM_TILE = 1 << 20
+#: The clip bound is taken (1 − 2⁻²⁰) below C: it absorbs the float32 roundings of the
+#: per-example scale and of each product (≤ (1 + 2⁻²⁴)² in all) and of C itself.
+_SHRINK = 1.0 - 2.0**-20
+
+
+def fused_cell_sums(
+    rows: Sequence[torch.Tensor], *, budgets: Sequence[float] | None, max_grad_norm: float,
+    norm: str, grid: Grid, radius: float,
+) -> list[torch.Tensor] | None:  # fmt: skip
+    """Σᵢ cᵢ per parameter, int64, with every example's cells cᵢ of norm ≤ ``radius``,
+    computed in float32 tiles that stay in cache; ``None`` where the proof below does not
+    apply (then `scaled_cells` and `enforce_radius` do the step in float64).
+
+    Why no per-example check of the rounded norm is needed. For each example a rigorous
+    upper bound N ≥ ‖g‖ is computed (each tile's float32 sum of |g| or g² is within γ_T of the
+    exact sum, whatever torch's summation order, and the tiles are added in float64), the
+    factor is f = min(1, C(1 − 2⁻²⁰)/(N + 10⁻⁶)) and s = f/γ is rounded to float32. Then
+    y = fl(s·g) satisfies ‖y‖ ≤ (1 + 2⁻²⁴)²·f‖g‖/γ < C/γ, and rounding to integers moves each
+    coordinate by ≤ ½, so ‖c‖ ≤ C/γ + w(d)/2 = R by the triangle inequality (per-layer
+    budgets: per parameter, and then in the norm of the budgets by Minkowski's inequality
+    for L2, by addition for L1). Every |cᵢⱼ| ≤ R, so when B·R < 2²⁴ every partial sum of the
+    batch is a float32 integer and the column sums are exact in any order; otherwise the
+    cells are converted to float64 (exactly) and summed there (exact while B·R < 2⁵³).
+
+    Args:
+        rows: each parameter's per-sample gradients as ``(batch, k)`` float32 CPU tensors.
+        budgets: per-parameter budgets C_k, or ``None`` for flat clipping at ``max_grad_norm``.
+        max_grad_norm: C.
+        norm: ``"l1"`` or ``"l2"``.
+        grid: the step grid.
+        radius: R in cells (`cell_radius`), used for the exact-sum range.
+
+    Returns:
+        int64 sums shaped ``(k,)`` per parameter, or ``None``.
+    """
+    batch = len(rows[0])
+    if batch == 0 or any(r.dtype != torch.float32 or r.device.type != "cpu" for r in rows):
+        return None
+    wide = _wide_sums(batch=batch, radius=radius)
+    if wide is None:
+        return None
+    bounds = [_norm_bound(r, norm=norm) for r in rows]  # L1 norms, or squared L2 norms
+    if budgets is None:  # one bound on the concatenation (float64 additions: 2⁻⁴⁰ covers)
+        bounds = [torch.stack(bounds).sum(0).mul_(1.0 + 2.0**-40)] * len(rows)
+        budgets = [max_grad_norm] * len(rows)
+    if norm == "l2":  # the square root rounds by ≤ 2⁻⁵³
+        bounds = [b.sqrt().mul_(1.0 + 2.0**-50) for b in bounds]
+    inverse = math.ldexp(1.0, -grid.exponent)
+    scales = []
+    for bound, budget in zip(bounds, budgets, strict=True):
+        if not bool(torch.isfinite(bound).all()):
+            return None  # a non-finite gradient (or float32 overflow): the float64 path decides
+        factor = (budget * _SHRINK / (bound + 1e-6)).clamp_(max=1.0)
+        scale = factor.mul_(inverse).to(torch.float32)
+        if bool((scale < 2.0**-100).any()):
+            return None  # near float32's subnormals the scale's rounding is not relative
+        scales.append(scale.view(-1, 1))
+    return [_tile_sums(r, s, wide=wide) for r, s in zip(rows, scales, strict=True)]
+
+
+def _wide_sums(*, batch: int, radius: float) -> bool | None:
+    """False if B·R < 2²⁴ (float32 column sums of cells are exact in any order), True if
+    B·R < 2⁵³ (float64 ones are), None beyond."""
+    if batch * radius < _EXACT32:
+        return False
+    return True if batch * radius < 2.0**53 else None
+
+
+def _norm_bound(rows: torch.Tensor, *, norm: str) -> torch.Tensor:
+    """float64 upper bounds on each row's norm (L1), or on its squared norm (L2).
+
+    Each row is cut into tiles of T columns and each tile's norm is taken in float32: L2 by
+    torch's ``vector_norm`` (a sum of rounded squares, then a rounded square root: torch
+    does not rescale, as its overflow to inf for |x| > 1.8e19 shows, and float32 overflow is
+    handed back as non-finite), L1 by BLAS ``sasum`` (a sum of exact |x|). Whatever the
+    summation order, a float32 sum of T non-negative terms is within γ_T of the exact sum.
+    """
+    batch, length = rows.shape
+    width = min(_TILE, max(length, 1))
+    total = torch.zeros(batch, dtype=torch.float64)
+    if norm == "l2":
+        full = length - length % width
+        for start, stop, size in ((0, full, width), (full, length, length - full)):
+            if stop > start:
+                tiles = rows[:, start:stop].reshape(batch, -1, size)
+                total += torch.linalg.vector_norm(tiles, 2, dim=2).double().square_().sum(1)
+    else:
+        from scipy.linalg import blas
+
+        data = rows.detach().contiguous().numpy()
+        sums = [[blas.sasum(row[a : a + width]) for a in range(0, length, width)] for row in data]
+        total += torch.tensor(sums, dtype=torch.float64).sum(1)
+    gamma = width * _U32 / (1.0 - width * _U32)
+    # each term: one float32 rounding (squares) or none (abs), plus ≤ 2⁻¹²⁶ if flushed to
+    # zero; each tile's sum within γ_T; the square root and its float64 square ≤ 2u; the
+    # float64 additions of the tiles within 2⁻⁴⁰ in all
+    factor = (1.0 + 2.0**-40) / ((1.0 - _U32) ** 3 * (1.0 - gamma))
+    return total.mul_(factor).add_(length * 2.0**-126)
+
+
+def _tile_sums(rows: torch.Tensor, scale: torch.Tensor, *, wide: bool) -> torch.Tensor:
+    """Σᵢ round(scaleᵢ·rowsᵢ) exactly, int64 (see `fused_cell_sums`): the cells are float32
+    integers, summed in float32 or, when ``wide``, converted exactly to float64 first."""
+    batch, length = rows.shape
+    width = min(max(1024, _SUM_TILE // max(batch, 1)), max(length, 1))
+    tile = torch.empty(batch, width, dtype=torch.float32)
+    wide_tile = torch.empty(batch, width, dtype=torch.float64) if wide else None
+    summed = torch.empty(length, dtype=torch.float64 if wide else torch.float32)
+    for start in range(0, length, width):
+        stop = min(length, start + width)
+        cells = torch.mul(rows[:, start:stop], scale, out=tile[:, : stop - start]).round_()
+        if wide_tile is not None:
+            cells = wide_tile[:, : stop - start].copy_(cells)
+        torch.sum(cells, dim=0, out=summed[start:stop])
+    return summed.to(torch.int64)

@@ -51,7 +51,12 @@ from alm_opacus.mechanisms.cell_laws import (
     cell_log_pmf,
     cell_pld,
 )
-from alm_opacus.mechanisms.cells import clip_to_cells, enforce_radius, scaled_cells
+from alm_opacus.mechanisms.cells import (
+    clip_to_cells,
+    enforce_radius,
+    fused_cell_sums,
+    scaled_cells,
+)
 from alm_opacus.mechanisms.grid import (
     INFLATION,
     Grid,
@@ -86,6 +91,7 @@ __all__ = [
     "discrete_noise",
     "enforce_radius",
     "exact_release",
+    "fused_cell_sums",
     "grid_for",
     "inflated_sensitivity",
     "plan_release",
