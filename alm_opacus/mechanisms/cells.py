@@ -135,8 +135,9 @@ def fused_cell_sums(
     coordinate by ≤ ½, so ‖c‖ ≤ C/γ + w(d)/2 = R by the triangle inequality (per-layer
     budgets: per parameter, and then in the norm of the budgets by Minkowski's inequality
     for L2, by addition for L1). Every |cᵢⱼ| ≤ R, so when B·R < 2²⁴ every partial sum of the
-    batch is a float32 integer and the column sums are exact in any order; otherwise the
-    cells are converted to float64 (exactly) and summed there (exact while B·R < 2⁵³).
+    batch is a float32 integer and the column sums are exact in any order; otherwise runs of
+    G examples with G·R < 2²⁴ are summed so, and the runs in float64 (or, when R ≥ 2²⁴, every
+    cell is converted to float64 exactly); float64 sums of integers are exact below 2⁵³.
 
     Args:
         rows: each parameter's per-sample gradients as ``(batch, k)`` float32 CPU tensors.
@@ -152,8 +153,8 @@ def fused_cell_sums(
     batch = len(rows[0])
     if batch == 0 or any(r.dtype != torch.float32 or r.device.type != "cpu" for r in rows):
         return None
-    wide = _wide_sums(batch=batch, radius=radius)
-    if wide is None:
+    group = _sum_group(batch=batch, radius=radius)
+    if group is None:
         return None
     bounds = [_norm_bound(r, norm=norm) for r in rows]  # L1 norms, or squared L2 norms
     if budgets is None:  # one bound on the concatenation (float64 additions: 2⁻⁴⁰ covers)
@@ -171,15 +172,19 @@ def fused_cell_sums(
         if bool((scale < 2.0**-100).any()):
             return None  # near float32's subnormals the scale's rounding is not relative
         scales.append(scale.view(-1, 1))
-    return [_tile_sums(r, s, wide=wide) for r, s in zip(rows, scales, strict=True)]
+    return [_tile_sums(r, s, group=group) for r, s in zip(rows, scales, strict=True)]
 
 
-def _wide_sums(*, batch: int, radius: float) -> bool | None:
-    """False if B·R < 2²⁴ (float32 column sums of cells are exact in any order), True if
-    B·R < 2⁵³ (float64 ones are), None beyond."""
-    if batch * radius < _EXACT32:
-        return False
-    return True if batch * radius < 2.0**53 else None
+def _sum_group(*, batch: int, radius: float) -> int | None:
+    """How many examples' cells a float32 column sum may add exactly: G with G·R < 2²⁴ (every
+    partial sum is then a float32 integer, in any order), at most the batch; 0 when even one
+    cell may exceed that (the cells are then summed in float64); None when B·R ≥ 2⁵³."""
+    if batch * radius >= 2.0**53:
+        return None
+    group = min(batch, math.floor((_EXACT32 - 1.0) / radius)) if radius < _EXACT32 else 0
+    while group > 0 and group * radius >= _EXACT32:  # float safety
+        group -= 1
+    return group
 
 
 def _norm_bound(rows: torch.Tensor, *, norm: str) -> torch.Tensor:
@@ -200,6 +205,8 @@ def _norm_bound(rows: torch.Tensor, *, norm: str) -> torch.Tensor:
             if stop > start:
                 tiles = rows[:, start:stop].reshape(batch, -1, size)
                 total += torch.linalg.vector_norm(tiles, 2, dim=2).double().square_().sum(1)
+    elif length <= width:  # one tile: torch's abs and sum (no per-row BLAS call)
+        total += rows.abs().sum(dim=1).double()
     else:
         from scipy.linalg import blas
 
@@ -214,18 +221,25 @@ def _norm_bound(rows: torch.Tensor, *, norm: str) -> torch.Tensor:
     return total.mul_(factor).add_(length * 2.0**-126)
 
 
-def _tile_sums(rows: torch.Tensor, scale: torch.Tensor, *, wide: bool) -> torch.Tensor:
+def _tile_sums(rows: torch.Tensor, scale: torch.Tensor, *, group: int) -> torch.Tensor:
     """Σᵢ round(scaleᵢ·rowsᵢ) exactly, int64 (see `fused_cell_sums`): the cells are float32
-    integers, summed in float32 or, when ``wide``, converted exactly to float64 first."""
+    integers; each run of ``group`` examples is summed in float32 (exact, `_sum_group`) and
+    the runs in float64 (integers below 2⁵³); ``group`` 0 converts every cell to float64."""
     batch, length = rows.shape
     width = min(max(1024, _SUM_TILE // max(batch, 1)), max(length, 1))
     tile = torch.empty(batch, width, dtype=torch.float32)
-    wide_tile = torch.empty(batch, width, dtype=torch.float64) if wide else None
-    summed = torch.empty(length, dtype=torch.float64 if wide else torch.float32)
+    wide_tile = torch.empty(batch, width, dtype=torch.float64) if group == 0 else None
+    summed = torch.empty(length, dtype=torch.float32 if group >= batch else torch.float64)
     for start in range(0, length, width):
         stop = min(length, start + width)
         cells = torch.mul(rows[:, start:stop], scale, out=tile[:, : stop - start]).round_()
-        if wide_tile is not None:
-            cells = wide_tile[:, : stop - start].copy_(cells)
-        torch.sum(cells, dim=0, out=summed[start:stop])
+        out = summed[start:stop]
+        if group >= batch:
+            torch.sum(cells, dim=0, out=out)
+        elif wide_tile is not None:
+            torch.sum(wide_tile[:, : stop - start].copy_(cells), dim=0, out=out)
+        else:
+            out.copy_(cells[:group].sum(dim=0))
+            for first in range(group, batch, group):
+                out += cells[first : first + group].sum(dim=0)
     return summed.to(torch.int64)

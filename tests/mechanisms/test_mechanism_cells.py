@@ -9,7 +9,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from alm_opacus.mechanisms.cells import _wide_sums, fused_cell_sums
+from alm_opacus.mechanisms.cells import _sum_group, fused_cell_sums
 from alm_opacus.mechanisms.exact import (
     cell_radius,
     enforce_radius,
@@ -86,20 +86,39 @@ def test_fused_sums_agree_with_the_float64_reference(norm: str) -> None:
 
 
 def test_the_wide_range_sums_exactly() -> None:
-    # L1 over many weights: R ≈ 2^26 cells, so B·R is beyond float32's exact integers
-    sizes = (20_000,)
-    grid = step_grid(max_grad_norm=1.0, norm="l1", dim=sizes[0])
-    radius = cell_radius(max_grad_norm=1.0, norm="l1", dim=sizes[0], grid=grid)
-    assert 64 * radius >= 2**24 and _wide_sums(batch=64, radius=radius)
+    # L1 over 200,000 weights: R > 2^24 cells, so even one cell may leave float32's exact
+    # integers and every cell is summed in float64
+    dim, batch = 200_000, 16
+    grid = step_grid(max_grad_norm=1.0, norm="l1", dim=dim)
+    radius = cell_radius(max_grad_norm=1.0, norm="l1", dim=dim, grid=grid)
+    assert radius >= 2**24 and _sum_group(batch=batch, radius=radius) == 0
     g = torch.Generator().manual_seed(3)
-    rows = [torch.zeros(64, sizes[0])]
-    rows[0][:, :3] = torch.rand(64, 3, generator=g) + 5  # mass on a few coordinates
+    rows = [torch.zeros(batch, dim)]
+    rows[0][:, :3] = torch.rand(batch, 3, generator=g) + 5  # mass on a few coordinates
     kwargs = {"budgets": None, "max_grad_norm": 1.0, "norm": "l1", "grid": grid,
               "radius": radius}  # fmt: skip
     (total,) = fused_cell_sums(rows, **kwargs)  # type: ignore[misc]
-    singles = [fused_cell_sums([rows[0][i : i + 1]], **kwargs)[0] for i in range(64)]  # type: ignore[index]
+    singles = [fused_cell_sums([rows[0][i : i + 1]], **kwargs)[0] for i in range(batch)]  # type: ignore[index]
     assert torch.equal(total, sum(singles))
     assert int(total.abs().max()) > 2**24  # the sums are beyond float32's exact range
+
+
+@pytest.mark.parametrize("dim", [3_000, 20_000])
+def test_runs_of_examples_sum_exactly(dim: int) -> None:
+    # L1 at thousands of weights: 1 < G < B, so runs of G examples are summed in float32
+    grid = step_grid(max_grad_norm=1.0, norm="l1", dim=dim)
+    radius = cell_radius(max_grad_norm=1.0, norm="l1", dim=dim, grid=grid)
+    group = _sum_group(batch=200, radius=radius)
+    assert group is not None and 1 <= group < 200
+    g = torch.Generator().manual_seed(4)
+    rows = [torch.zeros(200, dim)]
+    rows[0][:, :2] = torch.rand(200, 2, generator=g) + 1  # mass on two coordinates
+    kwargs = {"budgets": None, "max_grad_norm": 1.0, "norm": "l1", "grid": grid,
+              "radius": radius}  # fmt: skip
+    (total,) = fused_cell_sums(rows, **kwargs)  # type: ignore[misc]
+    singles = [fused_cell_sums([rows[0][i : i + 1]], **kwargs)[0] for i in range(200)]  # type: ignore[index]
+    assert torch.equal(total, sum(singles))
+    assert int(total.abs().max()) > 2**24  # beyond float32's exact integers
 
 
 @pytest.mark.parametrize("bad", ["nan", "inf", "float64", "empty"])
