@@ -112,8 +112,10 @@ _EXACT32 = 2.0**24
 #: Columns of one norm tile: γ_T = T·u32/(1 − T·u32) ≈ 2⁻¹¹ bounds the float32 error of a tile's
 #: sum of T non-negative terms in any order (Higham, Accuracy and Stability, eq. 4.4).
 _TILE = 8192
-#: Elements of one (batch, columns) tile of the cell sums (4 MiB of float32).
-_SUM_TILE = 1 << 20
+#: Elements of one (batch, columns) tile of the cell sums: 1 MiB of float32 where the whole
+#: batch is summed at once, 4 MiB where runs are (fewer, longer calls); measured fastest.
+_SUM_TILE = 1 << 18
+_RUN_TILE = 1 << 20
 #: The clip bound is taken (1 − 2⁻²⁰) below C: it absorbs the float32 roundings of the
 #: per-example scale and of each product (≤ (1 + 2⁻²⁴)² in all) and of C itself.
 _SHRINK = 1.0 - 2.0**-20
@@ -226,7 +228,8 @@ def _tile_sums(rows: torch.Tensor, scale: torch.Tensor, *, group: int) -> torch.
     integers; each run of ``group`` examples is summed in float32 (exact, `_sum_group`) and
     the runs in float64 (integers below 2⁵³); ``group`` 0 converts every cell to float64."""
     batch, length = rows.shape
-    width = min(max(1024, _SUM_TILE // max(batch, 1)), max(length, 1))
+    elements = _SUM_TILE if group == 0 or group >= batch else _RUN_TILE
+    width = min(max(1024, elements // max(batch, 1)), max(length, 1))
     tile = torch.empty(batch, width, dtype=torch.float32)
     wide_tile = torch.empty(batch, width, dtype=torch.float64) if group == 0 else None
     summed = torch.empty(length, dtype=torch.float32 if group >= batch else torch.float64)
