@@ -164,21 +164,23 @@ def discrete_noise(
     # a reciprocal and a fused add per coordinate.
     threshold = 0.5 - t * _FIRST_MARGIN - 2.0**-40 - t * 2.0 ** (_SMALL_V_BITS - 48)
     size = min(count, _CHUNK)
-    signed, v, j = (torch.empty(size, dtype=torch.float64) for _ in range(3))
+    v, j = (torch.empty(size, dtype=torch.float64) for _ in range(2))
+    # a float64 0-dim factor makes torch.mul convert the int64 words to float64 (one rounding,
+    # as a copy would) and scale them by 2^-63 (exact) in one pass
+    unit = torch.tensor(2.0**-63, dtype=torch.float64)
     sign = torch.empty(size, dtype=torch.int64)
     small, fine = (np.empty(size, dtype=np.bool_) for _ in range(2))
     buffer = torch.empty(size + 2, dtype=torch.int64) if secure else None
     for start in range(0, count, _CHUNK):
         stop = min(count, start + _CHUNK)
         n = stop - start
-        sw, vv, jj, sg, sm, ok = signed[:n], v[:n], j[:n], sign[:n], small[:n], fine[:n]
+        vv, jj, sg, sm, ok = v[:n], j[:n], sign[:n], small[:n], fine[:n]
         w = (
             generator.words_into(buffer, n)  # type: ignore[union-attr]
             if buffer is not None
             else words[start:stop]  # type: ignore[index]
         )
-        sw.copy_(w)
-        torch.abs(sw, out=vv).mul_(2.0**-63)
+        torch.mul(w, unit, out=vv).abs_()
         np.less(vv.numpy(), 2.0**-_SMALL_V_BITS, out=sm)  # numpy compares 4x faster
         law.first_pass_(vv, t)
         torch.round(vv, out=jj)
