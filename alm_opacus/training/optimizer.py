@@ -20,10 +20,11 @@ Opacus's ``DPPerLayerOptimizer`` (C the L2 norm of the budgets); for ``alm`` and
 the budgets add up to C.
 
 Exact steps (the default, ``docs/mechanisms.md``): each clipped example is rounded to a
-power-of-two grid γ in int64 (`alm_opacus.mechanisms.exact.clip_to_cells`, which enforces its
-cell norm exactly), the batch sum is exact in int64, integer noise K is drawn exactly from the
-mechanism's law rounded to the grid, and ``γ·(Σ cells + K)`` becomes the gradient (any later
-rounding to the parameter dtype is post-processing). One example moves the sum by at most
+power-of-two grid γ with its cell norm at most R (`alm_opacus.mechanisms.cells`: float32
+tiles under a rigorous norm bound, or float64 with an exact check), the batch sum is exact in
+int64, integer noise K is drawn exactly from the mechanism's law rounded to the grid, and
+``γ·(Σ cells + K)`` becomes the gradient (any later rounding to the parameter dtype is
+post-processing). One example moves the sum by at most
 Δ' = C + w(d)·γ/2 (w = d in L1, √d in L2), so the noise scale is ``noise_multiplier · Δ'``
 and every accountant of the continuous mechanism holds unchanged; γ keeps Δ' ≤ C(1 + 2⁻⁷).
 Per-layer budgets round the same way: each example's cells are bounded in the norm of C.
