@@ -23,9 +23,11 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-__all__ = ["KeyStream"]
+__all__ = ["SLACK", "KeyStream"]
 
 _BLOCK = 16
+#: Spare bytes a `KeyStream.read_into` buffer needs beyond the bytes drawn.
+SLACK = _BLOCK - 1
 #: Blocks produced under one key before rekeying (2**32 blocks = 64 GiB of output).
 REKEY_BLOCKS = 2**32
 #: Largest request served by one ``update_into`` (bounded scratch memory).
@@ -57,8 +59,27 @@ class KeyStream:
         """
         if nbytes < 0:
             raise ValueError(f"nbytes={nbytes!r} is invalid: expected an integer ≥ 0")
-        out = bytearray(nbytes + _BLOCK - 1)  # update_into wants block_size - 1 spare bytes
-        view = memoryview(out)
+        out = bytearray(nbytes + SLACK)
+        with memoryview(out) as view:
+            self.read_into(view, nbytes)
+        del out[nbytes:]
+        return out
+
+    def read_into(self, buffer: memoryview, nbytes: int) -> None:
+        """Overwrite ``buffer[:nbytes]`` with fresh uniform random bytes, in place.
+
+        A caller drawing many small batches reuses one buffer (it stays in cache, and no
+        fresh pages are faulted in); ``buffer`` must hold ``nbytes + SLACK`` bytes, since
+        OpenSSL's ``update_into`` wants that much room (the slack bytes are scratch).
+
+        Raises:
+            ValueError: if ``nbytes`` is negative or ``buffer`` is too short.
+        """
+        if nbytes < 0 or len(buffer) < nbytes + SLACK:
+            raise ValueError(
+                f"nbytes={nbytes!r} is invalid for a buffer of {len(buffer)} bytes: expected "
+                f"0 ≤ nbytes ≤ len(buffer) - {SLACK}"
+            )
         with self._lock:
             done = 0
             while done < nbytes:
@@ -67,15 +88,12 @@ class KeyStream:
                 size = min(nbytes - done, _MAX_CHUNK, (REKEY_BLOCKS - self._blocks) * _BLOCK)
                 # Encrypting zeros yields the keystream itself.
                 written = self._encryptor.update_into(
-                    _zeros(size), view[done : done + size + _BLOCK - 1]
+                    _zeros(size), buffer[done : done + size + SLACK]
                 )
                 if written != size:  # CTR is a stream mode: it never buffers
                     raise RuntimeError(f"AES-CTR returned {written} bytes for {size}")
                 self._blocks += -(-size // _BLOCK)
                 done += size
-        del view
-        del out[nbytes:]
-        return out
 
     def words(self, count: int) -> np.ndarray:
         """``count`` independent uniform 64-bit words, as ``uint64``."""

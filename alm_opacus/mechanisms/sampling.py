@@ -71,6 +71,23 @@ class SecureGenerator:
             return torch.empty(0, dtype=torch.int64)
         return torch.frombuffer(self._stream.read(8 * count), dtype=torch.int64, count=count)
 
+    def words_into(self, out: torch.Tensor, count: int) -> torch.Tensor:
+        """Overwrite ``out[:count]`` with fresh uniform 64-bit words and return that view.
+
+        ``out`` is a contiguous int64 CPU buffer of at least ``count + 2`` words (the keystream
+        needs `~alm_opacus.mechanisms.csprng.SLACK` spare bytes); reusing it across calls keeps
+        it in cache, which the exact sampler's chunked first pass relies on.
+
+        Raises:
+            ValueError: if ``out`` is not such a buffer.
+        """
+        if out.dtype != torch.int64 or not out.is_contiguous() or out.device.type != "cpu":
+            raise ValueError(f"out={out.dtype}/{out.device} is invalid: expected contiguous "
+                             "int64 on the CPU")  # fmt: skip
+        with out.numpy().data.cast("B") as view:
+            self._stream.read_into(view, 8 * count)
+        return out[:count]
+
     def bits(self, shape: tuple[int, ...], *, bits: int) -> torch.Tensor:
         """Independent uniform integers in [0, 2**bits), int64, ``bits`` in [1, 63]."""
         if not 1 <= bits <= 63:

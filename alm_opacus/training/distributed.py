@@ -164,14 +164,15 @@ class DistributedMechanismDPOptimizer(MechanismDPOptimizer):
     def step_noise(self, parts: list[torch.Tensor], *, like: torch.Tensor) -> torch.Tensor:
         """The step's noise, flattened as the buffer ``like``, drawn on rank 0 only.
 
-        One draw per parameter, in ``self.params`` order and shape, exactly as the
-        single-process `MechanismDPOptimizer.add_noise` draws it: int64 cells
-        (`cell_noise`) in an exact step, floats (`float_noise`) otherwise. When every
+        Drawn exactly as the single-process `MechanismDPOptimizer.add_noise` draws it: int64
+        cells for every parameter in one call (`step_cell_noise`) in an exact step, floats
+        per parameter (`float_noise`) otherwise. When every
         parameter has one dtype and device (one buffer), a run on W ranks with a seeded
         generator adds the noise a one-process run with that seed adds.
         """
-        draw = self.cell_noise if self.exact else self.float_noise
-        return torch.cat([draw(t).reshape(-1) for t in parts]).to(like.device)
+        if self.exact:
+            return self.step_cell_noise(parts).to(like.device)
+        return torch.cat([self.float_noise(t).reshape(-1) for t in parts]).to(like.device)
 
 
 def _buffers(tensors: list[torch.Tensor]) -> list[list[int]]:

@@ -20,10 +20,11 @@ Opacus's ``DPPerLayerOptimizer`` (C the L2 norm of the budgets); for ``alm`` and
 the budgets add up to C.
 
 Exact steps (the default, ``docs/mechanisms.md``): each clipped example is rounded to a
-power-of-two grid γ in int64 (`alm_opacus.mechanisms.exact.clip_to_cells`, which enforces its
-cell norm exactly), the batch sum is exact in int64, integer noise K is drawn exactly from the
-mechanism's law rounded to the grid, and ``γ·(Σ cells + K)`` becomes the gradient (any later
-rounding to the parameter dtype is post-processing). One example moves the sum by at most
+power-of-two grid γ with its cell norm at most R (`alm_opacus.mechanisms.cells`: float32
+tiles under a rigorous norm bound, or float64 with an exact check), the batch sum is exact in
+int64, integer noise K is drawn exactly from the mechanism's law rounded to the grid, and
+``γ·(Σ cells + K)`` becomes the gradient (any later rounding to the parameter dtype is
+post-processing). One example moves the sum by at most
 Δ' = C + w(d)·γ/2 (w = d in L1, √d in L2), so the noise scale is ``noise_multiplier · Δ'``
 and every accountant of the continuous mechanism holds unchanged; γ keeps Δ' ≤ C(1 + 2⁻⁷).
 Per-layer budgets round the same way: each example's cells are bounded in the norm of C.
@@ -50,6 +51,7 @@ from alm_opacus.mechanisms.exact import (
     dequantize,
     discrete_noise,
     enforce_radius,
+    fused_cell_sums,
     inflated_sensitivity,
     scaled_cells,
     step_grid,
@@ -324,6 +326,9 @@ class MechanismDPOptimizer(DPOptimizer):
         parameter's part to its budget, with per-layer budgets) and add the clipped
         gradients into ``p.summed_grad`` (Opacus's clipping otherwise)."""
         grad_samples = self.grad_samples
+        grid = self.noise_grid
+        if grid is not None and self._accumulate_fused(grad_samples, grid):
+            return
         if len(grad_samples[0]) == 0:  # an empty Poisson batch
             factors = [torch.zeros((0,), device=grad_samples[0].device)] * len(self.params)
         elif self.max_grad_norms is None:
@@ -334,7 +339,6 @@ class MechanismDPOptimizer(DPOptimizer):
                 clip_factors(per_sample_norms([g], norm=self.clipping_norm), max_grad_norm=c)
                 for g, c in zip(grad_samples, self.max_grad_norms, strict=True)
             ]
-        grid = self.noise_grid
         if grid is not None:
             self._accumulate_cells(factors, grid)
             return
@@ -348,6 +352,31 @@ class MechanismDPOptimizer(DPOptimizer):
             else:
                 p.summed_grad = grad
             _mark_as_processed(p.grad_sample)
+
+    def _accumulate_fused(self, grad_samples: list[torch.Tensor], grid: Grid) -> bool:
+        """The exact step's clipping in float32 tiles (`fused_cell_sums`: a rigorous norm
+        bound replaces the check of each rounded example); ``False`` where it does not apply
+        (float64 or GPU gradients, a non-finite gradient, an int range it cannot cover), and
+        then nothing was accumulated."""
+        if len(grad_samples[0]) == 0:  # an empty Poisson batch: the float64 path sums zeros
+            return False
+        radius = cell_radius(max_grad_norm=self.max_grad_norm, norm=self.clipping_norm,
+                             dim=self.noise_dim, grid=grid)  # fmt: skip
+        rows = [g.reshape(len(g), -1) for g in grad_samples]
+        sums = fused_cell_sums(rows, budgets=self.max_grad_norms, norm=self.clipping_norm,
+                               max_grad_norm=self.max_grad_norm, grid=grid,
+                               radius=radius)  # fmt: skip
+        if sums is None:
+            return False
+        for p, summed in zip(self.params, sums, strict=True):
+            _check_processed_flag(p.grad_sample)
+            summed = summed.view(p.shape)
+            if p.summed_grad is not None:
+                p.summed_grad += summed
+            else:
+                p.summed_grad = summed
+            _mark_as_processed(p.grad_sample)
+        return True
 
     def _accumulate_cells(self, factors: list[torch.Tensor], grid: Grid) -> None:
         """The exact step's clipping: each example's clipped gradient rounded to cells with
@@ -381,6 +410,23 @@ class MechanismDPOptimizer(DPOptimizer):
                                generator=self.generator)  # fmt: skip
         return noise.to(p.device)
 
+    def step_cell_noise(self, parts: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Exact integer noise for a whole step, flattened in the order of ``parts`` (int64,
+        on ``parts[0]``'s device): one `discrete_noise` call for every coordinate, which is
+        the same law as one `cell_noise` per parameter (i.i.d. coordinates) at a fraction of
+        the per-call cost. The single-process and distributed optimizers both draw it."""
+        count = sum(t.numel() for t in parts)
+        grid = self.noise_grid
+        if grid is None:
+            raise ValueError("step_cell_noise needs an exact optimizer (exact=True)")
+        device = parts[0].device if parts else torch.device("cpu")
+        scale = self.noise_scale
+        if scale == 0.0:
+            return torch.zeros(count, dtype=torch.int64, device=device)
+        noise = discrete_noise(count, mechanism=self.mechanism, scale=scale, grid=grid,
+                               generator=self.generator)  # fmt: skip
+        return noise.to(device)
+
     def cells_to_grad(self, cells: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         """γ·cells in ``p``'s dtype, shaped as ``p`` (post-processing of the noisy cells)."""
         grid = self.noise_grid
@@ -407,14 +453,19 @@ class MechanismDPOptimizer(DPOptimizer):
 
     def add_noise(self) -> None:
         """Add i.i.d. mechanism noise of scale `noise_scale` to every coordinate of the
-        clipped sum; the result goes to ``p.grad``. Exact steps add `cell_noise` to the int64
-        cells and convert with `cells_to_grad`."""
+        clipped sum; the result goes to ``p.grad``. Exact steps add `step_cell_noise` (one
+        draw for every parameter) to the int64 cells and convert with `cells_to_grad`."""
         for p in self.params:
             _check_processed_flag(p.summed_grad)
+            self.check_summed(p.summed_grad)
+        noise = self.step_cell_noise([p.summed_grad for p in self.params]) if self.exact else None
+        offset = 0
+        for p in self.params:
             summed = p.summed_grad
-            self.check_summed(summed)
-            if self.exact:
-                p.grad = self.cells_to_grad(summed + self.cell_noise(p), p)
+            if noise is not None:
+                part = noise[offset : offset + summed.numel()].view_as(summed).to(summed.device)
+                offset += summed.numel()
+                p.grad = self.cells_to_grad(summed + part, p)
             else:
                 p.grad = (summed + self.float_noise(summed)).view_as(p)
             _mark_as_processed(p.summed_grad)

@@ -231,10 +231,13 @@ def test_one_step_clips_in_l1_and_adds_logistic_noise(tiny) -> None:
     grid = Grid(exponent=math.frexp(run.grid)[1] - 1, limit=2**53, bound=2**52)
     generator = ALM_TRAINING.generators(7, torch.device("cpu"))[1]
     assert generator is not None
-    draws = [run.grid * discrete_noise(tuple(p.shape), mechanism="alm",
-                                       scale=sigma * run.noise_sensitivity, grid=grid,
-                                       generator=generator).double()
-             for p in (model.fc.weight, model.fc.bias)]  # fmt: skip
+    # one draw for every parameter of the step, in the optimizer's order (step_cell_noise)
+    shapes = [p.shape for p in (model.fc.weight, model.fc.bias)]
+    flat = run.grid * discrete_noise(sum(math.prod(s) for s in shapes), mechanism="alm",
+                                     scale=sigma * run.noise_sensitivity, grid=grid,
+                                     generator=generator).double()  # fmt: skip
+    draws = [d.view(s) for d, s in zip(flat.split([math.prod(s) for s in shapes]), shapes,
+                                       strict=True)]  # fmt: skip
     torch.testing.assert_close(
         noise, torch.cat([draws[0], draws[1][:, None]], 1), atol=run.grid / 2 + 1e-12, rtol=0
     )

@@ -1,0 +1,248 @@
+"""Integer clipping for exact DP-SGD steps: per-example gradients rounded to grid cells
+whose cell norm is at most R exactly, so that the batch's cell sum moves by at most R cells
+when one example is added or removed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from alm_opacus.mechanisms.grid import Grid
+
+__all__ = ["clip_to_cells", "enforce_radius", "fused_cell_sums", "scaled_cells"]
+
+
+def clip_to_cells(
+    clipped: Sequence[torch.Tensor], *, grid: Grid, norm: str, radius: float
+) -> list[torch.Tensor]:
+    """Round each example's clipped gradient to cells, with its cell norm ≤ ``radius`` exactly.
+
+    Float clipping leaves norms within float error of C, and rounding adds at most w(d)/2
+    cells, so a rounded example exceeds R = C/γ + w(d)/2 only through float error; such an
+    example is shrunk toward zero (truncation never increases a coordinate) until the exact
+    check passes. Removing one example then moves the batch's cell sum by at most R cells.
+
+    The cells are float64 tensors holding integers: every sum and sum of squares below is of
+    integers under 2⁵³, hence exact in float64 whatever the summation order (a check refuses
+    grids where that could fail), and cheaper than int64 arithmetic.
+
+    Args:
+        clipped: one tensor per parameter, each ``(batch, *shape)``, already clipped.
+        grid: the step grid.
+        norm: ``"l1"`` or ``"l2"``.
+        radius: R in cells (`cell_radius`).
+
+    Returns:
+        float64 tensors of the same shapes, holding the cells (exact integers).
+
+    Raises:
+        ValueError: if R² (L2) or R (L1) times the batch reaches 2⁵³.
+    """
+    scale = math.ldexp(1.0, -grid.exponent)
+    return enforce_radius(
+        [g.to(torch.float64).mul(scale).round_() for g in clipped], norm=norm, radius=radius
+    )
+
+
+def enforce_radius(cells: list[torch.Tensor], *, norm: str, radius: float) -> list[torch.Tensor]:
+    """Shrink, in place, every example whose cells exceed ``radius`` in ``norm`` (see
+    `clip_to_cells`); ``cells`` are float64 tensors of integers, ``(batch, *shape)`` each.
+
+    Raises:
+        ValueError: on a non-finite cell, or a radius beyond float64's exact integers.
+    """
+    if not cells or len(cells[0]) == 0:
+        return cells
+    _check_exact_range(radius=radius, norm=norm, batch=len(cells[0]))
+    # the integer Σc² is compared with R² rounded down by 2⁻⁵⁰: never above R²
+    target = radius * radius * (1 - 2.0**-50) if norm == "l2" else float(math.floor(radius))
+    for _ in range(64):
+        # exact below 2^53; a larger sum is still far above the target, and NaN is refused
+        size = _cell_sizes(cells, norm=norm)
+        if not bool(torch.isfinite(size).all()):
+            raise ValueError("a per-sample gradient is not finite: nothing to clip")
+        over = size > target
+        if not bool(over.any()):
+            return cells
+        # shrink to (1 − 2⁻²⁰) of the bound; truncation toward zero only lowers |cells|
+        length = size.sqrt() if norm == "l2" else size
+        limit = math.sqrt(target) if norm == "l2" else target
+        factor = torch.where(over, limit * (1 - 2.0**-20) / length.clamp(min=1.0), 1.0)
+        for c in cells:
+            c.mul_(factor.view(-1, *[1] * (c.dim() - 1))).trunc_()
+    raise RuntimeError("integer clipping did not converge")  # pragma: no cover
+
+
+def _check_exact_range(*, radius: float, norm: str, batch: int) -> None:
+    if (radius * radius if norm == "l2" else radius) * batch >= 2.0**53:
+        raise ValueError(f"radius={radius!r} cells over a batch of {batch} leaves float64's "
+                         "exact integer range; use a coarser grid")  # fmt: skip
+
+
+def scaled_cells(grad_sample: torch.Tensor, factors: torch.Tensor, *, grid: Grid) -> torch.Tensor:
+    """round(factorᵢ·gᵢ/γ) per example, float64 holding integers, in two passes (the
+    factor and 1/γ are multiplied first: 1/γ is a power of two, so nothing else rounds)."""
+    scale = factors.to(grad_sample.device, torch.float64) * math.ldexp(1.0, -grid.exponent)
+    return torch.mul(grad_sample, scale.view(-1, *[1] * (grad_sample.dim() - 1))).round_()
+
+
+def _cell_sizes(cells: Sequence[torch.Tensor], *, norm: str) -> torch.Tensor:
+    """Per example, Σ|c| (L1) or Σc² (L2) over every parameter's cells (exact)."""
+    total = torch.zeros(len(cells[0]), dtype=torch.float64, device=cells[0].device)
+    for c in cells:
+        flat = c.reshape(len(c), -1)
+        if norm == "l1":
+            total += torch.linalg.vector_norm(flat, 1, dim=1)
+        else:
+            total += torch.einsum("ij,ij->i", flat, flat)
+    return total
+
+
+# --------------------------------------------------------------------------------------------
+# The fused float32 path: clip, round and sum in one cache-resident sweep per parameter.
+# --------------------------------------------------------------------------------------------
+
+#: float32's unit roundoff, and the bound below which every float32 integer sum is exact
+#: whatever the order.
+_U32 = 2.0**-24
+_EXACT32 = 2.0**24
+#: Columns of one norm tile: γ_T = T·u32/(1 − T·u32) ≈ 2⁻¹¹ bounds the float32 error of a tile's
+#: sum of T non-negative terms in any order (Higham, Accuracy and Stability, eq. 4.4).
+_TILE = 8192
+#: Elements of one (batch, columns) tile of the cell sums: 1 MiB of float32 where the whole
+#: batch is summed at once, 4 MiB where runs are (fewer, longer calls); measured fastest.
+_SUM_TILE = 1 << 18
+_RUN_TILE = 1 << 20
+#: The clip bound is taken (1 − 2⁻²⁰) below C: it absorbs the float32 roundings of the
+#: per-example scale and of each product (≤ (1 + 2⁻²⁴)² in all) and of C itself.
+_SHRINK = 1.0 - 2.0**-20
+
+
+def fused_cell_sums(
+    rows: Sequence[torch.Tensor], *, budgets: Sequence[float] | None, max_grad_norm: float,
+    norm: str, grid: Grid, radius: float,
+) -> list[torch.Tensor] | None:  # fmt: skip
+    """Σᵢ cᵢ per parameter, int64, with every example's cells cᵢ of norm ≤ ``radius``,
+    computed in float32 tiles that stay in cache; ``None`` where the proof below does not
+    apply (then `scaled_cells` and `enforce_radius` do the step in float64).
+
+    Why no per-example check of the rounded norm is needed. For each example a rigorous
+    upper bound N ≥ ‖g‖ is computed (each tile's float32 sum of |g| or g² is within γ_T of the
+    exact sum, whatever torch's summation order, and the tiles are added in float64), the
+    factor is f = min(1, C(1 − 2⁻²⁰)/(N + 10⁻⁶)) and s = f/γ is rounded to float32. Then
+    y = fl(s·g) satisfies ‖y‖ ≤ (1 + 2⁻²⁴)²·f‖g‖/γ < C/γ, and rounding to integers moves each
+    coordinate by ≤ ½, so ‖c‖ ≤ C/γ + w(d)/2 = R by the triangle inequality (per-layer
+    budgets: per parameter, and then in the norm of the budgets by Minkowski's inequality
+    for L2, by addition for L1). Every |cᵢⱼ| ≤ R, so when B·R < 2²⁴ every partial sum of the
+    batch is a float32 integer and the column sums are exact in any order; otherwise runs of
+    G examples with G·R < 2²⁴ are summed so, and the runs in float64 (or, when R ≥ 2²⁴, every
+    cell is converted to float64 exactly); float64 sums of integers are exact below 2⁵³.
+
+    Args:
+        rows: each parameter's per-sample gradients as ``(batch, k)`` float32 CPU tensors.
+        budgets: per-parameter budgets C_k, or ``None`` for flat clipping at ``max_grad_norm``.
+        max_grad_norm: C.
+        norm: ``"l1"`` or ``"l2"``.
+        grid: the step grid.
+        radius: R in cells (`cell_radius`), used for the exact-sum range.
+
+    Returns:
+        int64 sums shaped ``(k,)`` per parameter, or ``None``.
+    """
+    batch = len(rows[0])
+    if batch == 0 or any(r.dtype != torch.float32 or r.device.type != "cpu" for r in rows):
+        return None
+    group = _sum_group(batch=batch, radius=radius)
+    if group is None:
+        return None
+    bounds = [_norm_bound(r, norm=norm) for r in rows]  # L1 norms, or squared L2 norms
+    if budgets is None:  # one bound on the concatenation (float64 additions: 2⁻⁴⁰ covers)
+        bounds = [torch.stack(bounds).sum(0).mul_(1.0 + 2.0**-40)] * len(rows)
+        budgets = [max_grad_norm] * len(rows)
+    if norm == "l2":  # the square root rounds by ≤ 2⁻⁵³
+        bounds = [b.sqrt().mul_(1.0 + 2.0**-50) for b in bounds]
+    inverse = math.ldexp(1.0, -grid.exponent)
+    scales = []
+    for bound, budget in zip(bounds, budgets, strict=True):
+        if not bool(torch.isfinite(bound).all()):
+            return None  # a non-finite gradient (or float32 overflow): the float64 path decides
+        factor = (budget * _SHRINK / (bound + 1e-6)).clamp_(max=1.0)
+        scale = factor.mul_(inverse).to(torch.float32)
+        if bool((scale < 2.0**-100).any()):
+            return None  # near float32's subnormals the scale's rounding is not relative
+        scales.append(scale.view(-1, 1))
+    return [_tile_sums(r, s, group=group) for r, s in zip(rows, scales, strict=True)]
+
+
+def _sum_group(*, batch: int, radius: float) -> int | None:
+    """How many examples' cells a float32 column sum may add exactly: G with G·R < 2²⁴ (every
+    partial sum is then a float32 integer, in any order), at most the batch; 0 when even one
+    cell may exceed that (the cells are then summed in float64); None when B·R ≥ 2⁵³."""
+    if batch * radius >= 2.0**53:
+        return None
+    group = min(batch, math.floor((_EXACT32 - 1.0) / radius)) if radius < _EXACT32 else 0
+    while group > 0 and group * radius >= _EXACT32:  # float safety
+        group -= 1
+    return group
+
+
+def _norm_bound(rows: torch.Tensor, *, norm: str) -> torch.Tensor:
+    """float64 upper bounds on each row's norm (L1), or on its squared norm (L2).
+
+    Each row is cut into tiles of T columns and each tile's norm is taken in float32: L2 by
+    torch's ``vector_norm`` (a sum of rounded squares, then a rounded square root: torch
+    does not rescale, as its overflow to inf for |x| > 1.8e19 shows, and float32 overflow is
+    handed back as non-finite), L1 by BLAS ``sasum`` (a sum of exact |x|). Whatever the
+    summation order, a float32 sum of T non-negative terms is within γ_T of the exact sum.
+    """
+    batch, length = rows.shape
+    width = min(_TILE, max(length, 1))
+    total = torch.zeros(batch, dtype=torch.float64)
+    if norm == "l2":
+        full = length - length % width
+        for start, stop, size in ((0, full, width), (full, length, length - full)):
+            if stop > start:
+                tiles = rows[:, start:stop].reshape(batch, -1, size)
+                total += torch.linalg.vector_norm(tiles, 2, dim=2).double().square_().sum(1)
+    elif length <= width:  # one tile: torch's abs and sum (no per-row BLAS call)
+        total += rows.abs().sum(dim=1).double()
+    else:
+        from scipy.linalg import blas
+
+        data = rows.detach().contiguous().numpy()
+        sums = [[blas.sasum(row[a : a + width]) for a in range(0, length, width)] for row in data]
+        total += torch.tensor(sums, dtype=torch.float64).sum(1)
+    gamma = width * _U32 / (1.0 - width * _U32)
+    # each term: one float32 rounding (squares) or none (abs), plus ≤ 2⁻¹²⁶ if flushed to
+    # zero; each tile's sum within γ_T; the square root and its float64 square ≤ 2u; the
+    # float64 additions of the tiles within 2⁻⁴⁰ in all
+    factor = (1.0 + 2.0**-40) / ((1.0 - _U32) ** 3 * (1.0 - gamma))
+    return total.mul_(factor).add_(length * 2.0**-126)
+
+
+def _tile_sums(rows: torch.Tensor, scale: torch.Tensor, *, group: int) -> torch.Tensor:
+    """Σᵢ round(scaleᵢ·rowsᵢ) exactly, int64 (see `fused_cell_sums`): the cells are float32
+    integers; each run of ``group`` examples is summed in float32 (exact, `_sum_group`) and
+    the runs in float64 (integers below 2⁵³); ``group`` 0 converts every cell to float64."""
+    batch, length = rows.shape
+    elements = _SUM_TILE if group == 0 or group >= batch else _RUN_TILE
+    width = min(max(1024, elements // max(batch, 1)), max(length, 1))
+    tile = torch.empty(batch, width, dtype=torch.float32)
+    wide_tile = torch.empty(batch, width, dtype=torch.float64) if group == 0 else None
+    summed = torch.empty(length, dtype=torch.float32 if group >= batch else torch.float64)
+    for start in range(0, length, width):
+        stop = min(length, start + width)
+        cells = torch.mul(rows[:, start:stop], scale, out=tile[:, : stop - start]).round_()
+        out = summed[start:stop]
+        if group >= batch:
+            torch.sum(cells, dim=0, out=out)
+        elif wide_tile is not None:
+            torch.sum(wide_tile[:, : stop - start].copy_(cells), dim=0, out=out)
+        else:
+            out.copy_(cells[:group].sum(dim=0))
+            for first in range(group, batch, group):
+                out += cells[first : first + group].sum(dim=0)
+    return summed.to(torch.int64)

@@ -1,0 +1,138 @@
+"""The fused float32 clipping of exact DP-SGD steps: every example's rounded cells within the
+radius (checked exactly, in Python integers), exact batch sums (both the direct and the split
+range), agreement with the float64 reference path, and the cases it hands back."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+import torch
+
+from alm_opacus.mechanisms.cells import _sum_group, fused_cell_sums
+from alm_opacus.mechanisms.exact import (
+    cell_radius,
+    enforce_radius,
+    scaled_cells,
+    step_grid,
+)
+
+
+def _fits(cells: list[int], *, norm: str, radius: float) -> bool:
+    """‖cells‖ ≤ radius, exactly (integers against the float radius as a fraction)."""
+    if norm == "l1":
+        return sum(abs(c) for c in cells) <= Fraction(radius)
+    return sum(c * c for c in cells) <= Fraction(radius) ** 2
+
+
+def _gradients(batch: int, sizes: tuple[int, ...], *, norm: str, seed: int) -> list[torch.Tensor]:
+    """Per-sample gradients, half of them scaled exactly onto the clip bound 1 in float32
+    (the float error then sits on the boundary, where a loose bound would fail)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randn(batch, k, generator=g) * 3 for k in sizes]
+    flat = torch.cat(rows, dim=1).double()
+    size = flat.abs().sum(1) if norm == "l1" else flat.norm(dim=1)
+    on_bound = (1.0 / size).float().view(-1, 1)
+    half = batch // 2
+    return [torch.cat([r[:half] * on_bound[:half], r[half:]]) for r in rows]
+
+
+@pytest.mark.parametrize("norm", ["l1", "l2"])
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_each_example_fits_the_radius_and_the_batch_sum_is_exact(
+    norm: str, per_layer: bool
+) -> None:
+    sizes = (300, 4097, 7)  # more than one tile, and a ragged last tile
+    dim = sum(sizes)
+    grid = step_grid(max_grad_norm=1.0, norm=norm, dim=dim)
+    radius = cell_radius(max_grad_norm=1.0, norm=norm, dim=dim, grid=grid)
+    budgets = None
+    if per_layer:  # budgets whose norm is 1 in the clipping norm
+        budgets = [0.5, 0.3, 0.2] if norm == "l1" else [0.6, 0.64, 0.48]
+    rows = _gradients(16, sizes, norm=norm, seed=1)
+    kwargs = {"budgets": budgets, "max_grad_norm": 1.0, "norm": norm, "grid": grid,
+              "radius": radius}  # fmt: skip
+    batch_sums = fused_cell_sums(rows, **kwargs)
+    assert batch_sums is not None
+    singles = [fused_cell_sums([r[i : i + 1] for r in rows], **kwargs) for i in range(16)]
+    for example in singles:
+        assert example is not None
+        assert _fits(torch.cat(example).tolist(), norm=norm, radius=radius)
+    for k, total in enumerate(batch_sums):
+        assert total.dtype == torch.int64
+        assert torch.equal(total, sum(example[k] for example in singles))  # type: ignore[index]
+
+
+@pytest.mark.parametrize("norm", ["l1", "l2"])
+def test_fused_sums_agree_with_the_float64_reference(norm: str) -> None:
+    sizes = (500, 120)
+    dim = sum(sizes)
+    grid = step_grid(max_grad_norm=1.0, norm=norm, dim=dim)
+    radius = cell_radius(max_grad_norm=1.0, norm=norm, dim=dim, grid=grid)
+    rows = _gradients(32, sizes, norm=norm, seed=2)
+    fused = fused_cell_sums(rows, budgets=None, max_grad_norm=1.0, norm=norm, grid=grid,
+                            radius=radius)  # fmt: skip
+    assert fused is not None
+    flat = torch.cat(rows, dim=1).double()
+    size = flat.abs().sum(1) if norm == "l1" else flat.norm(dim=1)
+    factors = (1.0 / (size + 1e-6)).clamp(max=1.0)
+    reference = enforce_radius([scaled_cells(r, factors, grid=grid) for r in rows], norm=norm,
+                               radius=radius)  # fmt: skip
+    for ours, theirs in zip(fused, reference, strict=True):
+        # the two differ only by float roundings of the factor (≤ 2⁻¹⁹ relative: ≤ R·2⁻¹⁹
+        # cells) and a rounding to the other neighbour (1 cell), per example
+        gap = (ours.double() - theirs.sum(0)).abs().max()
+        assert gap <= 32 * (1 + radius * 2.0**-19)
+
+
+def test_the_wide_range_sums_exactly() -> None:
+    # L1 over 200,000 weights: R > 2^24 cells, so even one cell may leave float32's exact
+    # integers and every cell is summed in float64
+    dim, batch = 200_000, 16
+    grid = step_grid(max_grad_norm=1.0, norm="l1", dim=dim)
+    radius = cell_radius(max_grad_norm=1.0, norm="l1", dim=dim, grid=grid)
+    assert radius >= 2**24 and _sum_group(batch=batch, radius=radius) == 0
+    g = torch.Generator().manual_seed(3)
+    rows = [torch.zeros(batch, dim)]
+    rows[0][:, :3] = torch.rand(batch, 3, generator=g) + 5  # mass on a few coordinates
+    kwargs = {"budgets": None, "max_grad_norm": 1.0, "norm": "l1", "grid": grid,
+              "radius": radius}  # fmt: skip
+    (total,) = fused_cell_sums(rows, **kwargs)  # type: ignore[misc]
+    singles = [fused_cell_sums([rows[0][i : i + 1]], **kwargs)[0] for i in range(batch)]  # type: ignore[index]
+    assert torch.equal(total, sum(singles))
+    assert int(total.abs().max()) > 2**24  # the sums are beyond float32's exact range
+
+
+@pytest.mark.parametrize("dim", [3_000, 20_000])
+def test_runs_of_examples_sum_exactly(dim: int) -> None:
+    # L1 at thousands of weights: 1 < G < B, so runs of G examples are summed in float32
+    grid = step_grid(max_grad_norm=1.0, norm="l1", dim=dim)
+    radius = cell_radius(max_grad_norm=1.0, norm="l1", dim=dim, grid=grid)
+    group = _sum_group(batch=200, radius=radius)
+    assert group is not None and 1 <= group < 200
+    g = torch.Generator().manual_seed(4)
+    rows = [torch.zeros(200, dim)]
+    rows[0][:, :2] = torch.rand(200, 2, generator=g) + 1  # mass on two coordinates
+    kwargs = {"budgets": None, "max_grad_norm": 1.0, "norm": "l1", "grid": grid,
+              "radius": radius}  # fmt: skip
+    (total,) = fused_cell_sums(rows, **kwargs)  # type: ignore[misc]
+    singles = [fused_cell_sums([rows[0][i : i + 1]], **kwargs)[0] for i in range(200)]  # type: ignore[index]
+    assert torch.equal(total, sum(singles))
+    assert int(total.abs().max()) > 2**24  # beyond float32's exact integers
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "float64", "empty"])
+def test_fused_path_hands_back_what_it_cannot_prove(bad: str) -> None:
+    grid = step_grid(max_grad_norm=1.0, norm="l2", dim=10)
+    radius = cell_radius(max_grad_norm=1.0, norm="l2", dim=10, grid=grid)
+    rows = torch.randn(4, 10)
+    if bad == "nan":
+        rows[1, 2] = float("nan")
+    elif bad == "inf":
+        rows[0, 0] = 3e38  # finite, but its square overflows float32
+    elif bad == "float64":
+        rows = rows.double()
+    else:
+        rows = rows[:0]
+    assert fused_cell_sums([rows], budgets=None, max_grad_norm=1.0, norm="l2", grid=grid,
+                           radius=radius) is None  # fmt: skip
