@@ -27,12 +27,14 @@ import torch
 
 from alm_opacus.docblocks import ROOT, relative, write_block
 from alm_opacus.mechanisms import create_mechanism
-from alm_opacus.protect import PostTrainingPrivacyEngine, SensitivityInfo
+from alm_opacus.protect import PostTrainingPrivacyEngine, SensitivityInfo, SensitivitySource
 
 ATTACK = "tests/mechanisms/test_mechanism_floating_point_attack.py"
 #: What the numbers depend on besides this script: the samplers, the release and the attack.
 DEPS = ("alm_opacus/mechanisms", "alm_opacus/protect.py", ATTACK, "constraints.txt")
 LABELS = {"alm": "logistic", "laplace": "Laplace", "gaussian": "Gaussian"}
+#: (dtype, mechanism, float path's (advantage, impossible), exact path's).
+Row = tuple[str, str, tuple[float, float], tuple[float, float]]
 
 
 def attack_module() -> ModuleType:
@@ -49,7 +51,8 @@ def attack(
 ) -> tuple[float, float]:
     """(advantage, share of releases impossible under the other head) of one setting."""
     head, other = helpers._neighbours(dtype)
-    info = SensitivityInfo(value=1.0, norm=create_mechanism(mechanism).norm, source="analytic")
+    norm = create_mechanism(mechanism).norm
+    info = SensitivityInfo(value=1.0, norm=norm, source=SensitivitySource.ANALYTIC)
     engine = PostTrainingPrivacyEngine(mechanism=mechanism)
     clean = (helpers._flat(head), helpers._flat(other))
     llr, impossible = [], 0
@@ -76,8 +79,7 @@ def attack(
     return helpers._advantage(*llr), impossible / (2 * releases)
 
 
-def render(rows: list[tuple[str, str, tuple[float, float], tuple[float, float]]], *,
-           releases: int, bound: float) -> str:  # fmt: skip
+def render(rows: list[Row], *, releases: int, bound: float) -> str:
     lines = [
         f"{releases} releases per hypothesis; advantage = TPR − FPR of the likelihood-ratio test.",
         "",
@@ -106,13 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.releases < 1:
         parser.error(f"--releases must be ≥ 1, got {args.releases}")
     helpers = attack_module()
-    rows = []
+    rows: list[Row] = []
     for dtype in helpers.DTYPES:
         for mechanism in helpers.MECHANISMS:
-            results = [attack(mechanism=mechanism, dtype=dtype, exact=exact,
-                              releases=args.releases, helpers=helpers)
-                       for exact in (False, True)]  # fmt: skip
-            rows.append((str(dtype).removeprefix("torch."), LABELS[mechanism], *results))
+            float_path, exact_path = (attack(mechanism=mechanism, dtype=dtype, exact=exact,
+                                             releases=args.releases, helpers=helpers)
+                                      for exact in (False, True))  # fmt: skip
+            rows.append((str(dtype).removeprefix("torch."), LABELS[mechanism], float_path,
+                         exact_path))  # fmt: skip
             print(rows[-1], flush=True)
     table = render(rows, releases=args.releases, bound=helpers.BOUND)
     print(table)
