@@ -6,7 +6,7 @@ per seed, audit the real optimizer twice (`alm_opacus.training.audit`): as it is
 bound must stay below the claim), and deliberately broken to add half the noise it claims
 (σ/2: the bound should exceed the claim; the audit's power). Writes ``audit_dpsgd.json`` and
 ``audit_dpsgd.md`` into ``--out``; with ``--write docs/dpsgd_noise.md`` the table and the
-run time replace the block between the ``<!-- audit:begin/end -->`` markers::
+run time replace the generated block ``audit`` (``alm_opacus.docblocks``)::
 
     python scripts/audit_dpsgd.py --write docs/dpsgd_noise.md
 
@@ -16,6 +16,7 @@ Exit status 1 if any bound for the correct σ exceeds the claim; 2 on bad argume
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 import sys
 import time
@@ -25,7 +26,8 @@ from typing import Any
 
 import torch
 
-from alm_opacus.io import atomic_write_json, atomic_write_text, replace_marked
+from alm_opacus.docblocks import relative, write_block
+from alm_opacus.io import atomic_write_json, atomic_write_text
 from alm_opacus.training.audit import (
     CanaryAuditConfig,
     CanaryAuditResult,
@@ -35,7 +37,9 @@ from alm_opacus.training.audit import (
     run_canary_audits,
 )
 
-BEGIN, END = "<!-- audit:begin -->", "<!-- audit:end -->"
+#: What the numbers depend on besides this script.
+DEPS = ("alm_opacus/training", "alm_opacus/accounting", "alm_opacus/mechanisms",
+        "alm_opacus/attacks/metrics.py", "constraints.txt")  # fmt: skip
 #: Trials per world and phase: the Gaussian's (ε, δ) claim lives in tails that need more.
 DEFAULT_TRIALS = "alm=20000,laplace=20000,gaussian=100000"
 
@@ -145,8 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     for config in configs:
         rows.append(_audit(config, list(range(args.seeds))))
         print(f"{config.noise_mechanism}: {rows[-1]}", flush=True)
-    command = "python scripts/audit_dpsgd.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    table = _table(rows, base, command.strip())
+    shown = ["--mechanisms", args.mechanisms, "--epsilon", repr(args.epsilon),
+             "--delta", repr(args.delta), "--sample-rate", repr(args.sample_rate),
+             "--steps", str(args.steps),
+             "--trials", ",".join(f"{m}={args.trials[m]}" for m in mechanisms),
+             "--confidence", repr(args.confidence), "--seeds", str(args.seeds)]  # fmt: skip
+    if args.write is not None:
+        shown += ["--write", relative(args.write)]
+    command = shlex.join(["python", "scripts/audit_dpsgd.py", *shown])
+    table = _table(rows, base, command)
     atomic_write_json(args.out / "audit_dpsgd.json",
                       {"command": command, "configs": [c.to_dict() for c in configs],
                        "rows": rows})  # fmt: skip
@@ -154,11 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.write is not None:
         try:
-            text = replace_marked(args.write.read_text(), begin=BEGIN, end=END, block=table)
+            write_block(args.write, name="audit", script=__file__, args=shown, deps=DEPS,
+                        body=table)  # fmt: skip
         except (OSError, ValueError) as exc:
             print(f"{args.write}: {exc}", file=sys.stderr)
             return 2
-        atomic_write_text(args.write, text)
     return 1 if any(r["violations"] for r in rows) else 0
 
 

@@ -12,8 +12,8 @@ Standalone::
     .venv/bin/python scripts/bench_accounting.py            # calibration
     .venv/bin/python scripts/bench_accounting.py --compare  # accountant agreement table
 
-``--write docs/accounting.md`` runs all three and replaces the blocks between the
-``<!-- accounting-compare/-cost/-grid:begin/end -->`` markers.
+``--write docs/accounting.md`` runs all three and replaces the generated blocks
+``accounting-compare``, ``accounting-cost`` and ``accounting-grid`` (``alm_opacus.docblocks``).
 """
 
 from __future__ import annotations
@@ -39,10 +39,12 @@ from alm_opacus.accounting import (
 )
 from alm_opacus.accounting.entries import entry_pld
 from alm_opacus.accounting.grid import interval_for_epsilon
-from alm_opacus.io import atomic_write_text, replace_marked
+from alm_opacus.docblocks import relative, write_block
 
 TARGETS = (1e-6, 0.01, 0.1, 1.0, 10.0, 100.0, 1e4, 1e6)
 BLOCKS = ("accounting-compare", "accounting-cost", "accounting-grid")
+#: What the numbers depend on besides this script (Opacus's accountants are pinned).
+DEPS = ("alm_opacus/accounting", "constraints.txt")
 # (noise_multiplier, sample_rate, steps): the audit's two points first (issue 11, item 7).
 COMPARE_GRID = (
     (10.0, 0.01, 1000),
@@ -263,15 +265,14 @@ def main(argv: list[str] | None = None) -> int:
         "accounting-cost": f"{command} {stamp}.\n\n{_cost_table(bench_calibration())}",
         "accounting-grid": f"{command}:\n\n{_grid_text(grid_facts(delta=args.delta))}",
     }
+    shown = ["--delta", repr(args.delta), "--write", relative(args.write)]
     try:
-        text = args.write.read_text()
         for name, block in blocks.items():
-            text = replace_marked(text, begin=f"<!-- {name}:begin -->",
-                                  end=f"<!-- {name}:end -->", block=block)  # fmt: skip
+            write_block(args.write, name=name, script=__file__, args=shown, deps=DEPS,
+                        body=block)  # fmt: skip
     except (OSError, ValueError) as exc:
         print(f"{args.write}: {exc}", file=sys.stderr)
         return 2
-    atomic_write_text(args.write, text)
     print("\n\n".join(blocks.values()))
     return 0
 

@@ -8,7 +8,7 @@
   ``DPOptimizer`` step on the same model and batch;
 * the sensitivity inflation Δ'/Δ − 1 of the grid at the shipped heads (digits: 128 features,
   mnist: 576, 10 classes, linear heads) for a release and a DP-SGD step; with ``--write`` it
-  goes into ``docs/mechanisms.md`` between the markers.
+  goes into ``docs/mechanisms.md``'s generated block ``exact-grid`` (``alm_opacus.docblocks``).
 
     .venv/bin/python scripts/bench_exact.py [--repeats 7] [--write docs/mechanisms.md]
 """
@@ -33,7 +33,8 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from alm_opacus.io import atomic_write_text, replace_marked  # noqa: E402
+from alm_opacus.docblocks import relative, write_block  # noqa: E402
+from alm_opacus.io import atomic_write_text  # noqa: E402
 from alm_opacus.mechanisms import SecureGenerator, create_mechanism  # noqa: E402
 from alm_opacus.mechanisms.exact import (  # noqa: E402
     discrete_noise,
@@ -43,10 +44,10 @@ from alm_opacus.mechanisms.exact import (  # noqa: E402
 )
 from alm_opacus.training import MechanismDPOptimizer  # noqa: E402
 
-__all__ = ["BEGIN", "END", "bench_exact", "inflation_table"]
+__all__ = ["DEPS", "bench_exact", "inflation_table"]
 
-BEGIN = "<!-- exact-grid:begin -->"
-END = "<!-- exact-grid:end -->"
+#: What the numbers depend on besides this script.
+DEPS = ("alm_opacus/mechanisms", "alm_opacus/training", "constraints.txt")
 MECHANISMS = ("alm", "laplace", "gaussian")
 #: The shipped linear heads: (name, features, classes) -> (features + 1) * classes weights.
 HEADS = (("digits", 128, 10), ("mnist", 576, 10))
@@ -249,8 +250,9 @@ def main() -> None:
         atomic_write_text(args.out, json.dumps(report, indent=2) + "\n")
     if args.write is not None:
         block = _markdown(report["inflation"], report["draws"], report["step"])
-        atomic_write_text(args.write, replace_marked(args.write.read_text(), begin=BEGIN,
-                                                     end=END, block=block))  # fmt: skip
+        shown = ["--repeats", str(args.repeats), "--write", relative(args.write)]
+        write_block(args.write, name="exact-grid", script=__file__, args=shown, deps=DEPS,
+                    body=block)  # fmt: skip
         print(f"written: {args.write}")
 
 

@@ -32,7 +32,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "distributed.md"
-BEGIN, END = "<!-- bench-ray:begin -->", "<!-- bench-ray:end -->"
+BLOCK = "bench-ray"
+#: What the timings depend on besides this script: the harness and everything it runs.
+DEPS = ("alm_opacus", "baselines", "constraints.txt")
 #: Targets of issue 20: the wall-time ratio with 2 local workers, and a no-op unit's cost.
 TARGET_RATIO = 1.5
 TARGET_OVERHEAD_MS = 50.0
@@ -133,11 +135,12 @@ def docs_block(report: dict[str, Any]) -> str:
     ])  # fmt: skip
 
 
-def write_docs(report: dict[str, Any]) -> None:
-    from alm_opacus.io import atomic_write_text, replace_marked
+def write_docs(report: dict[str, Any], *, args: list[str]) -> None:
+    """The generated block ``bench-ray``; ``args`` are the options that decided it."""
+    from alm_opacus.docblocks import write_block
 
-    text = DOC.read_text()
-    atomic_write_text(DOC, replace_marked(text, begin=BEGIN, end=END, block=docs_block(report)))
+    write_block(DOC, name=BLOCK, script=__file__, args=args, deps=DEPS,
+                body=docs_block(report))  # fmt: skip
 
 
 def bench_ray(
@@ -184,7 +187,9 @@ def main() -> None:
     if report["grid"]["differences"]:
         print("tables differ:", *report["grid"]["differences"], sep="\n  ")
     if args.write_docs:
-        write_docs(report)
+        shown = ["--dataset", args.dataset, "--methods", args.methods, "--cpus", str(args.cpus),
+                 *extra, "--write-docs"]  # fmt: skip
+        write_docs(report, args=shown)
         print(f"written: {DOC}")
 
 

@@ -48,7 +48,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -536,15 +536,17 @@ def plot(cache: Cache, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def write_docs(cache: Cache) -> None:
-    from alm_opacus.io import atomic_write_text, replace_marked
+#: What the timings depend on besides this script: every stage's code.
+DEPS = ("alm_opacus", "baselines", "constraints.txt")
 
-    text = DOC.read_text()
-    text = replace_marked(text, begin="<!-- scale:table:begin -->",
-                          end="<!-- scale:table:end -->", block=table(cache))  # fmt: skip
-    text = replace_marked(text, begin="<!-- scale:paper:begin -->",
-                          end="<!-- scale:paper:end -->", block=paper_block(cache))  # fmt: skip
-    atomic_write_text(DOC, text)
+
+def write_docs(cache: Cache, *, args: Sequence[str] = ("--write",)) -> None:
+    """The generated blocks ``scale-table`` and ``scale-paper`` of docs/scale.md, and the
+    plot; ``args`` are the options that decided the measurements (the block's command)."""
+    from alm_opacus.docblocks import write_block
+
+    for name, body in (("scale-table", table(cache)), ("scale-paper", paper_block(cache))):
+        write_block(DOC, name=name, script=__file__, args=args, deps=DEPS, body=body)
     plot(cache, PLOT)
 
 
@@ -585,7 +587,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.paper:
         measure_paper(args, cache)
     if args.write:
-        write_docs(cache)
+        shown = ["--sizes", ",".join(map(str, args.sizes)), "--stages", ",".join(args.stages),
+                 "--m", str(args.m), "--threads", str(args.threads)]  # fmt: skip
+        if args.paper:
+            shown += ["--paper", "--grid-members", ",".join(map(str, args.grid_members))]
+        write_docs(cache, args=[*shown, "--write"])
     print(table(cache) if any(k.startswith("stage=") for k in cache.data) else "no stages yet")
     print(paper_block(cache))
     return 0

@@ -3,7 +3,8 @@
 
 Every value comes from ``dataset_spec(name)`` (split, SimCLR recipe, DP-SGD schedule, epsilon
 grid, head recipe), so the table cannot drift from the code; ``tests/data/test_data_docs.py``
-fails when the committed table differs from what this prints.
+fails when the committed table differs from what this prints, and ``tests/test_docblocks.py``
+when its generated block ``datasets-table`` is older than the specs.
 
     .venv/bin/python scripts/dataset_table.py            # print the table
     .venv/bin/python scripts/dataset_table.py --write    # rewrite its block in docs/datasets.md
@@ -17,11 +18,13 @@ from pathlib import Path
 from alm_opacus.data import available_dataset_specs, dataset_spec
 from alm_opacus.data.features import FEATURES_EPSILONS, FEATURES_HEAD
 from alm_opacus.data.spec import DatasetSpec
+from alm_opacus.docblocks import write_block
 from alm_opacus.heads import HeadConfig
-from alm_opacus.io import atomic_write_text, replace_marked
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "datasets.md"
-BEGIN, END = "<!-- datasets:table:begin -->", "<!-- datasets:table:end -->"
+BLOCK = "datasets-table"
+#: What the table depends on besides this script: the specs and the head recipes.
+DEPS = ("alm_opacus/data", "alm_opacus/heads.py")
 
 
 def _split(spec: DatasetSpec) -> str:
@@ -71,8 +74,8 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="rewrite the block in the doc")
     args = parser.parse_args()
     if args.write:
-        atomic_write_text(DOC, replace_marked(DOC.read_text(), begin=BEGIN, end=END,
-                                              block=table()))  # fmt: skip
+        write_block(DOC, name=BLOCK, script=__file__, args=["--write"], deps=DEPS,
+                    body=table())  # fmt: skip
     print(table())
 
 

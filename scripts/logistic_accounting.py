@@ -10,8 +10,8 @@ PLD, valid in every dimension because one coordinate dominates under L1 (Theorem
 - ``harness`` (slow): ``dpsgd-alm`` run through the harness with each accounting (σ
   recalibrated for each), at equal ε: test accuracy and the best attack's AUC.
 
-With ``--write docs/accounting.md`` the tables replace the blocks between the
-``<!-- logistic-epsilon:begin/end -->`` and ``<!-- logistic-harness:begin/end -->`` markers::
+With ``--write docs/accounting.md`` the tables replace the generated blocks
+``logistic-epsilon`` and ``logistic-harness`` (``alm_opacus.docblocks``)::
 
     python scripts/logistic_accounting.py --write docs/accounting.md
     python scripts/logistic_accounting.py --harness --dataset mnist --write docs/accounting.md
@@ -35,10 +35,13 @@ from alm_opacus.accounting.subsampled import (
     PURE_STEP_PROFILE,
     register_step_profile,
 )
-from alm_opacus.io import atomic_write_json, atomic_write_text, replace_marked
+from alm_opacus.docblocks import relative, write_block
+from alm_opacus.io import atomic_write_json
 
-EPSILON_MARKERS = ("<!-- logistic-epsilon:begin -->", "<!-- logistic-epsilon:end -->")
-HARNESS_MARKERS = ("<!-- logistic-harness:begin -->", "<!-- logistic-harness:end -->")
+#: What the ε table depends on besides this script (the accountant alone).
+EPSILON_DEPS = ("alm_opacus/accounting", "constraints.txt")
+#: What the harness table depends on: everything a ``dpsgd-alm`` cell runs.
+HARNESS_DEPS = ("alm_opacus", "baselines", "constraints.txt")
 #: (label, sample rate, steps): the harness's DP-SGD schedules (alm_opacus/data/*.py).
 SCHEDULES = (("digits", 0.5, 60), ("mnist", 0.25, 80))
 SIGMAS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -173,11 +176,6 @@ def render_harness(rows: list[dict[str, Any]], *, dataset: str, command: str) ->
     return "\n".join(lines) + "\n"
 
 
-def _write(path: Path, markers: tuple[str, str], block: str) -> None:
-    text = replace_marked(path.read_text(), begin=markers[0], end=markers[1], block=block)
-    atomic_write_text(path, text)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--harness", action="store_true", help="also run dpsgd-alm (slow)")
@@ -209,9 +207,14 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_json(args.out / "logistic_accounting.json", saved)
     if args.write is not None:
         try:
-            _write(args.write, EPSILON_MARKERS, epsilon_block)
+            shown = ["--write", relative(args.write)]
+            write_block(args.write, name="logistic-epsilon", script=__file__, args=shown,
+                        deps=EPSILON_DEPS, body=epsilon_block)  # fmt: skip
             if harness_block is not None:
-                _write(args.write, HARNESS_MARKERS, harness_block)
+                shown = ["--harness", "--dataset", args.dataset, "--epsilons", args.epsilons,
+                         *shown]  # fmt: skip
+                write_block(args.write, name="logistic-harness", script=__file__, args=shown,
+                            deps=HARNESS_DEPS, body=harness_block)  # fmt: skip
         except (OSError, ValueError) as exc:
             print(f"{args.write}: {exc}", file=sys.stderr)
             return 2

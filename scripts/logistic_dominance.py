@@ -16,8 +16,8 @@ subsampled REMOVE and ADD pairs. This script checks the claim without the proof'
   says it is ≤ 0, up to the discretisation error, which the script measures by halving
   both grids for the single shift.
 
-With ``--write docs/accounting.md`` the table replaces the block between the
-``<!-- dominance:begin/end -->`` markers::
+With ``--write docs/accounting.md`` the table replaces the generated block ``dominance``
+(``alm_opacus.docblocks``)::
 
     python scripts/logistic_dominance.py --write docs/accounting.md
 """
@@ -34,9 +34,11 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import signal, special
 
-from alm_opacus.io import atomic_write_json, atomic_write_text, replace_marked
+from alm_opacus.docblocks import relative, write_block
+from alm_opacus.io import atomic_write_json
 
-BEGIN, END = "<!-- dominance:begin -->", "<!-- dominance:end -->"
+#: What the numbers depend on besides this script (numpy and scipy only).
+DEPS = ("constraints.txt",)
 SHIFTS = (0.25, 1.0, 3.0, 8.0)  # Δ over the logistic scale
 SPLITS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.99)  # t₁ / Δ
 RATES = (1.0, 0.5, 0.1, 0.01)  # q
@@ -132,11 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.write is not None:
         try:
-            text = replace_marked(args.write.read_text(), begin=BEGIN, end=END, block=table)
+            write_block(args.write, name="dominance", script=__file__, deps=DEPS, body=table,
+                        args=["--write", relative(args.write)])  # fmt: skip
         except (OSError, ValueError) as exc:
             print(f"{args.write}: {exc}", file=sys.stderr)
             return 2
-        atomic_write_text(args.write, text)
     return 0 if all(r["max_excess"] <= 2 * r["error_floor"] + 1e-12 for r in rows) else 1
 
 

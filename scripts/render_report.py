@@ -31,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "reading_results.md"
 IMAGES = ROOT / "docs" / "img" / "report"
 BLOCK = "report-shots"
+#: What the images depend on besides this script (and the run folder rendered).
+DEPS = ("alm_opacus/report",)
 CAPTIONS = {
     "top": "the page's head: what the run is, and the warning that it holds private risk",
     "settings": "the settings of the run",
@@ -142,16 +144,18 @@ def main(argv: list[str] | None = None) -> int:
     for path in written:
         print(f"written: {path} ({path.stat().st_size // 1024} KiB)")
     if args.update_docs:
-        from alm_opacus.io import atomic_write_text, replace_marked
+        from alm_opacus.docblocks import relative, write_block
 
         lines = [f"Rendered by `scripts/render_report.py` (Chromium, {args.width} px wide):", ""]
         for path in written:
             name = path.stem.split("_", 2)[-1]
             rel = path.resolve().relative_to(DOC.parent.resolve()).as_posix()
             lines += [f"![{CAPTIONS.get(name, name)}]({rel})", ""]
-        begin, end = f"<!-- {BLOCK}:begin -->", f"<!-- {BLOCK}:end -->"
-        text = replace_marked(DOC.read_text(), begin=begin, end=end, block="\n".join(lines))
-        atomic_write_text(DOC, text)
+        # The images also depend on the run folder, which no digest covers: re-run after
+        # re-running the default run.
+        shown = [relative(args.run), "--width", str(args.width), "--update-docs"]
+        write_block(DOC, name=BLOCK, script=__file__, args=shown, deps=DEPS,
+                    body="\n".join(lines))  # fmt: skip
         print(f"written: {DOC}")
     return 0
 

@@ -16,6 +16,7 @@ import pytest
 from alm_opacus.data import DataError, available_datasets, dataset_spec
 from alm_opacus.data import registry as data_registry
 from alm_opacus.data import spec as spec_registry
+from alm_opacus.docblocks import find_blocks
 from alm_opacus.ssl import augment, encoders
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,8 +49,8 @@ def isolated(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_table_is_generated_from_the_specs() -> None:
-    text = DATASETS.read_text()
-    block = text.split("<!-- datasets:table:begin -->")[1].split("<!-- datasets:table:end -->")[0]
+    (found,) = [b for b in find_blocks(DATASETS) if b.name == "datasets-table"]
+    block = found.body
     assert block.strip() == _script("dataset_table").table().strip(), (
         "docs/datasets.md's table is stale: run scripts/dataset_table.py --write"
     )

@@ -193,7 +193,7 @@ def test_the_audit_script_writes_its_table_into_the_docs(tmp_path: Path) -> None
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     doc = tmp_path / "doc.md"
-    doc.write_text(f"before\n{script.BEGIN}\nold\n{script.END}\nafter\n")
+    doc.write_text("before\n<!-- generated audit -->\nold\n<!-- end generated audit -->\nafter\n")
     out = tmp_path / "audit"
     args = ["--mechanisms", "laplace", "--trials", "laplace=500", "--seeds", "2",
             "--out", str(out), "--write", str(doc)]  # fmt: skip
