@@ -450,8 +450,9 @@ def test_a_refused_overwrite_keeps_the_previous_run(finished, tmp_path, shared_c
     out = _copy(finished, tmp_path / "run")
     stamp = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     other = make_split(load_dataset("digits"), sizes=dataset_spec("digits").split, seed=5)
-    monkeypatch.setattr(harness, "prepare", lambda config: SimpleNamespace(split=other))
-    monkeypatch.setattr(harness.Session, "open", _boom)  # after private/split.json is rewritten
+    monkeypatch.setattr(harness, "prepare", lambda config: SimpleNamespace(
+        split=other, num_classes=10, images=None))  # fmt: skip
+    monkeypatch.setattr(harness.RunInputs, "build", _boom)  # after private/split.json is rewritten
     assert _run(out, shared_cache, "--overwrite") == 2
     _one_line_error(capsys, "boom")
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == stamp

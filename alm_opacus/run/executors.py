@@ -345,8 +345,8 @@ class RayExecutor(Executor):
             if address is not None:
                 ray.init(address=address, **common)
             else:
-                with loopback_only():
-                    ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1",
+                with loopback_only():  # "local": a new instance, never another one found here
+                    ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1",
                              object_store_memory=LOCAL_OBJECT_STORE_BYTES,
                              **common)  # fmt: skip
             self._owns = True
