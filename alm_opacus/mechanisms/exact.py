@@ -116,6 +116,8 @@ _SECOND_MARGIN = 2.0**-50
 #: The first pass leaves every draw with V < 2^-k in doubt (k this), so that its margin is
 #: one constant per call (see `discrete_noise`).
 _SMALL_V_BITS = 8
+#: 2⁶³ − 2⁶³⁻ᵏ: a reflected law's words at or beyond ±this have V < 2⁻ᵏ (k = _SMALL_V_BITS).
+_REFLECTED_SMALL = (1 << 63) - (1 << (63 - _SMALL_V_BITS))
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,15 +182,26 @@ def discrete_noise(
             if buffer is not None
             else words[start:stop]  # type: ignore[index]
         )
-        torch.mul(w, unit, out=vv).abs_()
-        np.less(vv.numpy(), 2.0**-_SMALL_V_BITS, out=sm)  # numpy compares 4x faster
-        law.first_pass_(vv, t)
-        torch.round(vv, out=jj)
-        # NaN (an infinite inverse at V ≈ 0) is in doubt too: test "not below", never "above"
-        np.less(vv.sub_(jj).abs_().numpy(), threshold, out=ok)
-        # K = ±j with w's sign: j ≥ 0, so OR-ing w's sign bit into j's float64 bits is
-        # copysign (−0.0 converts to 0), at a third of copysign's cost
-        jj.view(torch.int64).bitwise_or_(torch.bitwise_and(w, _SIGN_BIT, out=sg))
+        if law.reflected:
+            # U = w/2⁶³ = ±(1 − V) for the complemented bits V = 1 − 0.m (see `_second_pass`);
+            # the law's odd inverse gives K = round(x) with w's sign. V < 2⁻ᵏ exactly when the
+            # magnitude bits m ≥ 2⁶³ − 2⁶³⁻ᵏ, i.e. w ≥ A or w ≤ −A − 1: flag w ≥ A or w ≤ −A.
+            np.greater_equal(w.numpy(), _REFLECTED_SMALL, out=sm)
+            sm |= np.less_equal(w.numpy(), -_REFLECTED_SMALL, out=ok)
+            law.signed_first_pass_(torch.mul(w, unit, out=vv), t)
+            torch.round(vv, out=jj)
+            np.less(vv.sub_(jj).abs_().numpy(), threshold, out=ok)
+        else:
+            torch.mul(w, unit, out=vv).abs_()
+            np.less(vv.numpy(), 2.0**-_SMALL_V_BITS, out=sm)  # numpy compares 4x faster
+            law.first_pass_(vv, t)
+            torch.round(vv, out=jj)
+            # NaN (an infinite inverse at V ≈ 0) is in doubt too: test "not below", never
+            # "above"
+            np.less(vv.sub_(jj).abs_().numpy(), threshold, out=ok)
+            # K = ±j with w's sign: j ≥ 0, so OR-ing w's sign bit into j's float64 bits is
+            # copysign (−0.0 converts to 0), at a third of copysign's cost
+            jj.view(torch.int64).bitwise_or_(torch.bitwise_and(w, _SIGN_BIT, out=sg))
         out[start:stop].copy_(jj)
         doubt = np.flatnonzero(np.logical_or(sm, np.logical_not(ok, out=ok), out=sm))
         if len(doubt):
@@ -209,6 +222,8 @@ def _second_pass(
     inversion with a per-draw bound, and interval arithmetic for what is still in doubt."""
     more = uniform_words(len(words), generator=generator)
     high = words ^ (words >> 63)  # the 63 magnitude bits: |w| − [w < 0]
+    if law.reflected:  # V = 1 − 0.m…: complement every bit (fresh bits are uniform either way)
+        high, more = high ^ _LOW63, ~more
     low = more.to(torch.float64) + torch.where(more < 0, 2.0**64, 0.0)  # unsigned, rounded
     v = (high.to(torch.float64) + low.mul_(2.0**-64)).mul_(2.0**-63)
     x = law.inverse_tail_(v.clone()).mul_(t)

@@ -188,6 +188,21 @@ def test_float_inverse_tails_are_within_the_claimed_bound(mechanism: str) -> Non
         assert abs(fi - true) <= 2.0**-48 * abs(true) + 2.0**-52
         assert abs(pi - true) <= 2.0**-44 * abs(true) + 2.0**-48 + 2.0**-52 / vi
     mpmath.mp.prec = 53
+    if not law.reflected:
+        return
+    # the reflected first pass reads U = ±(1 − V) from the word; its error at the float U
+    # (V = 1 − |U| exactly) is within the same bound, and its sign is U's
+    u = np.concatenate([1 - v, -(1 - v)])
+    signed = law.signed_first_pass_(torch.tensor(u), 1.0).numpy()
+    mpmath.mp.prec = 120
+    for ui, si in zip(u, signed, strict=True):
+        if abs(ui) >= 1 - 2.0**-40:
+            continue  # V < 2⁻⁴⁰: in doubt whatever the inverse returns (as above)
+        true = mpmath.sqrt(2) * mpmath.erfinv(mpmath.mpf(float(ui)))
+        vi = float(1 - abs(mpmath.mpf(float(ui))))
+        assert math.copysign(1.0, si) == math.copysign(1.0, ui) or si == 0
+        assert abs(si - true) <= 2.0**-44 * abs(true) + 2.0**-48 + 2.0**-52 / vi
+    mpmath.mp.prec = 53
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
