@@ -340,6 +340,7 @@ class Command:
     config: RunConfig
     executor: str = "in-process"
     executor_options: dict[str, Any] = field(default_factory=dict)
+    wide_table: bool = False
 
 
 def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
@@ -421,7 +422,8 @@ def parse_command(argv: Sequence[str] | None = None) -> Command:
         )  # fmt: skip
     except ValueError as exc:
         parser.error(str(exc).splitlines()[0])
-    return Command(config=config, executor=args.executor, executor_options=executor_options)
+    return Command(config=config, executor=args.executor, executor_options=executor_options,
+                   wide_table=bool(args.wide_table))  # fmt: skip
 
 
 def _methods(parser: argparse.ArgumentParser, text: str) -> list[str]:
@@ -489,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shown(message, category, *args, **kwargs)
 
         warnings.showwarning = show
-        return _run(command, wide=_wide_table(argv))
+        return _run(command, wide=command.wide_table)
 
 
 def _run(command: Command, *, wide: bool) -> int:
@@ -545,13 +547,6 @@ def _run(command: Command, *, wide: bool) -> int:
         print(f"report: {report}  (offline, self-contained; with per-member risk: for the data "
               "owner only)")  # fmt: skip
     return 0
-
-
-def _wide_table(argv: Sequence[str]) -> bool:
-    """``--wide-table``, from the command line or the ``--config`` file."""
-    parser = build_parser()
-    _apply_config_file(parser, argv)
-    return bool(parser.parse_args(argv).wide_table)
 
 
 #: Where runs go when ``--out`` is not given.

@@ -187,12 +187,13 @@ def cell_unit(shared: RunInputs, cell: Cell, prepared: Any, plain: PlainAttacks)
     try:
         if isinstance(prepared, Infeasible):
             raise InfeasibleRelease(prepared.reason)
-        releases, accuracies, results = _draws(cell, shared, method, prepared, plain)
+        releases, accuracies, per_draw = _draws(cell, shared, method, prepared, plain)
     except InfeasibleRelease as exc:
         row = infeasible_row(dataset=shared.config.dataset, method=cell.method,
                              epsilon=cell.epsilon, seed=cell.seed, delta=shared.delta,
                              reason=str(exc), seconds=time.perf_counter() - start)  # fmt: skip
         return CellOutcome(rows=[row], rocs={})
+    results = [result for draw in per_draw for result in draw]
     rows = cell_rows(
         dataset=shared.config.dataset, method=cell.method, epsilon=cell.epsilon,
         seed=cell.seed, releases=releases, accuracies=accuracies, reference=None,
@@ -207,7 +208,6 @@ def cell_unit(shared: RunInputs, cell: Cell, prepared: Any, plain: PlainAttacks)
     entry = None if chosen is None else {"method": cell.method, "epsilon": cell.epsilon,
                                          "seed": cell.seed, "config": chosen}  # fmt: skip
     baseline = accuracies[0] if releases[0].baseline else None
-    per_draw = _by_draw(results)
     draws = draw_records(method=cell.method, epsilon=cell.epsilon, seed=cell.seed,
                          accuracies=accuracies, results=per_draw)  # fmt: skip
     evaluation = shared.evaluation
@@ -220,29 +220,16 @@ def cell_unit(shared: RunInputs, cell: Cell, prepared: Any, plain: PlainAttacks)
                        draws=draws, scores=scores)  # fmt: skip
 
 
-def _by_draw(results: list[AttackResult]) -> list[list[AttackResult]]:
-    """The results of a cell split per noise draw (within a draw every attack name, with its
-    attacker's suffix, occurs once, so a repeated name starts the next draw)."""
-    out: list[list[AttackResult]] = []
-    names: set[str] = set()
-    for result in results:
-        if not out or result.attack in names:
-            out.append([])
-            names = set()
-        out[-1].append(result)
-        names.add(result.attack)
-    return out
-
-
 def _draws(
     cell: Cell, shared: RunInputs, method: Method[Any, Any], prepared: Any, plain: PlainAttacks
-) -> tuple[list[Release], list[float], list[AttackResult]]:
-    """Every noise draw of a cell: its release, test accuracy and attack results."""
+) -> tuple[list[Release], list[float], list[list[AttackResult]]]:
+    """Every noise draw of a cell: its release, test accuracy and attack results (a list per
+    draw)."""
     evaluation, context = shared.evaluation, shared.context
     kind = method.inputs
     releases: list[Release] = []
     accuracies: list[float] = []
-    results: list[AttackResult] = []
+    per_draw: list[list[AttackResult]] = []
     adaptive: PreparedAttacks | None = None
     y_in, y_out = shared.labels["members"], shared.labels["nonmembers"]
 
@@ -260,6 +247,8 @@ def _draws(
         releases.append(release)
         accuracies.append(accuracy(release.predict_proba(shared.inputs(kind, "nonmembers")),
                                    y_out))  # fmt: skip
+        results: list[AttackResult] = []  # extended in place below: per_draw holds it
+        per_draw.append(results)
         if not evaluation.names:
             continue
         queried = None if kind == "features" else shared.inputs(kind, "evaluation")
@@ -271,7 +260,7 @@ def _draws(
         results += evaluation.attack(adaptive, release, inputs=queried)
         results += evaluation.attack(plain_attacks(), release, inputs=queried,
                                      suffix=CLEAN_SUFFIX)  # fmt: skip
-    return releases, accuracies, results
+    return releases, accuracies, per_draw
 
 
 @dataclass

@@ -154,8 +154,8 @@ class DistributedMechanismDPOptimizer(MechanismDPOptimizer):
             if self.rank == 0:
                 encoded = encoded + self.step_noise(parts, like=encoded)
             dist.all_reduce(encoded, op=dist.ReduceOp.SUM)
-            total = encoded
-            for i, piece in zip(positions, total.split([t.numel() for t in parts]), strict=True):
+            pieces = encoded.split([t.numel() for t in parts])
+            for i, piece in zip(positions, pieces, strict=True):
                 totals[i] = piece.view_as(partials[i])
         if self.rank == 0:
             self.noise_draws += 1
