@@ -113,11 +113,9 @@ _ABS_ERROR = 2.0**-48
 #: exact paths.
 _FIRST_MARGIN = 2.0**-39
 _SECOND_MARGIN = 2.0**-50
-#: The first pass leaves every draw with V < 2^-k in doubt (k this), so that its margin is
-#: one constant per call (see `discrete_noise`).
-_SMALL_V_BITS = 8
-#: 2⁶³ − 2⁶³⁻ᵏ: a reflected law's words at or beyond ±this have V < 2⁻ᵏ (k = _SMALL_V_BITS).
-_REFLECTED_SMALL = (1 << 63) - (1 << (63 - _SMALL_V_BITS))
+#: The first pass leaves every draw with V < 2⁻ᵏ in doubt, so that its margin is one constant
+#: per call (see `discrete_noise`); k is chosen per call within these bounds.
+_SMALL_V_BITS = (4, 24)
 
 
 # --------------------------------------------------------------------------------------------
@@ -161,22 +159,24 @@ def discrete_noise(
     # (docs/mechanisms.md, "Exact sampling"): m = t·2⁻³⁹ + 2⁻⁴⁰ for the float error of the
     # inverse, plus t·2⁻⁴⁸/V for V's unseen bits and roundings over the law's density. That
     # last term is at most t·2⁻⁴⁸⁺ᵏ for V ≥ 2⁻ᵏ, so the first pass uses that constant and
-    # leaves every draw with V < 2⁻ᵏ in doubt (k = _SMALL_V_BITS): it flags a superset of the
-    # draws the per-draw margin would, and the later passes decide those exactly. This saves
-    # a reciprocal and a fused add per coordinate.
-    threshold = 0.5 - t * _FIRST_MARGIN - 2.0**-40 - t * 2.0 ** (_SMALL_V_BITS - 48)
+    # leaves every draw with V < 2⁻ᵏ in doubt: it flags a superset of the draws the per-draw
+    # margin would, and the later passes decide those exactly. This saves a reciprocal and a
+    # fused add per coordinate. k only decides how many draws the later passes see, about
+    # 2⁻ᵏ + t·2⁻⁴⁷⁺ᵏ of them: the k nearest (47 − log₂ t)/2 minimises that.
+    low, high = _SMALL_V_BITS
+    k = min(high, max(low, round((47 - math.log2(max(t, 1.0))) / 2)))
+    threshold = 0.5 - t * _FIRST_MARGIN - 2.0**-40 - t * 2.0 ** (k - 48)
+    # a reflected law's words at or beyond ±(2⁶³ − 2⁶³⁻ᵏ) are those with V < 2⁻ᵏ (see below)
+    reflected_small = (1 << 63) - (1 << (63 - k))
     size = min(count, _CHUNK)
     v, j = (torch.empty(size, dtype=torch.float64) for _ in range(2))
-    # a float64 0-dim factor makes torch.mul convert the int64 words to float64 (one rounding,
-    # as a copy would) and scale them by 2^-63 (exact) in one pass
-    unit = torch.tensor(2.0**-63, dtype=torch.float64)
-    sign = torch.empty(size, dtype=torch.int64)
+    sign = None if law.reflected else torch.empty(size, dtype=torch.int64)
     small, fine = (np.empty(size, dtype=np.bool_) for _ in range(2))
     buffer = torch.empty(size + 2, dtype=torch.int64) if secure else None
     for start in range(0, count, _CHUNK):
         stop = min(count, start + _CHUNK)
         n = stop - start
-        vv, jj, sg, sm, ok = v[:n], j[:n], sign[:n], small[:n], fine[:n]
+        vv, jj, sm, ok = v[:n], j[:n], small[:n], fine[:n]
         w = (
             generator.words_into(buffer, n)  # type: ignore[union-attr]
             if buffer is not None
@@ -186,22 +186,21 @@ def discrete_noise(
             # U = w/2⁶³ = ±(1 − V) for the complemented bits V = 1 − 0.m (see `_second_pass`);
             # the law's odd inverse gives K = round(x) with w's sign. V < 2⁻ᵏ exactly when the
             # magnitude bits m ≥ 2⁶³ − 2⁶³⁻ᵏ, i.e. w ≥ A or w ≤ −A − 1: flag w ≥ A or w ≤ −A.
-            np.greater_equal(w.numpy(), _REFLECTED_SMALL, out=sm)
-            sm |= np.less_equal(w.numpy(), -_REFLECTED_SMALL, out=ok)
-            law.signed_first_pass_(torch.mul(w, unit, out=vv), t)
-            torch.round(vv, out=jj)
-            np.less(vv.sub_(jj).abs_().numpy(), threshold, out=ok)
+            np.greater_equal(w.numpy(), reflected_small, out=sm)
+            sm |= np.less_equal(w.numpy(), -reflected_small, out=ok)
+            law.signed_first_pass_(_unit(w, vv), t)
         else:
-            torch.mul(w, unit, out=vv).abs_()
-            np.less(vv.numpy(), 2.0**-_SMALL_V_BITS, out=sm)  # numpy compares 4x faster
+            _unit(w, vv).abs_()
+            np.less(vv.numpy(), 2.0**-k, out=sm)  # numpy compares 4x faster
             law.first_pass_(vv, t)
-            torch.round(vv, out=jj)
-            # NaN (an infinite inverse at V ≈ 0) is in doubt too: test "not below", never
-            # "above"
-            np.less(vv.sub_(jj).abs_().numpy(), threshold, out=ok)
+        torch.round(vv, out=jj)
+        # NaN (an infinite inverse at V ≈ 0) is in doubt too: test "not below", never "above"
+        d = np.subtract(vv.numpy(), jj.numpy(), out=vv.numpy())
+        np.less(np.abs(d, out=d), threshold, out=ok)
+        if sign is not None:
             # K = ±j with w's sign: j ≥ 0, so OR-ing w's sign bit into j's float64 bits is
             # copysign (−0.0 converts to 0), at a third of copysign's cost
-            jj.view(torch.int64).bitwise_or_(torch.bitwise_and(w, _SIGN_BIT, out=sg))
+            jj.view(torch.int64).bitwise_or_(torch.bitwise_and(w, _SIGN_BIT, out=sign[:n]))
         out[start:stop].copy_(jj)
         doubt = np.flatnonzero(np.logical_or(sm, np.logical_not(ok, out=ok), out=sm))
         if len(doubt):
@@ -213,6 +212,13 @@ def discrete_noise(
         magnitude = _second_pass(law, t, drawn, generator)
         out[index] = torch.where(drawn < 0, -magnitude, magnitude)
     return out.reshape(dims)
+
+
+def _unit(words: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``words``/2⁶³ into float64 ``out``: numpy converts the int64 words (one rounding, as a
+    copy would) and scales them by 2⁻⁶³ (exact) in one pass, faster than torch here."""
+    np.multiply(words.numpy(), 2.0**-63, out=out.numpy())
+    return out
 
 
 def _second_pass(
