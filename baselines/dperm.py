@@ -30,15 +30,13 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from alm_opacus._validation import check_epsilon, check_positive
+from alm_opacus._validation import check_positive
 from alm_opacus.heads import Head, HeadConfig, Params, batched_logits, flat_params
-from alm_opacus.mechanisms import NoiseGenerator, SecureGenerator, create_mechanism
-from alm_opacus.mechanisms.exact import ReleasePlan, exact_release, plan_release
-from alm_opacus.mechanisms.sampling import make_generator, standard_normal, uniform_open
+from alm_opacus.ledger import LedgerRecord, compose_records
+from alm_opacus.mechanisms.sampling import make_generator
 from alm_opacus.methods import (
     Method,
     MethodContext,
@@ -58,6 +56,15 @@ from baselines._common import (
     accuracy_of,
     choose,
     derive_seed,
+)
+from baselines.l2laplace import (
+    FLOOR_DELTA,
+    ExactL2Plan,
+    L2LaplaceNoise,
+    exact_plan,
+    noise_rng,
+    perturb,
+    perturb_exact,
 )
 
 __all__ = [
@@ -84,9 +91,6 @@ DEFAULT_CLIP = 1.0
 #: lambda values tuned at each epsilon on public data (the default among them).
 TUNING_GRID: tuple[dict[str, float], ...] = ({"l2": 0.01}, {"l2": 0.1}, {"l2": 1.0}, {"l2": 10.0})
 
-#: numpy's seeded generator (reproducible research) or the OS CSPRNG.
-NoiseRng = np.random.Generator | SecureGenerator
-
 
 @dataclass(frozen=True)
 class DPERMOptions(MethodOptions):
@@ -111,91 +115,6 @@ class DPERMOptions(MethodOptions):
         check_positive(self.clip_radius, name="clip_radius")
 
 
-class L2LaplaceNoise:
-    """Noise with density proportional to ``exp(-||b||_2 / scale)`` in ``dim`` dimensions.
-
-    Not registered as an :class:`alm_opacus.mechanisms.AdditiveNoiseMechanism`: its
-    coordinates are not independent, so the registry's per-coordinate API (``sample(shape)``
-    of i.i.d. noise, ``std(scale)`` without a dimension) would not describe it honestly.
-    """
-
-    name: ClassVar[str] = "l2-laplace"
-    norm: ClassVar[str] = "l2"
-
-    @staticmethod
-    def calibrate(*, epsilon: float, sensitivity: float, delta: float = 0.0) -> float:
-        """``scale = Delta_2 / epsilon`` makes the real-valued release pure epsilon-DP
-        (``delta`` is ignored: it lets :func:`~alm_opacus.mechanisms.exact.plan_release`
-        calibrate this mechanism like the registered ones).
-
-        Raises:
-            ValueError: on a non-positive or non-finite argument.
-        """
-        return check_positive(sensitivity, name="sensitivity") / check_epsilon(epsilon)
-
-    @staticmethod
-    def epsilon(*, scale: float, sensitivity: float) -> float:
-        """The pure-DP epsilon ``Delta_2 / scale``."""
-        return check_positive(sensitivity, name="sensitivity") / check_positive(scale, name="scale")
-
-    @staticmethod
-    def sample(dim: int, *, scale: float, rng: NoiseRng) -> np.ndarray:
-        """One draw of the ``dim``-dimensional noise vector, float64.
-
-        In polar coordinates the norm is ``Gamma(dim, scale)`` and the direction uniform on the
-        sphere (a normalised standard Gaussian vector). A numpy generator draws both with
-        ``standard_normal`` and ``gamma`` (seeded runs repeat earlier ones); a
-        :class:`~alm_opacus.mechanisms.SecureGenerator` draws the Gaussian by the inverse CDF
-        of uniforms from its AES-CTR keystream (keyed from ``os.urandom``) and the norm as a
-        sum of ``dim`` exponentials ``-scale ln U`` (a Gamma of integer shape is exactly that
-        sum).
-
-        Args:
-            dim: dimension >= 1.
-            scale: ``Delta_2 / epsilon`` > 0.
-            rng: numpy generator (e.g. ``np.random.default_rng(seed)``) or a secure one.
-
-        Returns:
-            Array of shape (dim,).
-
-        Raises:
-            ValueError: on a bad dim or scale.
-        """
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"dim={dim!r} is invalid: expected an integer >= 1")
-        s = check_positive(scale, name="scale")
-        direction = _normal(dim, rng)
-        while not np.any(direction):  # probability 0; guards the division
-            direction = _normal(dim, rng)
-        direction /= np.linalg.norm(direction)
-        if isinstance(rng, SecureGenerator):
-            exponentials = -np.log(uniform_open((dim,), generator=rng).cpu().numpy())
-            return direction * (s * float(exponentials.sum()))
-        return direction * rng.gamma(shape=dim, scale=s)
-
-    @staticmethod
-    def mean_norm(*, dim: int, scale: float) -> float:
-        """``E ||b|| = dim * scale`` (the Gamma mean)."""
-        return dim * check_positive(scale, name="scale")
-
-    @staticmethod
-    def coordinate_std(*, dim: int, scale: float) -> float:
-        """The standard deviation of one coordinate: ``E ||b||^2 = dim (dim + 1) scale^2``
-        (the Gamma's second moment), spread evenly over ``dim`` coordinates by symmetry."""
-        return math.sqrt(dim + 1) * check_positive(scale, name="scale")
-
-
-def _normal(dim: int, rng: NoiseRng) -> np.ndarray:
-    if isinstance(rng, SecureGenerator):
-        return standard_normal((dim,), generator=rng).cpu().numpy()
-    return rng.standard_normal(dim)
-
-
-def noise_rng(seed: int | None) -> NoiseRng:
-    """numpy's PCG64 seeded with ``seed`` (reproducible research), or the OS CSPRNG (None)."""
-    return SecureGenerator() if seed is None else np.random.default_rng(seed)
-
-
 @dataclass(frozen=True)
 class _Fit:
     params: Params
@@ -215,89 +134,11 @@ def _fit(features: Tensor, labels: Tensor, *, num_classes: int, config: HeadConf
     return _Fit(params=fit.params, config=config, sensitivity=bound.to_info("l2"), num_params=p)
 
 
-def perturb(params: Params, *, scale: float, rng: NoiseRng) -> Params:
-    """Add one L2-Laplace draw to a batch of heads (one independent vector per head).
-
-    The noise vector covers all parameters of a head, in ``flat_params``'s key order.
-    """
-    keys = sorted(params)
-    n_heads = next(iter(params.values())).shape[0]
-    dim = sum(params[k][0].numel() for k in keys)
-    noise = np.stack([L2LaplaceNoise.sample(dim, scale=scale, rng=rng) for _ in range(n_heads)])
-    flat = torch.cat([params[k].reshape(n_heads, -1) for k in keys], dim=1)
-    return _unflatten(flat + torch.from_numpy(noise).to(flat), params, keys)
-
-
-#: The delta of an exact release: the floor sigma_min of the mixture is the analytic Gaussian
-#: scale for (epsilon, FLOOR_DELTA) at Delta' (module docstring).
-FLOOR_DELTA = 2.0**-40
-
-
-@dataclass(frozen=True)
-class ExactL2Plan:
-    """How an exact dperm release is made.
-
-    Attributes:
-        release: the grid, Delta' = Delta_2 + sqrt(P) gamma, and s = Delta'/epsilon.
-        floor: sigma_min, the smallest Gaussian scale of the mixture.
-        delta: what every component, hence the release, is (epsilon, delta)-DP at.
-    """
-
-    release: ReleasePlan
-    floor: float
-    delta: float = FLOOR_DELTA
-
-
-def exact_plan(*, epsilon: float, sensitivity: float, dim: int) -> ExactL2Plan:
-    """The grid, scale and floor of an exact release of ``dim`` parameters (float64).
-
-    Raises:
-        ValueError: on a bad budget, sensitivity or dim.
-    """
-    plan = plan_release(mechanism=L2LaplaceNoise(), epsilon=epsilon, delta=0.0,
-                        sensitivity=sensitivity, dim=dim, dtype=torch.float64)  # fmt: skip
-    floor = create_mechanism("gaussian").calibrate(
-        epsilon=epsilon, delta=FLOOR_DELTA, sensitivity=plan.sensitivity
-    )
-    return ExactL2Plan(release=plan, floor=float(floor))
-
-
-def perturb_exact(params: Params, *, plan: ExactL2Plan, generator: NoiseGenerator) -> Params:
-    """Release each head of a batch on ``plan``'s grid with exact noise (module docstring):
-    per head, V ~ chi^2_{P+1} (floats), then the exact grid Gaussian at max(s sqrt(V), floor).
-    The output is float64 (every value a multiple of gamma)."""
-    keys = sorted(params)
-    flat = torch.cat([params[k].detach().reshape(len(params[k]), -1) for k in keys], dim=1)
-    flat = flat.to(device="cpu", dtype=torch.float64)
-    rows = []
-    for w in flat:
-        v = float(standard_normal((len(w) + 1,), generator=generator).square().sum())
-        sigma = max(plan.release.scale * math.sqrt(v), plan.floor)
-        rows.append(exact_release(w, mechanism="gaussian", scale=sigma, grid=plan.release.grid,
-                                  generator=generator))  # fmt: skip
-    return _unflatten(torch.stack(rows), params, keys)
-
-
-def _unflatten(flat: Tensor, params: Params, keys: list[str]) -> Params:
-    out: Params = {}
-    start = 0
-    for k in keys:
-        v = params[k]
-        size = v[0].numel()
-        out[k] = flat[:, start : start + size].reshape(v.shape).to(v.device)
-        start += size
-    return out
-
-
 @dataclass
 class _Prepared(PreparedData):
     fits: dict[float, _Fit] = field(default_factory=dict)
     public_fits: dict[float, _Fit] = field(default_factory=dict)
     tuned: dict[float, tuple[float, TuningResult]] = field(default_factory=dict)
-    #: epsilon released so far per member fit (basic composition).
-    spent: dict[float, float] = field(default_factory=dict)
-    #: delta released so far per member fit (exact releases are approx-DP).
-    spent_delta: dict[float, float] = field(default_factory=dict)
 
 
 def _describe(l2: float) -> dict[str, Any]:
@@ -427,11 +268,12 @@ class DPERMMethod(Method[DPERMOptions, _Prepared]):
         statement = dperm_statement(
             epsilon=epsilon, fit=fit, plan=noise.plan, source=context.noise.source
         )
-        prepared.spent[l2] = prepared.spent.get(l2, 0.0) + float(epsilon)
-        prepared.spent_delta[l2] = min(1.0, prepared.spent_delta.get(l2, 0.0) + statement.delta)
-        statement = replace(
-            statement, epsilon_spent=prepared.spent[l2], delta_spent=prepared.spent_delta[l2]
-        )
+        # Each cell of the grid is an alternative release of the member fit, as every
+        # post-training method's fresh engine treats it: what it has spent is its own
+        # guarantee, composed as the engine's ledger would compose one release. A sum over the
+        # cells run so far in this process would depend on scheduling (issue 20).
+        record = LedgerRecord.from_statement(statement, dim=fit.num_params)
+        statement = replace(statement, **compose_records([record]).statement_fields())
         scale = noise.scale
         return Release(
             method=self.name,

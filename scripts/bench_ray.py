@@ -175,13 +175,17 @@ def main() -> None:
     parser.add_argument(
         "--cpus", type=int, default=2, help="workers of the overhead measurement's cluster"
     )
-    parser.add_argument("--out", default="bench_ray.json")
+    parser.add_argument("--out", default="runs/bench_ray.json", help="the report (JSON)")
     parser.add_argument(
         "--write-docs", action="store_true", help=f"write the table into {DOC.name}'s block"
     )
     args, extra = parser.parse_known_args()  # other flags go to compare.py (e.g. --epsilons)
     report = bench_ray(dataset=args.dataset, methods=args.methods, extra=extra, cpus=args.cpus)
-    Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    from alm_opacus.io import atomic_write_text
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps(report, indent=2, default=str) + "\n")
     for name, value, target in format_rows(report):
         print(f"{name:<55} {value:>14}  {target}")
     if report["grid"]["differences"]:

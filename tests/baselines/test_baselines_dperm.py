@@ -188,3 +188,31 @@ def test_shadow_trainer_shape_and_draws_differ(pixel_features, make_context):
 def test_bad_input_is_named(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_a_release_states_what_it_spent_whatever_ran_before(pixel_features, make_context):
+    """Each cell is an alternative release of the member fit: its statement cannot depend on
+    which cells ran before it in the same process (a Ray worker runs some, the driver others;
+    issue 20 found dperm's running sum differing between the two)."""
+    x, y = pixel_features
+    ctx = make_context()
+    method = create_method("dperm")
+
+    def statements(order: tuple[float, ...]) -> dict[float, object]:
+        prepared = method.prepare(features=x[:150], labels=y[:150], seed=0, context=ctx)
+        out = {}
+        for epsilon in order:
+            release = method.release(
+                prepared, features=x[:150], labels=y[:150], epsilon=epsilon, delta=1e-5,
+                seed=0, draw=0, context=ctx,
+            )  # fmt: skip
+            out[epsilon] = release.statement
+        return out
+
+    forward, backward = statements((1.0, 0.5, 1.0)), statements((0.5, 1.0))
+    for epsilon in (0.5, 1.0):
+        a, b = forward[epsilon], backward[epsilon]
+        assert (a.epsilon_spent, a.delta_spent) == (b.epsilon_spent, b.delta_spent)
+        # one approx-DP release composed alone: its own (epsilon, delta)
+        assert (a.epsilon_spent, a.delta_spent) == (epsilon, dperm.FLOOR_DELTA)
+        assert a.guarantee_spent is a.guarantee
