@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,49 +55,49 @@ HEADS = (("digits", 128, 10), ("mnist", 576, 10))
 TARGET_DRAW_RATIO = 3.0
 
 
-def _best(fn: Callable[[], object], repeats: int) -> float:
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def bench_draws(*, n: int = 1_000_000, repeats: int = 7) -> dict[str, Any]:
     """Exact draws of ``n`` coordinates against ``torch.normal`` (float32), interleaved.
 
     The grid and scale are those of a release of ``n`` coordinates at epsilon = 1 with
     sensitivity 1 (delta = 1e-5 for the Gaussian), so the noise spans as many cells as it
-    would in such a release.
+    would in such a release. Each repeat times ``torch.normal`` and then every mechanism's
+    exact and float draws in turn, so that a slow spell of the machine affects them all; each
+    time is the best of ``repeats``.
     """
     generator = SecureGenerator()
-    out: dict[str, Any] = {"coordinates": n}
-    normal = _best(lambda: torch.normal(0.0, 1.0, (n,)), repeats)
-    out["torch_normal_seconds"] = normal
+    plans = {}
     for name in MECHANISMS:
         mech = create_mechanism(name)
         grid = grid_for(sensitivity=1.0, norm=mech.norm, dim=n)
         widened = inflated_sensitivity(sensitivity=1.0, norm=mech.norm, dim=n, grid=grid)
         scale = mech.calibrate(epsilon=1.0, delta=1e-5 if not mech.pure else 0.0,
                                sensitivity=widened)  # fmt: skip
-        times = {"exact": math.inf, "float": math.inf, "normal": math.inf}
-        for _ in range(repeats):  # interleaved, so load affects all three alike
-            times["normal"] = min(times["normal"],
-                                  _best(lambda: torch.normal(0.0, 1.0, (n,)), 1))  # fmt: skip
-            start = time.perf_counter()
-            discrete_noise(n, mechanism=mech, scale=scale, grid=grid, generator=generator)
-            times["exact"] = min(times["exact"], time.perf_counter() - start)
-            start = time.perf_counter()
-            mech.sample(n, scale=scale, generator=generator)
-            times["float"] = min(times["float"], time.perf_counter() - start)
+        plans[name] = (mech, scale, grid)
+    best = {key: math.inf for key in ["normal", *(f"{m}:{p}" for m in MECHANISMS
+                                                   for p in ("exact", "float"))]}  # fmt: skip
+
+    def timed(key: str, fn: Callable[[], object]) -> None:
+        start = time.perf_counter()
+        fn()
+        best[key] = min(best[key], time.perf_counter() - start)
+
+    for _ in range(repeats):
+        timed("normal", lambda: torch.normal(0.0, 1.0, (n,)))
+        for name, (mech, scale, grid) in plans.items():
+            timed(f"{name}:exact", partial(discrete_noise, n, mechanism=mech, scale=scale,
+                                           grid=grid, generator=generator))  # fmt: skip
+            timed(f"{name}:float", partial(mech.sample, n, scale=scale, generator=generator))
+    normal = best["normal"]
+    out: dict[str, Any] = {"coordinates": n, "torch_normal_seconds": normal, "repeats": repeats}
+    for name, (_, scale, grid) in plans.items():
+        exact, floats = best[f"{name}:exact"], best[f"{name}:float"]
         out[name] = {
             "cells_per_scale": scale / grid.gamma,
-            "exact_seconds": times["exact"],
-            "float_seconds": times["float"],
-            "normal_seconds": times["normal"],
-            "ratio": times["exact"] / times["normal"],
-            "float_ratio": times["float"] / times["normal"],
+            "exact_seconds": exact,
+            "float_seconds": floats,
+            "normal_seconds": normal,
+            "ratio": exact / normal,
+            "float_ratio": floats / normal,
             "target_ratio": TARGET_DRAW_RATIO,
         }
     return out
