@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import math
+import operator
 import os
 import shutil
 import signal
@@ -161,6 +162,21 @@ def test_two_nodes_give_the_in_process_table(  # type: ignore[no-untyped-def]
     assert all(math.isfinite(r.utility_loss) for r in result.rows)  # filled by the driver
     # every Ray endpoint (GCS, raylets, object managers, workers, this driver) on loopback
     assert listening and all(addr.startswith(LOOPBACK) for _, addr in listening), listening
+    assert ray.is_initialized()
+
+
+@pytest.mark.slow
+def test_collected_units_are_neither_kept_nor_cancelled(cluster) -> None:  # type: ignore[no-untyped-def]
+    """Units collected by `as_completed` leave the executor's list: their results are not
+    pinned for the rest of a run, and `close` cancels only units still running (Ray 2.60's
+    driver can abort when a finished task is force-cancelled)."""
+    from alm_opacus.run.executors import RayExecutor
+
+    with RayExecutor() as executor:  # the connected cluster: left running by close()
+        shared = executor.put(list(range(40)))
+        got = sorted(executor.as_completed(operator.getitem, [(shared, i) for i in range(40)]))
+        assert got == [(i, i) for i in range(40)]
+        assert not executor._submitted
     assert ray.is_initialized()
 
 

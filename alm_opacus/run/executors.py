@@ -352,7 +352,8 @@ class RayExecutor(Executor):
             self._owns = True
         self._map = RayMap(cpus=cpus_per_task, retries=max_retries)
         self._task = _remote(cpus_per_task, max_retries)
-        self._submitted: list[Any] = []
+        #: Refs of units submitted and not yet collected (what `close` may have to cancel).
+        self._submitted: set[Any] = set()
         self._store: Any = None
 
     def put(self, value: Any) -> Any:
@@ -360,7 +361,7 @@ class RayExecutor(Executor):
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
         ref = self._task.remote(fn, *args)
-        self._submitted.append(ref)
+        self._submitted.add(ref)
         return ref
 
     def as_completed(
@@ -385,7 +386,9 @@ class RayExecutor(Executor):
             for ref in done:
                 if before is not None:
                     before(index[ref])
-                yield index[ref], _unwrap(ref)
+                result = _unwrap(ref)
+                self._submitted.discard(ref)  # collected: nothing left to cancel, or to pin
+                yield index.pop(ref), result
 
     def map(
         self, fn: Callable[[S, U], R], units: Sequence[U], *, shared: S, desc: str | None = None
@@ -402,7 +405,12 @@ class RayExecutor(Executor):
 
     def close(self) -> None:
         """Cancel the units still running, and shut down a cluster this executor started."""
-        for ref in self._submitted:
+        # Only units not finished: force-cancelling finished ones can abort Ray 2.60's
+        # driver ("Tried to complete task that was not pending", seen in scripts/bench_ray.py).
+        refs = list(self._submitted)
+        with contextlib.suppress(Exception):
+            _, refs = self._ray.wait(refs, num_returns=len(refs), timeout=0)
+        for ref in refs:
             with contextlib.suppress(Exception):
                 self._ray.cancel(ref, force=True)
         self._submitted.clear()
