@@ -52,15 +52,6 @@ class CellLaw(abc.ABC):
         covers)."""
         return self.inverse_tail_(v).mul_(scale)
 
-    #: Whether the first pass reads the word as U = ±(1 − V) (`signed_first_pass_`) rather
-    #: than as V: an odd inverse then gives K's sign for free (see `discrete_noise`).
-    reflected: ClassVar[bool] = False
-
-    def signed_first_pass_(self, u: torch.Tensor, scale: float) -> torch.Tensor:
-        """For a reflected law: ``scale``·S⁻¹(1 − |u|) with ``u``'s sign, in place, for float64
-        ``u`` in [−1, 1] (the same error bound as `first_pass_` at V = 1 − |u|)."""
-        raise NotImplementedError(f"the {self.name} law is not reflected")
-
     @abc.abstractmethod
     def log_tail(self, u: NDArray[np.float64]) -> NDArray[np.float64]:
         """ln S(u), float64, accurate in the far tail."""
@@ -111,17 +102,10 @@ class GaussianCells(CellLaw):
     def inverse_tail_(self, v: torch.Tensor) -> torch.Tensor:
         return torch.special.ndtri(v.mul_(0.5), out=v).neg_()
 
-    reflected = True
-
     def first_pass_(self, v: torch.Tensor, scale: float) -> torch.Tensor:
         # √2·erfinv(1 − V): twice as fast as ndtri; 1 − V rounds by ≤ 2⁻⁵⁴, which moves u by
         # at most 2⁻⁵⁴ over the density (≥ V·√(2/π)): under 2⁻⁵²/V
-        return self.signed_first_pass_(torch.sub(1.0, v, out=v), scale)
-
-    def signed_first_pass_(self, u: torch.Tensor, scale: float) -> torch.Tensor:
-        # erfinv is odd (torch computes it on |u| and restores the sign), so
-        # √2·erfinv(±(1 − V)) = ±S⁻¹(V) with the error of `first_pass_`
-        return torch.erfinv(u, out=u).mul_(math.sqrt(2.0) * scale)
+        return torch.erfinv(torch.sub(1.0, v, out=v), out=v).mul_(math.sqrt(2.0) * scale)
 
     def log_tail(self, u: NDArray[np.float64]) -> NDArray[np.float64]:
         return np.asarray(math.log(2.0) + special.log_ndtr(-u), dtype=np.float64)

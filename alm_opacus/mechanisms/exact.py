@@ -69,6 +69,7 @@ from alm_opacus.mechanisms.grid import (
     quantize,
     step_grid,
 )
+from alm_opacus.mechanisms.kernels import first_pass_kernel
 from alm_opacus.mechanisms.sampling import (
     NoiseGenerator,
     SecureGenerator,
@@ -103,7 +104,6 @@ __all__ = [
 
 #: Coordinates processed at once by the fast path (its buffers stay in cache).
 _CHUNK = 1 << 17
-_LOW63 = (1 << 63) - 1
 _SIGN_BIT = -(1 << 63)
 #: Bound on the relative error of the float64 inverse tails, and an absolute floor in units
 #: of the scale (docs/mechanisms.md: measured ≤ 2⁻⁵⁰ against mpmath, tested ≤ 2⁻⁴⁸; 2× that).
@@ -114,6 +114,9 @@ _ABS_ERROR = 2.0**-48
 #: exact paths.
 _FIRST_MARGIN = 2.0**-39
 _SECOND_MARGIN = 2.0**-50
+#: Whether the first pass runs compiled where numba imports (tests switch it off to check the
+#: tensor path).
+_USE_KERNELS = True
 #: The first pass leaves every draw with V < 2⁻ᵏ in doubt, so that its margin is one constant
 #: per call (see `discrete_noise`); k is chosen per call within these bounds.
 _SMALL_V_BITS = (4, 24)
@@ -168,41 +171,23 @@ def discrete_noise(
     low, high = _SMALL_V_BITS
     k = min(high, max(low, round((47 - math.log2(max(t, 1.0))) / 2)))
     threshold = 0.5 - t * _FIRST_MARGIN - 2.0**-40 - t * 2.0 ** (k - 48)
-    # a reflected law's words at or beyond ±(2⁶³ − 2⁶³⁻ᵏ) are those with V < 2⁻ᵏ (see below)
-    reflected_small = (1 << 63) - (1 << (63 - k))
+    kernel = first_pass_kernel(law.name) if _USE_KERNELS else None
     v, j, signs, small, fine, keystream = _scratch()
-    sign = None if law.reflected else signs
     buffer = keystream if secure else None
+    cells = out.numpy()
     for start in range(0, count, _CHUNK):
         stop = min(count, start + _CHUNK)
         n = stop - start
-        vv, jj, sm, ok = v[:n], j[:n], small[:n], fine[:n]
         w = (
             generator.words_into(buffer, n)  # type: ignore[union-attr]
             if buffer is not None
             else words[start:stop]  # type: ignore[index]
         )
-        if law.reflected:
-            # U = w/2⁶³ = ±(1 − V) for the complemented bits V = 1 − 0.m (see `_second_pass`);
-            # the law's odd inverse gives K = round(x) with w's sign. V < 2⁻ᵏ exactly when the
-            # magnitude bits m ≥ 2⁶³ − 2⁶³⁻ᵏ, i.e. w ≥ A or w ≤ −A − 1: flag w ≥ A or w ≤ −A.
-            np.greater_equal(w.numpy(), reflected_small, out=sm)
-            sm |= np.less_equal(w.numpy(), -reflected_small, out=ok)
-            law.signed_first_pass_(_unit(w, vv), t)
+        if kernel is not None:  # the same pass, compiled (`alm_opacus.mechanisms.kernels`)
+            doubt = kernel(w.numpy(), t, 1 << (63 - k), threshold, cells[start:stop])
         else:
-            _unit(w, vv).abs_()
-            np.less(vv.numpy(), 2.0**-k, out=sm)  # numpy compares 4x faster
-            law.first_pass_(vv, t)
-        torch.round(vv, out=jj)
-        # NaN (an infinite inverse at V ≈ 0) is in doubt too: test "not below", never "above"
-        d = np.subtract(vv.numpy(), jj.numpy(), out=vv.numpy())
-        np.less(np.abs(d, out=d), threshold, out=ok)
-        if sign is not None:
-            # K = ±j with w's sign: j ≥ 0, so OR-ing w's sign bit into j's float64 bits is
-            # copysign (−0.0 converts to 0), at a third of copysign's cost
-            jj.view(torch.int64).bitwise_or_(torch.bitwise_and(w, _SIGN_BIT, out=sign[:n]))
-        out[start:stop].copy_(jj)
-        doubt = np.flatnonzero(np.logical_or(sm, np.logical_not(ok, out=ok), out=sm))
+            doubt = _eager_first_pass(law, t, k, threshold, w, out[start:stop],
+                                      (v[:n], j[:n], signs[:n], small[:n], fine[:n]))  # fmt: skip
         if len(doubt):
             index = torch.from_numpy(doubt)
             pending.append((index + start, w[index]))  # w[index] copies: the buffer is reused
@@ -214,7 +199,7 @@ def discrete_noise(
     return out.reshape(dims)
 
 
-#: Per-thread chunk buffers, kept between calls: allocating them afresh cost ~10% of a 1M
+#: Per-thread chunk buffers, kept between calls: allocating them afresh cost 6-7% of a 1M
 #: draw in page faults whenever the allocator had returned the memory to the OS.
 _SCRATCH = threading.local()
 _Scratch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray, np.ndarray, torch.Tensor]
@@ -232,6 +217,32 @@ def _scratch() -> _Scratch:
     return got
 
 
+def _eager_first_pass(
+    law: CellLaw,
+    t: float,
+    k: int,
+    threshold: float,
+    words: torch.Tensor,
+    out: torch.Tensor,
+    buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray, np.ndarray],
+) -> np.ndarray:
+    """The first pass in tensor operations (where numba is missing): K into ``out`` and the
+    indices of the draws in doubt."""
+    vv, jj, sign, sm, ok = buffers
+    _unit(words, vv).abs_()
+    np.less(vv.numpy(), 2.0**-k, out=sm)  # numpy compares 4x faster
+    law.first_pass_(vv, t)
+    torch.round(vv, out=jj)
+    # NaN (an infinite inverse at V ≈ 0) is in doubt too: test "not below", never "above"
+    d = np.subtract(vv.numpy(), jj.numpy(), out=vv.numpy())
+    np.less(np.abs(d, out=d), threshold, out=ok)
+    # K = ±j with w's sign: j ≥ 0, so OR-ing w's sign bit into j's float64 bits is copysign
+    # (−0.0 converts to 0), at a third of copysign's cost
+    jj.view(torch.int64).bitwise_or_(torch.bitwise_and(words, _SIGN_BIT, out=sign))
+    out.copy_(jj)
+    return np.flatnonzero(np.logical_or(sm, np.logical_not(ok, out=ok), out=sm))
+
+
 def _unit(words: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """``words``/2⁶³ into float64 ``out``: numpy converts the int64 words (one rounding, as a
     copy would) and scales them by 2⁻⁶³ (exact) in one pass, faster than torch here."""
@@ -246,8 +257,6 @@ def _second_pass(
     inversion with a per-draw bound, and interval arithmetic for what is still in doubt."""
     more = uniform_words(len(words), generator=generator)
     high = words ^ (words >> 63)  # the 63 magnitude bits: |w| − [w < 0]
-    if law.reflected:  # V = 1 − 0.m…: complement every bit (fresh bits are uniform either way)
-        high, more = high ^ _LOW63, ~more
     low = more.to(torch.float64) + torch.where(more < 0, 2.0**64, 0.0)  # unsigned, rounded
     v = (high.to(torch.float64) + low.mul_(2.0**-64)).mul_(2.0**-63)
     x = law.inverse_tail_(v.clone()).mul_(t)

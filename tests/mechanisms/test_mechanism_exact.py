@@ -16,7 +16,13 @@ import torch
 from scipy import special, stats
 
 import alm_opacus.mechanisms.exact as exact
-from alm_opacus.mechanisms import SecureGenerator, analysis, create_mechanism, make_generator
+from alm_opacus.mechanisms import (
+    SecureGenerator,
+    analysis,
+    create_mechanism,
+    kernels,
+    make_generator,
+)
 from alm_opacus.mechanisms.csprng import KeyStream
 from alm_opacus.mechanisms.exact import (
     INFLATION,
@@ -44,6 +50,16 @@ SCIPY_TAIL = {
     "laplace": lambda u: 2 * stats.laplace.sf(u),
     "gaussian": lambda u: 2 * stats.norm.sf(u),
 }
+
+
+@pytest.fixture(params=["compiled", "tensor"])
+def first_pass(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test through the compiled first pass and through the tensor one (the fallback
+    where numba does not import)."""
+    if request.param == "compiled":
+        assert kernels.first_pass_kernel("alm") is not None, "numba is a dependency"
+    monkeypatch.setattr(exact, "_USE_KERNELS", request.param == "compiled")
+    return str(request.param)
 
 
 def _pmf(mechanism: str, t: float, k: np.ndarray) -> np.ndarray:
@@ -82,7 +98,9 @@ def test_cell_pmf_matches_scipy_and_sums_to_one(mechanism: str) -> None:
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
-def test_exact_sampler_matches_its_pmf_over_a_million_draws(mechanism: str) -> None:
+def test_exact_sampler_matches_its_pmf_over_a_million_draws(
+    mechanism: str, first_pass: str
+) -> None:
     t = 3.7  # cells of about a quarter scale: the rounding matters
     draws = discrete_noise(1_000_000, mechanism=mechanism, scale=t, grid=UNIT,
                            generator=make_generator(seed=19)).numpy()  # fmt: skip
@@ -96,7 +114,9 @@ def test_exact_sampler_matches_its_pmf_over_a_million_draws(mechanism: str) -> N
 @pytest.mark.parametrize(
     ("mechanism", "t"), [(m, t) for m in MECHANISMS for t in (3.7, 2.0**27, 2.0**36)]
 )
-def test_the_secure_chunked_path_draws_the_same_law(mechanism: str, t: float) -> None:
+def test_the_secure_chunked_path_draws_the_same_law(
+    mechanism: str, t: float, first_pass: str
+) -> None:
     # a SecureGenerator fills a reused buffer chunk by chunk (more than one chunk here); at
     # t = 2^27 a few draws per million reach interval arithmetic, and the cells are compared
     # through the CDF's values (the PMF at 2^27 cells is flat at this sample size). The three
@@ -125,7 +145,7 @@ def test_keystream_fills_a_reused_buffer_in_place() -> None:
         gen.words_into(torch.zeros(10, dtype=torch.float64), 8)
 
 
-def test_threads_draw_through_their_own_buffers() -> None:
+def test_threads_draw_through_their_own_buffers(first_pass: str) -> None:
     """The chunk buffers are kept between calls, one set per thread: two threads drawing at
     once never share one (a shared buffer would mix their keystreams and cells)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -134,11 +154,18 @@ def test_threads_draw_through_their_own_buffers() -> None:
 
     def draw(_: int) -> tuple[list[int], np.ndarray]:
         barrier.wait()  # both threads inside at once
-        ids = [id(b) for b in exact._scratch()]
         k = discrete_noise(3 * exact._CHUNK // 2, mechanism="gaussian", scale=3.7, grid=UNIT,
                            generator=SecureGenerator()).numpy()  # fmt: skip
-        assert [id(b) for b in exact._scratch()] == ids  # kept within the thread
-        return ids, k
+        ids = [id(b) for b in exact._scratch()]
+        if first_pass == "compiled":
+            ids += [id(b) for b in kernels._BUFFERS.arrays]
+        k2 = discrete_noise(3 * exact._CHUNK // 2, mechanism="gaussian", scale=3.7, grid=UNIT,
+                            generator=SecureGenerator()).numpy()  # fmt: skip
+        again = [id(b) for b in exact._scratch()]
+        if first_pass == "compiled":
+            again += [id(b) for b in kernels._BUFFERS.arrays]
+        assert again == ids  # kept within the thread
+        return ids, np.concatenate([k, k2])
 
     with ThreadPoolExecutor(2) as pool:
         (ids_a, a), (ids_b, b) = pool.map(draw, range(2))
@@ -149,7 +176,7 @@ def test_threads_draw_through_their_own_buffers() -> None:
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_the_slow_exact_paths_draw_the_same_law(
-    mechanism: str, monkeypatch: pytest.MonkeyPatch
+    mechanism: str, monkeypatch: pytest.MonkeyPatch, first_pass: str
 ) -> None:
     # widen both float margins so that most draws go through the second pass and about a
     # tenth of those through interval arithmetic
@@ -214,21 +241,48 @@ def test_float_inverse_tails_are_within_the_claimed_bound(mechanism: str) -> Non
         assert abs(fi - true) <= 2.0**-48 * abs(true) + 2.0**-52
         assert abs(pi - true) <= 2.0**-44 * abs(true) + 2.0**-48 + 2.0**-52 / vi
     mpmath.mp.prec = 53
-    if not law.reflected:
-        return
-    # the reflected first pass reads U = ±(1 − V) from the word; its error at the float U
-    # (V = 1 − |U| exactly) is within the same bound, and its sign is U's
-    u = np.concatenate([1 - v, -(1 - v)])
-    signed = law.signed_first_pass_(torch.tensor(u), 1.0).numpy()
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_compiled_inverse_tails_are_within_the_first_pass_bound(mechanism: str) -> None:
+    """The compiled first pass computes x = t·S⁻¹(V) with its own log and, for the Gaussian,
+    AS 241: within the bound its margin assumes (2⁻⁴⁴·x + 2⁻⁴⁸ + 2⁻⁵²/V at t = 1) against
+    mpmath at 120 bits, over V from the word the kernel reads (|float(w)|/2⁶³), both signs,
+    both sides of AS 241's branch points (V = 0.15, and V/2 = e⁻²⁵) and down to 2⁻⁴⁰."""
+    rng = np.random.default_rng(1)
+    near = 1 + rng.uniform(-1e-3, 1e-3, 50)
+    v = np.concatenate([rng.random(400), 2.0 ** -rng.uniform(0, 40, 400),
+                        1 - 2.0 ** -rng.uniform(1, 50, 100), 0.15 * near,
+                        2 * math.exp(-25) * near, [1.0]])  # fmt: skip
+    words = np.minimum(np.round(v * 2.0**63), 2.0**63 - 1024).astype(np.int64)
+    words[::2] *= -1
+    used = np.abs(words.astype(np.float64)) * 2.0**-63
+    x = kernels.inverse_x(mechanism, words, 1.0)
     mpmath.mp.prec = 120
-    for ui, si in zip(u, signed, strict=True):
-        if abs(ui) >= 1 - 2.0**-40:
-            continue  # V < 2⁻⁴⁰: in doubt whatever the inverse returns (as above)
-        true = mpmath.sqrt(2) * mpmath.erfinv(mpmath.mpf(float(ui)))
-        vi = float(1 - abs(mpmath.mpf(float(ui))))
-        assert math.copysign(1.0, si) == math.copysign(1.0, ui) or si == 0
-        assert abs(si - true) <= 2.0**-44 * abs(true) + 2.0**-48 + 2.0**-52 / vi
+    for vi, xi in zip(used, x, strict=True):
+        m = mpmath.mpf(float(vi))
+        true = {"alm": mpmath.log(2 / m - 1), "laplace": -mpmath.log(m),
+                "gaussian": mpmath.sqrt(2) * mpmath.erfinv(1 - m)}[mechanism]  # fmt: skip
+        assert abs(xi - true) <= 2.0**-44 * abs(true) + 2.0**-48 + 2.0**-52 / vi, (vi, xi)
     mpmath.mp.prec = 53
+    if mechanism == "gaussian":  # the plain-Python form agrees with the compiled loop
+        assert kernels.gaussian_tail_inverse(float(used[0])) == pytest.approx(x[0], rel=1e-14)
+
+
+@pytest.mark.parametrize(("mechanism", "t"), [(m, t) for m in MECHANISMS for t in (3.7, 2.0**20)])
+def test_compiled_and_tensor_first_passes_draw_the_same_cells(
+    mechanism: str, t: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the same seeded words both first passes give the same K: they compute the same x
+    within the bound, so they can differ only for a draw within that bound of the margin
+    (about one in 2⁴⁰ here), which the later passes would decide alike anyway."""
+    draws = {}
+    for compiled in (True, False):
+        monkeypatch.setattr(exact, "_USE_KERNELS", compiled)
+        draws[compiled] = discrete_noise(200_000, mechanism=mechanism, scale=t, grid=UNIT,
+                                         generator=make_generator(seed=5))  # fmt: skip
+    assert torch.equal(draws[True], draws[False])
+    assert int(draws[True].abs().max()) > 3 * t  # not a degenerate output
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
