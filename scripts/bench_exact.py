@@ -34,6 +34,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import alm_opacus.mechanisms.exact as exact_module  # noqa: E402
 from alm_opacus.docblocks import relative, write_block  # noqa: E402
 from alm_opacus.io import atomic_write_text  # noqa: E402
 from alm_opacus.mechanisms import SecureGenerator, create_mechanism  # noqa: E402
@@ -43,6 +44,7 @@ from alm_opacus.mechanisms.exact import (  # noqa: E402
     inflated_sensitivity,
     step_grid,
 )
+from alm_opacus.mechanisms.kernels import first_pass_kernel  # noqa: E402
 from alm_opacus.training import MechanismDPOptimizer  # noqa: E402
 
 __all__ = ["DEPS", "bench_exact", "inflation_table"]
@@ -73,8 +75,10 @@ def bench_draws(*, n: int = 1_000_000, repeats: int = 7) -> dict[str, Any]:
         scale = mech.calibrate(epsilon=1.0, delta=1e-5 if not mech.pure else 0.0,
                                sensitivity=widened)  # fmt: skip
         plans[name] = (mech, scale, grid)
+    paths = ("exact", "tensor", "float")
     best = {key: math.inf for key in ["normal", *(f"{m}:{p}" for m in MECHANISMS
-                                                   for p in ("exact", "float"))]}  # fmt: skip
+                                                   for p in paths)]}  # fmt: skip
+    compiled = first_pass_kernel("alm") is not None
 
     def timed(key: str, fn: Callable[[], object]) -> None:
         start = time.perf_counter()
@@ -84,19 +88,28 @@ def bench_draws(*, n: int = 1_000_000, repeats: int = 7) -> dict[str, Any]:
     for _ in range(repeats):
         timed("normal", lambda: torch.normal(0.0, 1.0, (n,)))
         for name, (mech, scale, grid) in plans.items():
-            timed(f"{name}:exact", partial(discrete_noise, n, mechanism=mech, scale=scale,
-                                           grid=grid, generator=generator))  # fmt: skip
+            draw = partial(discrete_noise, n, mechanism=mech, scale=scale, grid=grid,
+                           generator=generator)  # fmt: skip
+            timed(f"{name}:exact", draw)
+            exact_module._USE_KERNELS = False  # the tensor first pass (numba missing)
+            try:
+                timed(f"{name}:tensor", draw)
+            finally:
+                exact_module._USE_KERNELS = True
             timed(f"{name}:float", partial(mech.sample, n, scale=scale, generator=generator))
     normal = best["normal"]
-    out: dict[str, Any] = {"coordinates": n, "torch_normal_seconds": normal, "repeats": repeats}
+    out: dict[str, Any] = {"coordinates": n, "torch_normal_seconds": normal, "repeats": repeats,
+                           "compiled_first_pass": compiled}  # fmt: skip
     for name, (_, scale, grid) in plans.items():
-        exact, floats = best[f"{name}:exact"], best[f"{name}:float"]
+        exact, tensor, floats = (best[f"{name}:{p}"] for p in paths)
         out[name] = {
             "cells_per_scale": scale / grid.gamma,
             "exact_seconds": exact,
+            "tensor_seconds": tensor,
             "float_seconds": floats,
             "normal_seconds": normal,
             "ratio": exact / normal,
+            "tensor_ratio": tensor / normal,
             "float_ratio": floats / normal,
             "target_ratio": TARGET_DRAW_RATIO,
         }
@@ -191,14 +204,17 @@ def _markdown(
                  "two powers of two, and never exceeds 2⁻⁷.")  # fmt: skip
     if draws is not None:
         ratios = ", ".join(f"{m} {draws[m]['ratio']:.1f}x" for m in MECHANISMS)
+        tensor = ", ".join(f"{m} {draws[m]['tensor_ratio']:.1f}x" for m in MECHANISMS)
         old = ", ".join(f"{m} {draws[m]['float_ratio']:.1f}x" for m in MECHANISMS)
+        path = "compiled (numba)" if draws["compiled_first_pass"] else "tensor (numba missing)"
         lines.append("")
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         lines.append(f"Exact draw of {draws['coordinates']:,} coordinates against "
                      f"`torch.normal` (float32, one thread), measured by "
                      f"`scripts/bench_exact.py` on a shared {os.cpu_count()}-core machine at "
-                     f"load average {load:.1f}: {ratios} (target ≤ 3x; the floating-point "
-                     f"path it replaces: {old}).")  # fmt: skip
+                     f"load average {load:.1f}, first pass {path}: {ratios} (target ≤ 3x; "
+                     f"the tensor first pass, the fallback where numba does not import: "
+                     f"{tensor}; the floating-point path it replaces: {old}).")  # fmt: skip
     if step is not None:
         steps = ", ".join(f"{m} {step[m]['ratio']:.1f}x" for m in MECHANISMS)
         parts = ", ".join(f"{m} {step[m]['optimizer_ratio']:.1f}x" for m in MECHANISMS)
@@ -221,6 +237,8 @@ def format_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     draws, step = report["draws"], report["step"]
     rows = [(f"exact {m} draw, 1M coords, vs torch.normal", f"{draws[m]['ratio']:.1f}x",
              f"<= {TARGET_DRAW_RATIO:g}x") for m in MECHANISMS]  # fmt: skip
+    rows += [(f"  tensor first pass ({m}, no numba) vs torch.normal",
+              f"{draws[m]['tensor_ratio']:.1f}x", "") for m in MECHANISMS]  # fmt: skip
     rows += [(f"  float {m} draw (replaced) vs torch.normal", f"{draws[m]['float_ratio']:.1f}x",
               "") for m in MECHANISMS]  # fmt: skip
     rows += [(f"exact DP-SGD {m} step vs Opacus Gaussian step", f"{step[m]['ratio']:.1f}x", "")
