@@ -50,6 +50,13 @@ from alm_opacus.methods import Method, MethodContext, Release, create_method, pl
 from alm_opacus.run.harness import RunConfig, prepare, torch_threads
 
 TARGET_SECONDS = 5.0
+#: Where the run folder (encoder and feature caches) goes without ``--cache-dir``.
+RUNS = Path(__file__).resolve().parents[1] / "runs"
+
+
+def _run_folder(cache_dir: str | None) -> str:
+    """The bench's run folder: under ``cache_dir`` if given, else under ``runs/``."""
+    return str((Path(cache_dir) if cache_dir else RUNS) / "bench-attacks")
 
 
 def _timed(fn: Any) -> tuple[Any, float, float]:
@@ -73,7 +80,7 @@ class _Bench:
                 split_seed=self.split_seed,
                 cache_dir=self.cache_dir,
                 progress=False,
-                out=str(Path(self.cache_dir or ".") / "bench-attacks"),
+                out=_run_folder(self.cache_dir),
             )
         )
         self.context = MethodContext(
@@ -195,7 +202,7 @@ def _victim(split_seed: int, seed: int, cache_dir: str | None) -> dict[str, Any]
             split_seed=split_seed,
             cache_dir=cache_dir,
             progress=False,
-            out=str(Path(cache_dir or ".") / "bench-attacks"),
+            out=_run_folder(cache_dir),
         )
     )
     (x_in, y_in), (x_out, y_out) = data.part("members"), data.part("nonmembers")

@@ -120,7 +120,8 @@ def docs_block(report: dict[str, Any]) -> str:
     command = f"--dataset {g['dataset']} --methods {g['methods']} {' '.join(g['extra'])}".strip()
     return "\n".join([
         f"Measured by `scripts/bench_ray.py` on a {g['machine_cpus']}-core machine "
-        f"(load average {g['load_average'][0]:.1f} at the end: other jobs shared it), "
+        f"(1-minute load average {g['load_average'][0]:.1f} at the end, the bench's own "
+        f"processes included), "
         f"`{command}`, warm pre-training cache:",
         "",
         "| measure | value | target |",
