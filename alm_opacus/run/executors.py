@@ -59,6 +59,13 @@ MAX_RETRIES = 3
 IN_FLIGHT_PER_CPU = 2
 #: The object store of a cluster this process starts (shared memory; the machine is shared).
 LOCAL_OBJECT_STORE_BYTES = 2 * 1024**3
+#: Idle workers a cluster this process starts keeps, per CPU. A task waiting for its own units
+#: gives its CPU back and Ray starts another worker for them; above Ray's default soft limit
+#: (one worker per CPU) it kills idle workers after a second, and the next wait starts new
+#: ones, each importing torch again (seconds of CPU): on digits that churn started ~25 workers
+#: and doubled a run's CPU time (scripts/bench_ray.py). On a cluster started with ``ray start``,
+#: set ``RAY_num_workers_soft_limit`` in its environment (docs/distributed.md).
+WORKERS_PER_CPU = 4
 
 
 class ExecutorError(RuntimeError):
@@ -345,9 +352,11 @@ class RayExecutor(Executor):
             if address is not None:
                 ray.init(address=address, **common)
             else:
+                cpus = num_cpus or os.cpu_count() or 1
                 with loopback_only():  # "local": a new instance, never another one found here
                     ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1",
                              object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                             _system_config={"num_workers_soft_limit": WORKERS_PER_CPU * cpus},
                              **common)  # fmt: skip
             self._owns = True
         self._map = RayMap(cpus=cpus_per_task, retries=max_retries)
