@@ -167,7 +167,7 @@ def tpr_intervals(
     # non-member score is the first of a draw's ranked scores whose running count reaches
     # k + 1 (only the top few are read), and the TPR counts the resampled members above it:
     # the statistic of materialised resamples, in O(q) per resample instead of O(R q log q).
-    chunk = max(1, min(500, 2**22 // max(m, n)))  # bounded memory whatever q
+    chunk = bootstrap_chunk(m, n)
     for start in range(0, resamples, chunk):
         b = min(chunk, resamples - start)
         which = rng.integers(draws, size=(b, draws)) if draws > 1 else np.zeros((b, 1), int)
@@ -193,6 +193,19 @@ def tpr_intervals(
         low, high = np.quantile(values, [tail, 1 - tail])
         out[lv] = (float(low), float(high))
     return out
+
+
+#: Elements of each (resamples, examples) array of a bootstrap chunk: 1 MiB of int64, inside a
+#: core's L2 cache. With 2^22 (32 MiB) the scatter of the counts ran from memory once q passed a
+#: few thousand, and the cost per example doubled between q = 2,000 and 10,000
+#: (scripts/bench_scale.py's metric-attacks stage grew as n^1.4 there).
+CHUNK_ELEMENTS = 2**17
+
+
+def bootstrap_chunk(m: int, n: int) -> int:
+    """Resamples per chunk of :func:`tpr_intervals` with ``m`` members and ``n`` non-members:
+    a working set that stays in cache whatever ``q``, so the cost per example is constant."""
+    return max(1, min(500, CHUNK_ELEMENTS // max(m, n)))
 
 
 def _counts(draws: npt.NDArray[np.int64], size: int) -> npt.NDArray[np.int64]:

@@ -190,7 +190,7 @@ def test_tpr_bootstrap_equals_materialised_resamples(q: int, draws: int) -> None
     # each draw's ranked scores) against resamples materialised as in the definition: the
     # same random numbers give the same endpoints, ties included (to the last bits: the
     # averages are summed in another order).
-    from alm_opacus.attacks.intervals import tpr_at_fprs, tpr_intervals
+    from alm_opacus.attacks.intervals import bootstrap_chunk, tpr_at_fprs, tpr_intervals
 
     rng = np.random.default_rng(q)
     scores = np.round(rng.standard_normal((draws, q)), 2)  # many ties
@@ -199,13 +199,20 @@ def test_tpr_bootstrap_equals_materialised_resamples(q: int, draws: int) -> None
     got = tpr_intervals(scores, member, levels=levels, resamples=resamples, seed=7)
     pos_idx, neg_idx = np.flatnonzero(member), np.flatnonzero(~member)
     supported = tuple(lv for lv in levels if neg_idx.size * lv >= 1)
-    ref = np.random.default_rng(7)  # one chunk: the random numbers in the function's order
-    which = ref.integers(draws, size=(resamples, draws)) if draws > 1 else np.zeros((300, 1), int)
-    pi = pos_idx[ref.integers(pos_idx.size, size=(resamples, pos_idx.size))]
-    ni = neg_idx[ref.integers(neg_idx.size, size=(resamples, neg_idx.size))]
-    pos = scores[which[:, :, None], pi[:, None, :]]
-    neg = scores[which[:, :, None], ni[:, None, :]]
-    for lv, tpr in tpr_at_fprs(pos, neg, supported).items():
-        low, high = np.quantile(tpr.mean(-1), [0.025, 0.975])
+    chunk = bootstrap_chunk(pos_idx.size, neg_idx.size)
+    assert (q == 400) == (chunk >= resamples)  # one chunk, and several, are both covered
+    ref = np.random.default_rng(7)  # the random numbers in the function's order, per chunk
+    tprs: dict[float, list[np.ndarray]] = {lv: [] for lv in supported}
+    for start in range(0, resamples, chunk):
+        b = min(chunk, resamples - start)
+        which = ref.integers(draws, size=(b, draws)) if draws > 1 else np.zeros((b, 1), int)
+        pi = pos_idx[ref.integers(pos_idx.size, size=(b, pos_idx.size))]
+        ni = neg_idx[ref.integers(neg_idx.size, size=(b, neg_idx.size))]
+        pos = scores[which[:, :, None], pi[:, None, :]]
+        neg = scores[which[:, :, None], ni[:, None, :]]
+        for lv, tpr in tpr_at_fprs(pos, neg, supported).items():
+            tprs[lv].append(tpr.mean(-1))
+    for lv in supported:
+        low, high = np.quantile(np.concatenate(tprs[lv]), [0.025, 0.975])
         assert got[lv] == pytest.approx((low, high), rel=1e-12, abs=1e-15)
     assert all(math.isnan(v) for lv in levels if lv not in supported for v in got[lv])
