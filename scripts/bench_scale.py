@@ -517,10 +517,16 @@ def plot(cache: Cache, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 5))
-    for stage, rows in _by_stage(cache).items():
+    tab20 = plt.get_cmap("tab20")  # 12 stages: tab10 would give two lines one colour
+    for i, (stage, rows) in enumerate(_by_stage(cache).items()):
         k = exponent([(r["n"], _work(r)) for r in rows])
-        ax.plot([r["n"] for r in rows], [_work(r) for r in rows], marker="o",
-                label=f"{stage} ({k:.2f})")  # fmt: skip
+        ax.plot(
+            [r["n"] for r in rows],
+            [_work(r) for r in rows],
+            marker="os^Dv"[i % 5],
+            color=tab20(((2 * i) % 20 + (2 * i) // 20) / 19),
+            label=f"{stage} ({k:.2f})",
+        )
     all_n = sorted({r["n"] for rows in _by_stage(cache).values() for r in rows})
     if all_n:
         ref = np.array(all_n, dtype=float)
