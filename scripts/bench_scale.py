@@ -524,7 +524,7 @@ def plot(cache: Cache, path: Path) -> None:
             [r["n"] for r in rows],
             [_work(r) for r in rows],
             marker="os^Dv"[i % 5],
-            color=tab20(((2 * i) % 20 + (2 * i) // 20) / 19),
+            color=tab20((2 * i) % 20 + (2 * i) // 20),  # dark shades first, then the light ones
             label=f"{stage} ({k:.2f})",
         )
     all_n = sorted({r["n"] for rows in _by_stage(cache).values() for r in rows})
