@@ -262,3 +262,91 @@ def test_a_killed_driver_resumes_to_the_same_table(  # type: ignore[no-untyped-d
     while killed_cluster & set(list_ray_processes()) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not killed_cluster & set(list_ray_processes())
+
+
+def _memo_unit(memo: Any, key: str, marker: str | None, seconds: float, fail: bool) -> Any:
+    """A task reading ``key`` from the run's memo; computing it writes ``marker``, takes
+    ``seconds`` and fails if ``fail``. Returns the value (unique to the computation that made
+    it) or the error's message."""
+
+    def compute() -> tuple[int, int]:
+        if marker is not None:
+            Path(marker).write_text("claimed")
+        time.sleep(seconds)
+        if fail:
+            raise RuntimeError("the claimant failed")
+        return os.getpid(), time.monotonic_ns()
+
+    try:
+        return memo.get(key, compute)
+    except RuntimeError as exc:
+        return str(exc)
+
+
+@pytest.fixture
+def by_value() -> Iterator[None]:
+    """Workers cannot import the tests: this module's functions travel by value."""
+    from ray import cloudpickle
+
+    module = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        yield
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+
+
+def _sleep(shared: None, seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def _second_asks_while_first_computes(key: str, marker: Path, *, fail: bool) -> tuple[Any, Any]:
+    """Two tasks ask for ``key``; the second is submitted once the first has claimed it and is
+    computing it (3 s). Half a CPU each: both run at once wherever Ray places them."""
+    from alm_opacus.run.executors import RayExecutor
+
+    with RayExecutor(cpus_per_task=0.5) as executor:
+        executor.map(_sleep, [1.0] * 4, shared=None)  # workers started: both tasks start now
+        memo = executor.memo()
+        first = executor.submit(_memo_unit, memo, key, str(marker), 3.0, fail)
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        second = executor.submit(_memo_unit, memo, key, None, 0.0, False)
+        return ray.get(first), ray.get(second)
+
+
+@pytest.mark.slow
+def test_tasks_side_by_side_compute_a_shared_value_once(cluster, by_value, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The second task waits for the first's value instead of computing it again (two
+    computations would give two different values)."""
+    first, second = _second_asks_while_first_computes("once", tmp_path / "m", fail=False)
+    assert isinstance(first, tuple) and second == first
+
+
+@pytest.mark.slow
+def test_a_failed_claimant_lets_a_waiter_compute(cluster, by_value, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    first, second = _second_asks_while_first_computes("fails", tmp_path / "m", fail=True)
+    assert first == "the claimant failed"
+    assert isinstance(second, tuple)  # computed by the task that waited
+
+
+@pytest.mark.slow
+def test_the_memo_store_gives_a_rerun_task_its_claim_back(cluster) -> None:  # type: ignore[no-untyped-def]
+    """Ray re-runs a task whose worker died under the same task ID: it gets its claim back
+    instead of waiting for itself; any other task waits until the value is put."""
+    from alm_opacus.run.executors import RayExecutor
+
+    with RayExecutor() as executor:
+        store = executor.memo()._actor  # type: ignore[attr-defined]
+        assert ray.get(store.claim.remote("n", "task-1")) == ("yours", None)
+        assert ray.get(store.claim.remote("n", "task-1")) == ("yours", None)  # re-run
+        assert ray.get(store.claim.remote("n", "task-2")) == ("claimed", None)
+        assert ray.get(store.wait.remote("n", 0.2)) == (False, None)  # timed out
+        waiting = store.wait.remote("n", 60.0)
+        ray.get(store.put.remote("n", 7))
+        assert ray.get(waiting) == (True, 7)
+        assert ray.get(store.claim.remote("n", "task-3")) == ("found", 7)
+        assert ray.get(store.claim.remote("m", "task-1")) == ("yours", None)
+        ray.get(store.release.remote("m"))  # a failed claimant: the next one computes
+        assert ray.get(store.claim.remote("m", "task-2")) == ("yours", None)

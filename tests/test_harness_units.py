@@ -11,7 +11,14 @@ import pytest
 from alm_opacus.report.results import read_results
 from alm_opacus.run.config import RunConfig
 from alm_opacus.run.evaluation import CLEAN_SUFFIX
-from alm_opacus.run.harness import Cell, CellOutcome, Session, plan_cells, run_cell
+from alm_opacus.run.harness import (
+    Cell,
+    CellOutcome,
+    Session,
+    plan_cells,
+    run_cell,
+    spread_by_method,
+)
 from alm_opacus.run.writer import RunWriter, run_settings
 
 
@@ -24,6 +31,24 @@ def test_the_grid_puts_the_baseline_first_in_every_seed() -> None:
     assert {c.draws for c in cells if c.method != "none"} == {2} and len(cells) == 10
     default = plan_cells(RunConfig(methods=("alm",)))
     assert [c.epsilon for c in default[1:]] == list(RunConfig().grid)
+
+
+def test_cells_side_by_side_start_every_method_first() -> None:
+    """Executors that run cells side by side take the first cell of every (method, seed)
+    before the second of any (a method's first cell computes what its others share)."""
+    config = RunConfig(methods=("alm", "none", "laplace"), epsilons=(1.0, 2.0, 4.0), seeds=(3, 4))
+    cells = plan_cells(config)
+    spread = spread_by_method(cells)
+    assert sorted(spread, key=cells.index) == cells  # a permutation
+    names = [(c.method, c.epsilon, c.seed) for c in spread]
+    assert names[:6] == [("none", math.inf, 3), ("alm", 1.0, 3), ("laplace", 1.0, 3),
+                         ("none", math.inf, 4), ("alm", 1.0, 4), ("laplace", 1.0, 4)]  # fmt: skip
+    assert names[6:10] == [("alm", 2.0, 3), ("laplace", 2.0, 3),
+                           ("alm", 2.0, 4), ("laplace", 2.0, 4)]  # fmt: skip
+    for group in {(c.method, c.seed) for c in cells}:  # plan order within a (method, seed)
+        assert [c for c in spread if (c.method, c.seed) == group] == [
+            c for c in cells if (c.method, c.seed) == group
+        ]
 
 
 @pytest.fixture(scope="module")

@@ -281,43 +281,106 @@ class RayMap:
         return cast(list[R], _unwrap([task.remote(fn, ref, unit) for unit in units]))
 
 
+#: Seconds a task waits for a value another task claimed before computing it itself (a
+#: safety net: a claimant that fails releases its claim, and one whose worker died is re-run
+#: by Ray under the same task ID, which gets the claim back).
+CLAIM_WAIT_SECONDS = 900.0
+
+
 class _MemoStore:
-    """The values of a :class:`SharedMemo`, held by one Ray actor per run."""
+    """The values of a :class:`SharedMemo`, held by one asynchronous Ray actor per run.
+
+    A key is computed once: the first task to :meth:`claim` it computes it, and the others
+    :meth:`wait` for it (blocked in ``ray.get``, so Ray lends their CPUs to other tasks).
+    Without claims, two cells in flight computed the same shadow networks side by side
+    (``lu`` on mnist: ~200 CPU-s, a fifth of a Ray run's work; scripts/bench_ray.py).
+    """
 
     def __init__(self) -> None:
-        self._values: dict[str, Any] = {}
+        import asyncio
 
-    def get(self, name: str) -> tuple[bool, Any]:
-        """``(True, value)`` if ``name`` is stored, else ``(False, None)``."""
+        self._asyncio = asyncio
+        self._values: dict[str, Any] = {}
+        self._claims: dict[str, tuple[str, Any]] = {}  # name -> (claimant, asyncio.Event)
+
+    async def claim(self, name: str, claimant: str) -> tuple[str, Any]:
+        """``("found", value)``; ``("yours", None)``: compute it and :meth:`put` it (or
+        :meth:`release` it); ``("claimed", None)``: another task computes it."""
+        if name in self._values:
+            return "found", self._values[name]
+        held = self._claims.get(name)
+        if held is not None and held[0] != claimant:  # the same task again: Ray re-ran it
+            return "claimed", None
+        self._claims[name] = (claimant, self._asyncio.Event())
+        return "yours", None
+
+    async def wait(self, name: str, timeout: float) -> tuple[bool, Any]:
+        """``(True, value)`` once the claimant put it; ``(False, None)`` if it released its
+        claim or ``timeout`` seconds passed."""
+        held = self._claims.get(name)
+        if held is not None and name not in self._values:
+            with contextlib.suppress(self._asyncio.TimeoutError):  # TimeoutError from 3.11
+                await self._asyncio.wait_for(held[1].wait(), timeout)
         return (True, self._values[name]) if name in self._values else (False, None)
 
-    def put(self, name: str, value: Any) -> None:
+    async def put(self, name: str, value: Any) -> None:
         self._values.setdefault(name, value)
+        self._end_claim(name)
+
+    async def release(self, name: str) -> None:
+        """The claimant could not compute it: the waiters compute it themselves."""
+        self._end_claim(name)
+
+    def _end_claim(self, name: str) -> None:
+        held = self._claims.pop(name, None)
+        if held is not None:
+            held[1].set()
+
+
+def _task_id() -> str:
+    """The running Ray task's ID (kept when Ray re-runs the task), or the process's."""
+    import ray
+
+    context = ray.get_runtime_context()
+    return str(context.get_task_id() or f"pid-{os.getpid()}")
 
 
 class SharedMemo(RunMemo):
     """A :class:`~alm_opacus.methods.RunMemo` shared by every task of a run: a value is
-    computed by the first task that needs it and read by the others from an actor. Values
-    are pure functions of their keys, so a race (two tasks computing one key) only costs
-    time. Keys whose ``repr`` is not stable across processes stay task-local."""
+    computed by the first task that claims its key and read by the others from an actor
+    (:class:`_MemoStore`). Keys whose ``repr`` is not stable across processes stay
+    task-local."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, *, wait_seconds: float = CLAIM_WAIT_SECONDS) -> None:
         super().__init__()
         self._actor = store
+        self._wait_seconds = wait_seconds
 
     def get(self, key: Hashable, compute: Callable[[], T]) -> T:
         text = repr(key)
         if key in self or " object at 0x" in text:  # an address is no key across processes
             return super().get(key, compute)
         name = hashlib.sha256(text.encode()).hexdigest()
-        found, value = _unwrap(self._actor.get.remote(name))
-        if not found:
-            value = compute()
+        state, value = _unwrap(self._actor.claim.remote(name, _task_id()))
+        if state == "claimed":
+            found, value = _unwrap(self._actor.wait.remote(name, self._wait_seconds))
+            state = "found" if found else "yours"
+        if state == "yours":
+            try:
+                value = compute()
+            except BaseException:
+                self._actor.release.remote(name)
+                raise
             self._actor.put.remote(name, value)
         return super().get(key, lambda: cast(T, value))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (SharedMemo, (self._actor,))  # a task's local copies stay in the task
+        # a task's local copies stay in the task
+        return (_shared_memo, (self._actor, self._wait_seconds))
+
+
+def _shared_memo(store: Any, wait_seconds: float) -> SharedMemo:
+    return SharedMemo(store, wait_seconds=wait_seconds)
 
 
 class RayExecutor(Executor):
