@@ -120,6 +120,7 @@ def train_dpsgd_head(
     d = int(features.shape[1])
     x = clip_features(features.to(device=device, dtype=head.torch_dtype), head.clip_radius)
     model = HeadNet(init_params(d=d, num_classes=num_classes, head=head, seed=seed), head.kind)
+    model = model.to(device)  # initialised on the CPU (the same draw on every device)
     run = fit_private(
         x,
         labels.to(device=device, dtype=torch.long),
