@@ -20,6 +20,7 @@ from alm_opacus.attacks.scores import (
     confidence_score,
     correctness_score,
     entropy_score,
+    in_blocks,
     loss_score,
     modified_entropy_score,
 )
@@ -38,7 +39,7 @@ class MetricAttack(Attack):
     def fit(self, context: ShadowContext) -> None:
         proba, labels, is_member = concat_pairs(context.shadow_bank())
         self.threshold = Threshold.fit(
-            scores=self.signal(proba, labels),
+            scores=in_blocks(self.signal, proba, labels),
             labels=labels,
             is_member=is_member,
             num_classes=context.num_classes,
@@ -48,7 +49,7 @@ class MetricAttack(Attack):
     def score(self, query: TargetQuery) -> AttackScores:
         if self.threshold is None:
             raise RuntimeError(f"attack {self.name!r} was scored before fit()")
-        s = self.signal(query.proba, query.labels)
+        s = in_blocks(self.signal, query.proba, query.labels)
         return AttackScores(scores=s, decisions=self.threshold.apply(s, query.labels))
 
 

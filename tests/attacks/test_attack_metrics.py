@@ -71,6 +71,36 @@ def test_auc_matches_sklearn_on_arbitrary_ties(pairs: list[tuple[int, bool]]) ->
     assert roc_auc(roc) == pytest.approx(skm.roc_auc_score(member, scores), abs=1e-12)
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([-1e308, -1.5, -0.0, 0.0, 0.25, 2.0, 1e308]),
+                  st.booleans()),
+        min_size=2, max_size=60,
+    ).filter(lambda xs: len({m for _, m in xs}) == 2)
+)  # fmt: skip
+def test_roc_and_best_threshold_on_arbitrary_ties_and_extremes(
+    pairs: list[tuple[float, bool]],
+) -> None:
+    """The whole curve against scikit-learn, and the threshold against its definition: the
+    midpoint between the score maximising TPR - FPR and the next lower score in the data."""
+    scores = np.array([s for s, _ in pairs])
+    member = np.array([m for _, m in pairs])
+    roc = roc_curve(scores=scores, is_member=member)
+    fpr, tpr, thr = skm.roc_curve(member, scores, drop_intermediate=False)
+    np.testing.assert_array_equal(roc.fpr, fpr)
+    np.testing.assert_array_equal(roc.tpr, tpr)
+    np.testing.assert_array_equal(roc.thresholds[1:], thr[1:])
+    flagged = [(member & (scores >= t)).sum() / member.sum()
+               - (~member & (scores >= t)).sum() / (~member).sum() for t in roc.thresholds]  # fmt: skip
+    i = int(np.argmax(flagged))
+    below = scores[scores < roc.thresholds[i]]
+    expected = (math.inf if i == 0 else
+                (roc.thresholds[i] + below.max()) / 2 if below.size else -math.inf)  # fmt: skip
+    got = best_threshold(scores=scores, is_member=member)
+    assert got == expected
+
+
 @pytest.mark.parametrize("mu", [0.0, 0.5, 1.0, 2.0])
 def test_planted_gaussian_signal_has_known_auc(mu: float) -> None:
     # members ~ N(mu, 1), non-members ~ N(0, 1): AUC = P(X > Y) = Phi(mu / sqrt(2))

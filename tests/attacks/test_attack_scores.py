@@ -14,7 +14,9 @@ from alm_opacus.attacks.lira import fit_gaussian, gaussian_logpdf, leave_one_out
 from alm_opacus.attacks.scores import (
     confidence_score,
     correctness_score,
+    BLOCK_ROWS,
     entropy_score,
+    in_blocks,
     logit_confidence,
     loss_score,
     modified_entropy_score,
@@ -166,3 +168,17 @@ def test_reset_features_resets_the_asked_fraction_from_the_marginals() -> None:
     # every value is the same coordinate of some pool row
     for col in range(10):
         assert set(out[:, col].tolist()) <= set(x[:, col].tolist())
+
+
+@pytest.mark.parametrize(
+    "signal",
+    [loss_score, confidence_score, entropy_score, modified_entropy_score, correctness_score],
+)
+def test_a_signal_in_blocks_is_the_signal(signal) -> None:  # type: ignore[no-untyped-def]
+    """Blocks of rows give the very same floats (every signal is computed row by row),
+    including rows whose probabilities round to 0 and 1."""
+    rows = 3 * BLOCK_ROWS + 17
+    proba = _proba(3, n=rows, c=10, scale=12.0)
+    proba[::7] = np.eye(10)[np.arange(rows)[::7] % 10]  # exact one-hot rows
+    labels = np.random.default_rng(4).integers(0, 10, size=rows)
+    np.testing.assert_array_equal(in_blocks(signal, proba, labels), signal(proba, labels))
