@@ -175,14 +175,19 @@ def tpr_intervals(
         neg_counts = _counts(rng.integers(n, size=(b, n)), n)
         tpr = {lv: np.ones((b, draws)) for lv in ks}
         for r in range(draws):
-            # resampled members at or above each of the draw's ranked member scores
-            cumulative = np.cumsum(pos_counts[:, pos_order[r]], axis=1)
+            # members strictly above each level's threshold: a prefix of the ranked members
+            aboves = {}
             for lv, k in ks.items():
-                if k >= n:
-                    continue
-                threshold = ranked[r, _first_reaching(neg_counts, order[r], k + 1)]
-                # members strictly above the threshold: a prefix of the ranked members
-                above = np.searchsorted(-pos_ranked[r], -threshold, side="left")
+                if k < n:
+                    threshold = ranked[r, _first_reaching(neg_counts, order[r], k + 1)]
+                    aboves[lv] = np.searchsorted(-pos_ranked[r], -threshold, side="left")
+            if not aboves:
+                continue
+            # resampled members at or above each ranked member score, as far as any prefix
+            # reaches (at a low FPR a prefix is a small part of the members)
+            width = max(1, max(int(a.max()) for a in aboves.values()))
+            cumulative = np.cumsum(pos_counts[:, pos_order[r, :width]], axis=1)
+            for lv, above in aboves.items():
                 tpr[lv][:, r] = (
                     np.where(above > 0, cumulative[np.arange(b), np.maximum(above - 1, 0)], 0) / m
                 )
