@@ -201,9 +201,22 @@ def _epsilon_lower_bounds(
     if not 0 < confidence < 1:
         raise ValueError(f"confidence={confidence!r} is invalid: expected a number in (0, 1)")
     each = 1 - (1 - confidence) / 2
-    _, fpr_u = clopper_pearson(successes=fp, trials=negatives, confidence=each, side="upper")
-    _, fnr_u = clopper_pearson(successes=fn, trials=positives, confidence=each, side="upper")
+    fpr_u = _upper_bounds(fp, negatives, confidence=each)
+    fnr_u = _upper_bounds(fn, positives, confidence=each)
     return epsilon_from_rates(fpr=fpr_u, fnr=fnr_u, delta=delta), fpr_u, fnr_u
+
+
+def _upper_bounds(
+    successes: npt.NDArray[np.int64] | FloatArray, trials: int, *, confidence: float
+) -> FloatArray:
+    """One-sided Clopper–Pearson upper bounds, each distinct count computed once: a ROC's
+    counts repeat (a step of the other class leaves them unchanged), and ``beta.ppf`` on
+    every point was most of the split-half bound's cost."""
+    counts = np.asarray(successes, dtype=np.float64)
+    distinct, inverse = np.unique(counts, return_inverse=True)
+    _, upper = clopper_pearson(successes=distinct, trials=trials, confidence=confidence,
+                               side="upper")  # fmt: skip
+    return np.asarray(upper, dtype=np.float64)[inverse].reshape(counts.shape)
 
 
 def best_threshold(*, scores: ArrayLike, is_member: ArrayLike) -> float:

@@ -87,12 +87,13 @@ def test_roc_and_best_threshold_on_arbitrary_ties_and_extremes(
     scores = np.array([s for s, _ in pairs])
     member = np.array([m for _, m in pairs])
     roc = roc_curve(scores=scores, is_member=member)
-    fpr, tpr, thr = skm.roc_curve(member, scores, drop_intermediate=False)
-    np.testing.assert_array_equal(roc.fpr, fpr)
-    np.testing.assert_array_equal(roc.tpr, tpr)
+    sk_fpr, sk_tpr, thr = skm.roc_curve(member, scores, drop_intermediate=False)
+    np.testing.assert_array_equal(roc.fpr, sk_fpr)
+    np.testing.assert_array_equal(roc.tpr, sk_tpr)
     np.testing.assert_array_equal(roc.thresholds[1:], thr[1:])
-    flagged = [(member & (scores >= t)).sum() / member.sum()
-               - (~member & (scores >= t)).sum() / (~member).sum() for t in roc.thresholds]  # fmt: skip
+    tpr = [(member & (scores >= t)).sum() / member.sum() for t in roc.thresholds]
+    fpr = [(~member & (scores >= t)).sum() / (~member).sum() for t in roc.thresholds]
+    flagged = np.subtract(tpr, fpr)
     i = int(np.argmax(flagged))
     below = scores[scores < roc.thresholds[i]]
     expected = (math.inf if i == 0 else
@@ -301,3 +302,14 @@ def test_bad_inputs_name_the_value() -> None:
         )
     with pytest.raises(ValueError, match="aggregate"):
         aggregate_results([])
+
+
+def test_upper_bounds_of_repeated_counts_are_the_pointwise_bounds() -> None:
+    """The split-half bound computes each distinct count's Clopper–Pearson bound once; the
+    values are those of the pointwise call, bit for bit."""
+    from alm_opacus.attacks.metrics import _upper_bounds
+
+    counts = np.rint(np.sort(np.random.default_rng(0).uniform(0, 300, size=2000)))
+    _, pointwise = clopper_pearson(successes=counts, trials=300, confidence=0.975, side="upper")
+    np.testing.assert_array_equal(_upper_bounds(counts, 300, confidence=0.975), pointwise)
+    assert _upper_bounds(np.float64(7), 300, confidence=0.975).shape == ()

@@ -12,9 +12,9 @@ from scipy import stats
 from alm_opacus.attacks import LiraLocation, ThresholdScope
 from alm_opacus.attacks.lira import fit_gaussian, gaussian_logpdf, leave_one_out_fit, pooled_std
 from alm_opacus.attacks.scores import (
+    BLOCK_ROWS,
     confidence_score,
     correctness_score,
-    BLOCK_ROWS,
     entropy_score,
     in_blocks,
     logit_confidence,
