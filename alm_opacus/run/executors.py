@@ -297,9 +297,6 @@ class _MemoStore:
     """
 
     def __init__(self) -> None:
-        import asyncio
-
-        self._asyncio = asyncio
         self._values: dict[str, Any] = {}
         self._claims: dict[str, tuple[str, Any]] = {}  # name -> (claimant, asyncio.Event)
 
@@ -311,16 +308,20 @@ class _MemoStore:
         held = self._claims.get(name)
         if held is not None and held[0] != claimant:  # the same task again: Ray re-ran it
             return "claimed", None
-        self._claims[name] = (claimant, self._asyncio.Event())
+        import asyncio  # here, not at the top: the default run imports no asyncio
+
+        self._claims[name] = (claimant, asyncio.Event())
         return "yours", None
 
     async def wait(self, name: str, timeout: float) -> tuple[bool, Any]:
         """``(True, value)`` once the claimant put it; ``(False, None)`` if it released its
         claim or ``timeout`` seconds passed."""
-        held = self._claims.get(name)
-        if held is not None and name not in self._values:
-            with contextlib.suppress(self._asyncio.TimeoutError):  # TimeoutError from 3.11
-                await self._asyncio.wait_for(held[1].wait(), timeout)
+        import asyncio
+
+        held = self._claims.get(name)  # a claim is held only until its value is put
+        if held is not None:
+            with contextlib.suppress(asyncio.TimeoutError):  # TimeoutError from 3.11
+                await asyncio.wait_for(held[1].wait(), timeout)
         return (True, self._values[name]) if name in self._values else (False, None)
 
     async def put(self, name: str, value: Any) -> None:
@@ -351,10 +352,9 @@ class SharedMemo(RunMemo):
     (:class:`_MemoStore`). Keys whose ``repr`` is not stable across processes stay
     task-local."""
 
-    def __init__(self, store: Any, *, wait_seconds: float = CLAIM_WAIT_SECONDS) -> None:
+    def __init__(self, store: Any) -> None:
         super().__init__()
         self._actor = store
-        self._wait_seconds = wait_seconds
 
     def get(self, key: Hashable, compute: Callable[[], T]) -> T:
         text = repr(key)
@@ -363,7 +363,7 @@ class SharedMemo(RunMemo):
         name = hashlib.sha256(text.encode()).hexdigest()
         state, value = _unwrap(self._actor.claim.remote(name, _task_id()))
         if state == "claimed":
-            found, value = _unwrap(self._actor.wait.remote(name, self._wait_seconds))
+            found, value = _unwrap(self._actor.wait.remote(name, CLAIM_WAIT_SECONDS))
             state = "found" if found else "yours"
         if state == "yours":
             try:
@@ -376,11 +376,7 @@ class SharedMemo(RunMemo):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # a task's local copies stay in the task
-        return (_shared_memo, (self._actor, self._wait_seconds))
-
-
-def _shared_memo(store: Any, wait_seconds: float) -> SharedMemo:
-    return SharedMemo(store, wait_seconds=wait_seconds)
+        return (SharedMemo, (self._actor,))
 
 
 class RayExecutor(Executor):
