@@ -25,7 +25,9 @@ to a cache (``--cache``, a JSON file) as each unit finishes: a re-run skips what
 (``--force`` redoes it), so an interrupted run resumes. ``--paper`` adds the issue-21 settings:
 the sampler with m = 500 at n = 50,000 (d = 512) in one process, the default ``compare.py
 --methods alm,gaussian,dpsgd`` grid on a 10,000-member features file and on a 50,000-member
-one, each a fresh process from an empty cache (wall time and peak RSS). ``--write`` regenerates
+one, each a fresh process from an empty cache (wall time and peak RSS; a grid interrupted,
+e.g. with its session, continues with ``--resume`` on the next invocation, and its time is the
+sum of its parts'). ``--write`` regenerates
 the marked blocks of docs/scale.md and docs/scale.png from the cache.
 
     .venv/bin/python scripts/bench_scale.py --write                 # all stages, all sizes
@@ -403,13 +405,25 @@ def measure_paper(args: argparse.Namespace, cache: Cache) -> None:
         if kind == "paper-sampler":
             command = [sys.executable, __file__, "--unit", "sampled", "--unit-file", str(path),
                        "--m", "500", "--threads", str(args.threads)]  # fmt: skip
+            code, wall, rss, text = _child(command, log=folder / f"{kind}-{n}.log")
+            parts: list[dict[str, Any]] = []
         else:
             out = folder / f"grid-{n}"
-            shutil.rmtree(out, ignore_errors=True)  # a fresh run from an empty cache
+            parts_file = out / "bench-parts.json"
+            fresh = args.force or not parts_file.exists()
+            parts = [] if fresh else json.loads(parts_file.read_text())
+            if not parts:
+                shutil.rmtree(out, ignore_errors=True)  # a fresh run from an empty cache
             command = [sys.executable, str(ROOT / "scripts" / "compare.py"), "--dataset",
                        f"features:{path}", "--methods", GRID_METHODS, "--out", str(out),
-                       "--cache-dir", str(out / "cache"), "--no-progress"]  # fmt: skip
-        code, wall, rss, text = _child(command, log=folder / f"{kind}-{n}.log")
+                       "--cache-dir", str(out / "cache"), "--no-progress",
+                       *(["--resume"] if parts else [])]  # fmt: skip
+            code, parts = _resumable_child(command, log=folder / f"{kind}-{n}.log",
+                                           parts_file=parts_file, parts=parts)  # fmt: skip
+            text = ""
+            wall = sum(p["seconds"] for p in parts)
+            rss = max(p["peak_rss_gib"] for p in parts)
+            stamp = {**stamp, "when": parts[0]["when"], "load": parts[0]["load"]}
         if code != 0:
             print(f"bench_scale: {kind} at n={n} failed (exit {code}); see its log",
                   file=sys.stderr)  # fmt: skip
@@ -417,7 +431,57 @@ def measure_paper(args: argparse.Namespace, cache: Cache) -> None:
         result = json.loads(text.strip().splitlines()[-1]) if kind == "paper-sampler" else {}
         cache.put(f"{kind},n={n}", {**result, "kind": kind, "n": n, "wall": wall,
                                     "peak_rss_gib": rss, "threads": args.threads, **stamp,
+                                    "parts": max(len(parts), 1),
                                     "load_after": round(os.getloadavg()[0], 2)})  # fmt: skip
+
+
+def _peak_rss_gib(pid: int) -> float:
+    """A running process's peak RSS so far (Linux's VmHWM; 0 where there is no /proc)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return 0.0
+    kib = [int(line.split()[1]) for line in lines if line.startswith("VmHWM:")]
+    return kib[0] / 2**20 if kib else 0.0
+
+
+def _resumable_child(
+    command: list[str], *, log: Path, parts_file: Path, parts: list[dict[str, Any]],
+    poll: float = 30.0,
+) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
+    """Run ``command`` as one more part of a run that may have been interrupted before.
+
+    Its wall seconds and peak RSS so far go to ``parts_file`` every ``poll`` seconds, so a
+    run killed with its session (the 50,000-member grid takes hours) keeps what it measured,
+    and the next part (``--resume``) adds to it. Returns the exit code and the parts.
+    """
+    import threading
+
+    from alm_opacus.io import atomic_write_json
+
+    part: dict[str, Any] = {**_stamp(), "seconds": 0.0, "peak_rss_gib": 0.0, "done": False}
+    parts = [*parts, part]
+    reaped: dict[str, Any] = {}
+    done = threading.Event()
+    parts_file.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with log.open("a") as err:
+        child = subprocess.Popen(command, stdout=err, stderr=err, cwd=ROOT)
+
+        def reap() -> None:  # wait4: the child's own peak RSS, as _child records it
+            _, reaped["status"], reaped["usage"] = os.wait4(child.pid, 0)
+            done.set()
+
+        threading.Thread(target=reap, daemon=True).start()
+        while not done.wait(poll):
+            part["seconds"] = time.perf_counter() - start
+            part["peak_rss_gib"] = max(part["peak_rss_gib"], _peak_rss_gib(child.pid))
+            atomic_write_json(parts_file, parts)
+    code = child.returncode = os.waitstatus_to_exitcode(reaped["status"])
+    part.update(seconds=time.perf_counter() - start, done=code == 0,
+                peak_rss_gib=reaped["usage"].ru_maxrss / 2**20)  # fmt: skip
+    atomic_write_json(parts_file, parts)
+    return code, parts
 
 
 def _work(record: dict[str, Any]) -> float:
@@ -505,9 +569,18 @@ def paper_block(cache: Cache) -> str:
             f"- `compare.py --dataset features:PATH --methods {GRID_METHODS}` (the default "
             f"grid: 6 epsilons, 5 noise draws, every attack) on {n:,} members ({5 * n:,} rows): "
             f"**{_fmt_seconds(value['wall'])}**, peak RSS **{value['peak_rss_gib']:.2f} GiB**"
-            f"{target}; {value['when']} UTC, load average {value['load']:.1f}."
+            f"{target}; {value['when']} UTC, load average {value['load']:.1f}{_parts(value)}."
         )
     return "\n".join(lines) if lines else "(not measured yet: `scripts/bench_scale.py --paper`)"
+
+
+def _parts(record: dict[str, Any]) -> str:
+    """How an interrupted run was timed: the sum of its parts' wall times."""
+    k = record.get("parts", 1)
+    if k <= 1:
+        return ""
+    return (f"; in {k} parts (interrupted, continued with `--resume`): the sum of their wall "
+            "times, work redone after an interruption counted twice")  # fmt: skip
 
 
 def plot(cache: Cache, path: Path) -> None:

@@ -1,0 +1,94 @@
+"""``scripts/bench_scale.py``'s paper grid: a run interrupted with its session keeps what it
+measured, and the next invocation continues it with ``--resume`` and adds the parts."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "bench_scale", ROOT / "scripts" / "bench_scale.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_part_records_its_time_and_the_childs_peak_memory(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    parts_file = tmp_path / "grid" / "bench-parts.json"
+    grow = (
+        "import time; x = bytearray(200 * 2**20); x[::4096] = b'1' * len(x[::4096]); "
+        "time.sleep(0.6)"
+    )  # touches 200 MiB
+    code, parts = bench._resumable_child(
+        [sys.executable, "-c", grow], log=tmp_path / "log", parts_file=parts_file, parts=[],
+        poll=0.1,
+    )  # fmt: skip
+    assert code == 0 and len(parts) == 1 and parts[0]["done"] is True
+    assert parts[0]["seconds"] >= 0.6
+    assert 0.19 <= parts[0]["peak_rss_gib"] < 1.0  # the 200 MiB it touched, not the driver's
+    assert json.loads(parts_file.read_text()) == parts
+
+
+def test_an_interrupted_part_is_kept_and_a_failure_reported(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    before = {"when": "2026-11-27 10:00", "load": 0.5, "seconds": 100.0, "peak_rss_gib": 2.0,
+              "done": False}  # fmt: skip
+    code, parts = bench._resumable_child(
+        [sys.executable, "-c", "raise SystemExit(3)"], log=tmp_path / "log",
+        parts_file=tmp_path / "p.json", parts=[before], poll=0.1,
+    )  # fmt: skip
+    assert code == 3
+    assert parts[0] == before and parts[1]["done"] is False and len(parts) == 2
+
+
+def test_the_next_invocation_resumes_and_sums_the_parts(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "grid-10000"
+    out.mkdir()
+    (out / "results.csv").write_text("kept\n")
+    earlier = [{"when": "2026-11-27 10:00", "load": 0.5, "seconds": 1000.0, "peak_rss_gib": 2.5,
+                "done": False}]  # fmt: skip
+    (out / "bench-parts.json").write_text(json.dumps(earlier))
+    seen: list[list[str]] = []
+
+    def child(command: list[str], **kwargs: Any) -> tuple[int, list[dict[str, Any]]]:
+        seen.append(command)
+        part = {"when": "2026-11-28 09:00", "load": 0.1, "seconds": 500.0, "peak_rss_gib": 3.0,
+                "done": True}  # fmt: skip
+        return 0, [*kwargs["parts"], part]
+
+    monkeypatch.setattr(bench, "_resumable_child", child)
+    monkeypatch.setattr(bench, "features_file", lambda folder, n: tmp_path / "x.npz")
+    monkeypatch.setattr(bench, "_child", lambda command, log: (1, 0.0, 0.0, ""))  # no sampler
+    cache = bench.Cache(tmp_path / "results.json")
+    args = argparse.Namespace(cache=tmp_path / "results.json", force=False, grid_members=(10_000,),
+                              threads=1)  # fmt: skip
+    bench.measure_paper(args, cache)
+    assert "--resume" in seen[0]
+    assert (out / "results.csv").read_text() == "kept\n"  # the finished cells stay
+    record = cache.data["paper-grid,n=10000"]
+    assert (record["wall"], record["peak_rss_gib"], record["parts"]) == (1500.0, 3.0, 2)
+    assert record["when"] == "2026-11-27 10:00"
+    assert "in 2 parts" in bench.paper_block(cache)
+
+    args.force = True  # afresh: no --resume, the old folder gone
+    bench.measure_paper(args, cache)
+    assert "--resume" not in seen[1] and not (out / "results.csv").exists()
