@@ -41,7 +41,9 @@ def test_a_part_records_its_time_and_the_childs_peak_memory(
     )  # fmt: skip
     assert code == 0 and len(parts) == 1 and parts[0]["done"] is True
     assert parts[0]["seconds"] >= 0.6
-    assert 0.19 <= parts[0]["peak_rss_gib"] < 1.0  # the 200 MiB it touched, not the driver's
+    # at least the 200 MiB it touched; no upper bound: a forked child's ru_maxrss may include
+    # its parent's pages before exec (1.2 GiB under a full pytest run)
+    assert parts[0]["peak_rss_gib"] >= 0.19
     assert json.loads(parts_file.read_text()) == parts
 
 
