@@ -41,6 +41,7 @@ and the date of every unit.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -52,7 +53,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -100,6 +101,19 @@ def features_file(folder: Path, members: int, *, dim: int = DIM) -> Path:
     tmp = path.with_suffix(".tmp.npz")
     np.savez(tmp, x=x, y=y, role=role)
     os.replace(tmp, path)
+    return path
+
+
+def ensure_features(folder: Path, members: int) -> Path:
+    """`features_file`, written by a child process: the driver's own peak RSS stays small
+    (see `run_child`)."""
+    path = folder / f"mixture-n{members}-d{DIM}.npz"
+    if not path.exists():
+        command = [sys.executable, __file__, "--make-features", str(members), "--unit-file",
+                   str(folder)]  # fmt: skip
+        run, _ = _stage_child(command)
+        if run.code != 0 or not path.exists():
+            raise RuntimeError(f"writing {path} failed (exit {run.code})")
     return path
 
 
@@ -323,19 +337,70 @@ def run_stage(stage: str, path: Path, *, m: int, threads: int) -> dict[str, Any]
 # --- the driver: child processes, the cache, the docs --------------------------------------------
 
 
-def _child(command: list[str], *, log: Path | None = None) -> tuple[int, float, float, str]:
-    """Run ``command``; return (exit code, wall seconds, peak RSS GiB, its stdout)."""
+@dataclasses.dataclass(frozen=True)
+class ChildRun:
+    """A finished child process: its exit code, wall seconds and peak RSS (GiB)."""
+
+    code: int
+    seconds: float
+    peak_rss_gib: float
+
+
+def run_child(
+    command: list[str], *, stdout: IO[str], stderr: IO[str] | None = None,
+    poll: float | None = None, on_poll: Callable[[float, float], None] | None = None,
+) -> ChildRun:  # fmt: skip
+    """Run ``command`` to its end, calling ``on_poll(seconds, peak_rss_gib)`` every ``poll``
+    seconds while it runs (its peak so far, from /proc).
+
+    The peak at the end is wait4's ru_maxrss. On Linux that is the larger of the child's own
+    peak and the driver's peak when it spawned the child (subprocess spawns with vfork, and
+    exec keeps the old address space's high-water mark): the driver therefore never holds
+    the data (`ensure_features` writes them in a child) and records its own peak beside
+    every figure (`_driver_peak_gib`), so a figure above that is the child's.
+    """
+    import threading
+
+    reaped: dict[str, Any] = {}
+    done = threading.Event()
     start = time.perf_counter()
-    stderr = None if log is None else log.open("w")
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=ROOT)
-    assert child.stdout is not None
-    out = child.stdout.read()
-    _, status, usage = os.wait4(child.pid, 0)  # this child's own peak RSS (KiB on Linux)
-    child.returncode = os.waitstatus_to_exitcode(status)
-    child.stdout.close()
-    if stderr is not None:
-        stderr.close()
-    return child.returncode, time.perf_counter() - start, usage.ru_maxrss / 2**20, out
+    child = subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True, cwd=ROOT)
+
+    def reap() -> None:
+        _, reaped["status"], reaped["usage"] = os.wait4(child.pid, 0)
+        done.set()
+
+    threading.Thread(target=reap, daemon=True).start()
+    peak = 0.0
+    while not done.wait(poll):
+        peak = max(peak, _peak_rss_gib(child.pid))
+        if on_poll is not None:
+            on_poll(time.perf_counter() - start, peak)
+    seconds = time.perf_counter() - start
+    child.returncode = os.waitstatus_to_exitcode(reaped["status"])  # reaped: no double wait
+    return ChildRun(code=child.returncode, seconds=seconds,
+                    peak_rss_gib=max(peak, reaped["usage"].ru_maxrss / 2**20))  # fmt: skip
+
+
+def _driver_peak_gib() -> float:
+    """This process's own peak RSS so far (see `run_child`)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def _stage_child(command: list[str], *, log: Path | None = None) -> tuple[ChildRun, str]:
+    """A child whose result is the last line of its stdout."""
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as out:
+        if log is None:
+            run = run_child(command, stdout=out)
+        else:
+            with log.open("w") as err:
+                run = run_child(command, stdout=out, stderr=err)
+        out.seek(0)
+        return run, out.read()
 
 
 def _stamp() -> dict[str, Any]:
@@ -376,18 +441,20 @@ def measure_stages(args: argparse.Namespace, cache: Cache) -> None:
     todo = [(s, n) for n in args.sizes for s in args.stages if args.force or not done(s, n)]
     folder = args.cache.parent / "data"
     for stage, n in tqdm(todo, desc="bench_scale stages", unit="unit"):
-        path = features_file(folder, n)
+        path = ensure_features(folder, n)
         stamp = _stamp()
-        code, wall, rss, out = _child(
+        run, out = _stage_child(
             [sys.executable, __file__, "--unit", stage, "--unit-file", str(path), "--m",
              str(args.m), "--threads", str(args.threads)],
         )  # fmt: skip
-        if code != 0:
-            print(f"bench_scale: {stage} at n={n} failed (exit {code}); skipped", file=sys.stderr)
+        if run.code != 0:
+            print(f"bench_scale: {stage} at n={n} failed (exit {run.code}); skipped",
+                  file=sys.stderr)  # fmt: skip
             continue
         result = json.loads(out.strip().splitlines()[-1])
-        record = {**result, "stage": stage, "n": n, "peak_rss_gib": rss, "wall": wall,
-                  "threads": args.threads, **stamp,
+        record = {**result, "stage": stage, "n": n, "peak_rss_gib": run.peak_rss_gib,
+                  "wall": run.seconds, "threads": args.threads, **stamp,
+                  "driver_peak_rss_gib": _driver_peak_gib(),
                   "load_after": round(os.getloadavg()[0], 2)}  # fmt: skip
         cache.put(stage_key(stage, n, m=args.m, threads=args.threads), record)
 
@@ -400,39 +467,50 @@ def measure_paper(args: argparse.Namespace, cache: Cache) -> None:
     units = [("paper-sampler", 50_000), *(("paper-grid", n) for n in args.grid_members)]
     todo = [(k, n) for k, n in units if args.force or f"{k},n={n}" not in cache]
     for kind, n in tqdm(todo, desc="bench_scale paper", unit="run"):
-        path = features_file(folder / "data", n)
+        path = ensure_features(folder / "data", n)
         stamp = _stamp()
-        if kind == "paper-sampler":
-            command = [sys.executable, __file__, "--unit", "sampled", "--unit-file", str(path),
-                       "--m", "500", "--threads", str(args.threads)]  # fmt: skip
-            code, wall, rss, text = _child(command, log=folder / f"{kind}-{n}.log")
-            parts: list[dict[str, Any]] = []
-        else:
-            out = folder / f"grid-{n}"
-            parts_file = out / "bench-parts.json"
-            fresh = args.force or not parts_file.exists()
-            parts = [] if fresh else json.loads(parts_file.read_text())
-            if not parts:
-                shutil.rmtree(out, ignore_errors=True)  # a fresh run from an empty cache
-            command = [sys.executable, str(ROOT / "scripts" / "compare.py"), "--dataset",
-                       f"features:{path}", "--methods", GRID_METHODS, "--out", str(out),
-                       "--cache-dir", str(out / "cache"), "--no-progress",
-                       *(["--resume"] if parts else [])]  # fmt: skip
-            code, parts = _resumable_child(command, log=folder / f"{kind}-{n}.log",
-                                           parts_file=parts_file, parts=parts)  # fmt: skip
-            text = ""
-            wall = sum(p["seconds"] for p in parts)
-            rss = max(p["peak_rss_gib"] for p in parts)
-            stamp = {**stamp, "when": parts[0]["when"], "load": parts[0]["load"]}
-        if code != 0:
-            print(f"bench_scale: {kind} at n={n} failed (exit {code}); see its log",
-                  file=sys.stderr)  # fmt: skip
+        measure = _paper_sampler if kind == "paper-sampler" else _paper_grid
+        record = measure(path, n=n, folder=folder, args=args)
+        if record is None:
+            print(f"bench_scale: {kind} at n={n} failed; see its log", file=sys.stderr)
             continue
-        result = json.loads(text.strip().splitlines()[-1]) if kind == "paper-sampler" else {}
-        cache.put(f"{kind},n={n}", {**result, "kind": kind, "n": n, "wall": wall,
-                                    "peak_rss_gib": rss, "threads": args.threads, **stamp,
-                                    "parts": max(len(parts), 1),
+        cache.put(f"{kind},n={n}", {"kind": kind, "n": n, "threads": args.threads, **stamp,
+                                    **record, "driver_peak_rss_gib": _driver_peak_gib(),
                                     "load_after": round(os.getloadavg()[0], 2)})  # fmt: skip
+
+
+def _paper_sampler(
+    path: Path, *, n: int, folder: Path, args: argparse.Namespace
+) -> dict[str, Any] | None:
+    command = [sys.executable, __file__, "--unit", "sampled", "--unit-file", str(path),
+               "--m", "500", "--threads", str(args.threads)]  # fmt: skip
+    run, text = _stage_child(command, log=folder / f"paper-sampler-{n}.log")
+    if run.code != 0:
+        return None
+    return {**json.loads(text.strip().splitlines()[-1]), "wall": run.seconds,
+            "peak_rss_gib": run.peak_rss_gib}  # fmt: skip
+
+
+def _paper_grid(
+    path: Path, *, n: int, folder: Path, args: argparse.Namespace
+) -> dict[str, Any] | None:
+    """The grid as one more part of its run (`resumable_child`); its time is the sum of the
+    parts', its start the first part's."""
+    out = folder / f"grid-{n}"
+    parts_file = out / "bench-parts.json"
+    parts = [] if args.force or not parts_file.exists() else json.loads(parts_file.read_text())
+    if not parts:
+        shutil.rmtree(out, ignore_errors=True)  # a fresh run from an empty cache
+    command = [sys.executable, str(ROOT / "scripts" / "compare.py"), "--dataset",
+               f"features:{path}", "--methods", GRID_METHODS, "--out", str(out), "--cache-dir",
+               str(out / "cache"), "--no-progress", *(["--resume"] if parts else [])]  # fmt: skip
+    code, parts = resumable_child(command, log=folder / f"paper-grid-{n}.log",
+                                  parts_file=parts_file, parts=parts)  # fmt: skip
+    if code != 0:
+        return None
+    return {"wall": sum(p["seconds"] for p in parts), "when": parts[0]["when"],
+            "load": parts[0]["load"], "peak_rss_gib": max(p["peak_rss_gib"] for p in parts),
+            "parts": len(parts)}  # fmt: skip
 
 
 def _peak_rss_gib(pid: int) -> float:
@@ -445,7 +523,7 @@ def _peak_rss_gib(pid: int) -> float:
     return kib[0] / 2**20 if kib else 0.0
 
 
-def _resumable_child(
+def resumable_child(
     command: list[str], *, log: Path, parts_file: Path, parts: list[dict[str, Any]],
     poll: float = 30.0,
 ) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
@@ -455,33 +533,21 @@ def _resumable_child(
     run killed with its session (the 50,000-member grid takes hours) keeps what it measured,
     and the next part (``--resume``) adds to it. Returns the exit code and the parts.
     """
-    import threading
-
     from alm_opacus.io import atomic_write_json
 
     part: dict[str, Any] = {**_stamp(), "seconds": 0.0, "peak_rss_gib": 0.0, "done": False}
     parts = [*parts, part]
-    reaped: dict[str, Any] = {}
-    done = threading.Event()
     parts_file.parent.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
+
+    def record(seconds: float, peak: float) -> None:
+        part.update(seconds=seconds, peak_rss_gib=peak)
+        atomic_write_json(parts_file, parts)
+
     with log.open("a") as err:
-        child = subprocess.Popen(command, stdout=err, stderr=err, cwd=ROOT)
-
-        def reap() -> None:  # wait4: the child's own peak RSS, as _child records it
-            _, reaped["status"], reaped["usage"] = os.wait4(child.pid, 0)
-            done.set()
-
-        threading.Thread(target=reap, daemon=True).start()
-        while not done.wait(poll):
-            part["seconds"] = time.perf_counter() - start
-            part["peak_rss_gib"] = max(part["peak_rss_gib"], _peak_rss_gib(child.pid))
-            atomic_write_json(parts_file, parts)
-    code = child.returncode = os.waitstatus_to_exitcode(reaped["status"])
-    part.update(seconds=time.perf_counter() - start, done=code == 0,
-                peak_rss_gib=reaped["usage"].ru_maxrss / 2**20)  # fmt: skip
-    atomic_write_json(parts_file, parts)
-    return code, parts
+        run = run_child(command, stdout=err, stderr=err, poll=poll, on_poll=record)
+    part["done"] = run.code == 0
+    record(run.seconds, run.peak_rss_gib)
+    return run.code, parts
 
 
 def _work(record: dict[str, Any]) -> float:
@@ -650,7 +716,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="write docs/scale.md and the plot")
     parser.add_argument("--unit", help=argparse.SUPPRESS)
     parser.add_argument("--unit-file", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--make-features", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.make_features:  # a child: the features file of that many members
+        features_file(args.unit_file, args.make_features)
+        return 0
     if args.unit:  # a child: one stage, its result as the last line of stdout
         print(json.dumps(run_stage(args.unit, args.unit_file, m=args.m, threads=args.threads)))
         return 0

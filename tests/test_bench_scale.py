@@ -23,6 +23,7 @@ def bench() -> ModuleType:
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_scale"] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -35,14 +36,14 @@ def test_a_part_records_its_time_and_the_childs_peak_memory(
         "import time; x = bytearray(200 * 2**20); x[::4096] = b'1' * len(x[::4096]); "
         "time.sleep(0.6)"
     )  # touches 200 MiB
-    code, parts = bench._resumable_child(
+    code, parts = bench.resumable_child(
         [sys.executable, "-c", grow], log=tmp_path / "log", parts_file=parts_file, parts=[],
         poll=0.1,
     )  # fmt: skip
     assert code == 0 and len(parts) == 1 and parts[0]["done"] is True
     assert parts[0]["seconds"] >= 0.6
-    # at least the 200 MiB it touched; no upper bound: a forked child's ru_maxrss may include
-    # its parent's pages before exec (1.2 GiB under a full pytest run)
+    # at least the 200 MiB it touched; no upper bound: ru_maxrss includes the spawning
+    # process's peak (bench_scale.run_child), here pytest's (1.2 GiB under a full run)
     assert parts[0]["peak_rss_gib"] >= 0.19
     assert json.loads(parts_file.read_text()) == parts
 
@@ -52,7 +53,7 @@ def test_an_interrupted_part_is_kept_and_a_failure_reported(
 ) -> None:
     before = {"when": "2026-11-27 10:00", "load": 0.5, "seconds": 100.0, "peak_rss_gib": 2.0,
               "done": False}  # fmt: skip
-    code, parts = bench._resumable_child(
+    code, parts = bench.resumable_child(
         [sys.executable, "-c", "raise SystemExit(3)"], log=tmp_path / "log",
         parts_file=tmp_path / "p.json", parts=[before], poll=0.1,
     )  # fmt: skip
@@ -77,9 +78,10 @@ def test_the_next_invocation_resumes_and_sums_the_parts(
                 "done": True}  # fmt: skip
         return 0, [*kwargs["parts"], part]
 
-    monkeypatch.setattr(bench, "_resumable_child", child)
-    monkeypatch.setattr(bench, "features_file", lambda folder, n: tmp_path / "x.npz")
-    monkeypatch.setattr(bench, "_child", lambda command, log: (1, 0.0, 0.0, ""))  # no sampler
+    monkeypatch.setattr(bench, "resumable_child", child)
+    monkeypatch.setattr(bench, "ensure_features", lambda folder, n: tmp_path / "x.npz")
+    failed = bench.ChildRun(code=1, seconds=0.0, peak_rss_gib=0.0)
+    monkeypatch.setattr(bench, "_stage_child", lambda command, log: (failed, ""))  # no sampler
     cache = bench.Cache(tmp_path / "results.json")
     args = argparse.Namespace(cache=tmp_path / "results.json", force=False, grid_members=(10_000,),
                               threads=1)  # fmt: skip
@@ -89,8 +91,37 @@ def test_the_next_invocation_resumes_and_sums_the_parts(
     record = cache.data["paper-grid,n=10000"]
     assert (record["wall"], record["peak_rss_gib"], record["parts"]) == (1500.0, 3.0, 2)
     assert record["when"] == "2026-11-27 10:00"
+    assert 0 < record["driver_peak_rss_gib"] < 3.0  # recorded beside, to tell the two apart
     assert "in 2 parts" in bench.paper_block(cache)
 
     args.force = True  # afresh: no --resume, the old folder gone
     bench.measure_paper(args, cache)
     assert "--resume" not in seen[1] and not (out / "results.csv").exists()
+
+
+def test_the_features_are_written_by_a_child_with_the_harness_roles(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    import numpy as np
+
+    path = bench.ensure_features(tmp_path, 20)
+    with np.load(path) as data:
+        x, y, role = data["x"], data["y"], data["role"]
+    assert x.shape == (100, bench.DIM) and x.dtype == np.float32 and len(y) == 100
+    np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, rtol=1e-5)  # unit rows
+    names, counts = np.unique(role, return_counts=True)
+    assert dict(zip(names.tolist(), counts.tolist(), strict=True)) == {
+        "member": 20, "non-member": 20, "attacker": 40, "public": 20}  # fmt: skip
+    # the same rows as the in-process generator: the child only moves the memory elsewhere
+    np.testing.assert_array_equal(x, bench.gaussian_mixture(100, seed=20)[0])
+    assert bench.ensure_features(tmp_path, 20) == path  # written once
+
+
+def test_a_stage_child_returns_its_last_line_and_its_exit_code(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    run, out = bench._stage_child([sys.executable, "-c", "print('a'); print('{\"x\": 1}')"])
+    assert run.code == 0 and json.loads(out.strip().splitlines()[-1]) == {"x": 1}
+    run, _ = bench._stage_child([sys.executable, "-c", "raise SystemExit(4)"],
+                                log=tmp_path / "err")  # fmt: skip
+    assert run.code == 4
