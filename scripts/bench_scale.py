@@ -510,7 +510,34 @@ def _paper_grid(
         return None
     return {"wall": sum(p["seconds"] for p in parts), "when": parts[0]["when"],
             "load": parts[0]["load"], "peak_rss_gib": max(p["peak_rss_gib"] for p in parts),
-            "parts": len(parts)}  # fmt: skip
+            "parts": len(parts), **grid_summary(out)}  # fmt: skip
+
+
+def grid_summary(out: Path) -> dict[str, Any]:
+    """Where a grid's time went, from its run folder: each method's cells (count, shortest,
+    longest, total seconds; ``results.csv``'s ``seconds``, one value per cell) and the size
+    of ``rocs.json``."""
+    import csv
+
+    cells: dict[tuple[str, str], float] = {}
+    with (out / "results.csv").open(newline="") as f:
+        for row in csv.DictReader(f):
+            cells[row["method"], row["epsilon"]] = float(row["seconds"])
+    methods: dict[str, list[float]] = {}
+    for (method, _), seconds in cells.items():
+        methods.setdefault(method, []).append(seconds)
+    return {"cells": {m: [len(v), min(v), max(v), sum(v)] for m, v in methods.items()},
+            "rocs_bytes": (out / "rocs.json").stat().st_size}  # fmt: skip
+
+
+def backfill_summaries(cache: Cache, *, folder: Path) -> None:
+    """Add `grid_summary` to finished grids recorded before it existed, from their run
+    folders (kept until the next ``--force``)."""
+    for key, record in list(cache.data.items()):
+        out = folder / f"grid-{record.get('n')}"
+        done = (out / "results.csv").exists() and (out / "rocs.json").exists()
+        if key.startswith("paper-grid") and "cells" not in record and done:
+            cache.put(key, {**record, **grid_summary(out)})
 
 
 def _peak_rss_gib(pid: int) -> float:
@@ -636,6 +663,7 @@ def paper_block(cache: Cache) -> str:
             f"grid: 6 epsilons, 5 noise draws, every attack) on {n:,} members ({5 * n:,} rows): "
             f"**{_fmt_seconds(value['wall'])}**, peak RSS **{value['peak_rss_gib']:.2f} GiB**"
             f"{target}; {value['when']} UTC, load average {value['load']:.1f}{_parts(value)}."
+            f"{_cells(value)}"
         )
     return "\n".join(lines) if lines else "(not measured yet: `scripts/bench_scale.py --paper`)"
 
@@ -647,6 +675,19 @@ def _parts(record: dict[str, Any]) -> str:
         return ""
     return (f"; in {k} parts (interrupted, continued with `--resume`): the sum of their wall "
             "times, work redone after an interruption counted twice")  # fmt: skip
+
+
+def _cells(record: dict[str, Any]) -> str:
+    """Where the grid's time went (`grid_summary`), where recorded."""
+    if "cells" not in record:
+        return ""
+    each = [f"{k} {m}: " + (f"{_fmt_seconds(lo)}-{_fmt_seconds(hi)} each, "
+                            f"{_fmt_seconds(total)} in all" if k > 1 else _fmt_seconds(total))
+            for m, (k, lo, hi, total) in record["cells"].items()]  # fmt: skip
+    return (
+        f" Cells ({'; '.join(each)}); the rest is preparing the run and writing it. "
+        f"`rocs.json`: {record['rocs_bytes'] / 1e6:.0f} MB."
+    )
 
 
 def plot(cache: Cache, path: Path) -> None:
@@ -731,6 +772,7 @@ def main(argv: list[str] | None = None) -> int:
             f"--stages: unknown stage {unknown[0]!r}; expected some of {', '.join(STAGES)}"
         )
     cache = Cache(args.cache)
+    backfill_summaries(cache, folder=args.cache.parent)
     if not args.no_stages:
         measure_stages(args, cache)
     if args.paper:

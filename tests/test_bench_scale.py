@@ -74,6 +74,10 @@ def test_the_next_invocation_resumes_and_sums_the_parts(
 
     def child(command: list[str], **kwargs: Any) -> tuple[int, list[dict[str, Any]]]:
         seen.append(command)
+        out.mkdir(exist_ok=True)  # what a finished compare.py leaves
+        (out / "rocs.json").write_text("{}")
+        if not (out / "results.csv").exists():
+            (out / "results.csv").write_text("method,epsilon,seconds\nnone,inf,5.0\n")
         part = {"when": "2026-11-28 09:00", "load": 0.1, "seconds": 500.0, "peak_rss_gib": 3.0,
                 "done": True}  # fmt: skip
         return 0, [*kwargs["parts"], part]
@@ -96,7 +100,8 @@ def test_the_next_invocation_resumes_and_sums_the_parts(
 
     args.force = True  # afresh: no --resume, the old folder gone
     bench.measure_paper(args, cache)
-    assert "--resume" not in seen[1] and not (out / "results.csv").exists()
+    assert "--resume" not in seen[1]
+    assert (out / "results.csv").read_text() != "kept\n"  # the old folder was deleted first
 
 
 def test_the_features_are_written_by_a_child_with_the_harness_roles(
@@ -125,3 +130,27 @@ def test_a_stage_child_returns_its_last_line_and_its_exit_code(
     run, _ = bench._stage_child([sys.executable, "-c", "raise SystemExit(4)"],
                                 log=tmp_path / "err")  # fmt: skip
     assert run.code == 4
+
+
+def test_a_grid_summary_counts_cells_not_rows_and_backfills_once(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    out = tmp_path / "grid-10000"
+    out.mkdir()
+    rows = [("none", "inf", 10.0)] * 2 + [("alm", "0.1", 200.0)] * 3 + [("alm", "1", 260.0)] * 3
+    lines = ["method,epsilon,attack,seconds"] + [f"{m},{e},a{i},{s}" for i, (m, e, s) in
+                                                 enumerate(rows)]  # fmt: skip
+    (out / "results.csv").write_text("\n".join(lines) + "\n")
+    (out / "rocs.json").write_bytes(b"x" * 3_000_000)
+    summary = bench.grid_summary(out)
+    assert summary == {"cells": {"none": [1, 10.0, 10.0, 10.0],
+                                 "alm": [2, 200.0, 260.0, 460.0]},
+                       "rocs_bytes": 3_000_000}  # fmt: skip
+    cache = bench.Cache(tmp_path / "results.json")
+    cache.put("paper-grid,n=10000", {"n": 10_000, "wall": 600.0, "peak_rss_gib": 1.0,
+                                     "when": "2026-11-27 10:00", "load": 0.5})  # fmt: skip
+    bench.backfill_summaries(cache, folder=tmp_path)
+    assert cache.data["paper-grid,n=10000"]["cells"] == summary["cells"]
+    block = bench.paper_block(cache)
+    assert "2 alm: 3.3 min-4.3 min each, 7.7 min in all" in block
+    assert "1 none: 10.0 s;" in block and "`rocs.json`: 3 MB." in block
