@@ -87,10 +87,14 @@ def gaussian_mixture(rows: int, *, seed: int, dim: int = DIM) -> tuple[np.ndarra
     return x, labels
 
 
+def features_path(folder: Path, members: int, *, dim: int = DIM) -> Path:
+    return folder / f"mixture-n{members}-d{dim}.npz"
+
+
 def features_file(folder: Path, members: int, *, dim: int = DIM) -> Path:
     """The mixture as a ``features:PATH`` file with roles: n members, n non-members, 2n
     attacker's pool, n public (written once, atomically)."""
-    path = folder / f"mixture-n{members}-d{dim}.npz"
+    path = features_path(folder, members, dim=dim)
     if path.exists():
         return path
     folder.mkdir(parents=True, exist_ok=True)
@@ -107,7 +111,7 @@ def features_file(folder: Path, members: int, *, dim: int = DIM) -> Path:
 def ensure_features(folder: Path, members: int) -> Path:
     """`features_file`, written by a child process: the driver's own peak RSS stays small
     (see `run_child`)."""
-    path = folder / f"mixture-n{members}-d{DIM}.npz"
+    path = features_path(folder, members)
     if not path.exists():
         command = [sys.executable, __file__, "--make-features", str(members), "--unit-file",
                    str(folder)]  # fmt: skip
@@ -530,16 +534,6 @@ def grid_summary(out: Path) -> dict[str, Any]:
             "rocs_bytes": (out / "rocs.json").stat().st_size}  # fmt: skip
 
 
-def backfill_summaries(cache: Cache, *, folder: Path) -> None:
-    """Add `grid_summary` to finished grids recorded before it existed, from their run
-    folders (kept until the next ``--force``)."""
-    for key, record in list(cache.data.items()):
-        out = folder / f"grid-{record.get('n')}"
-        done = (out / "results.csv").exists() and (out / "rocs.json").exists()
-        if key.startswith("paper-grid") and "cells" not in record and done:
-            cache.put(key, {**record, **grid_summary(out)})
-
-
 def _peak_rss_gib(pid: int) -> float:
     """A running process's peak RSS so far (Linux's VmHWM; 0 where there is no /proc)."""
     try:
@@ -772,7 +766,6 @@ def main(argv: list[str] | None = None) -> int:
             f"--stages: unknown stage {unknown[0]!r}; expected some of {', '.join(STAGES)}"
         )
     cache = Cache(args.cache)
-    backfill_summaries(cache, folder=args.cache.parent)
     if not args.no_stages:
         measure_stages(args, cache)
     if args.paper:

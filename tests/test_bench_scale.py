@@ -132,7 +132,7 @@ def test_a_stage_child_returns_its_last_line_and_its_exit_code(
     assert run.code == 4
 
 
-def test_a_grid_summary_counts_cells_not_rows_and_backfills_once(
+def test_a_grid_summary_counts_cells_not_rows_and_goes_into_the_block(
     bench: ModuleType, tmp_path: Path
 ) -> None:
     out = tmp_path / "grid-10000"
@@ -147,10 +147,9 @@ def test_a_grid_summary_counts_cells_not_rows_and_backfills_once(
                                  "alm": [2, 200.0, 260.0, 460.0]},
                        "rocs_bytes": 3_000_000}  # fmt: skip
     cache = bench.Cache(tmp_path / "results.json")
-    cache.put("paper-grid,n=10000", {"n": 10_000, "wall": 600.0, "peak_rss_gib": 1.0,
-                                     "when": "2026-11-27 10:00", "load": 0.5})  # fmt: skip
-    bench.backfill_summaries(cache, folder=tmp_path)
-    assert cache.data["paper-grid,n=10000"]["cells"] == summary["cells"]
+    record = {"n": 10_000, "wall": 600.0, "peak_rss_gib": 1.0, "when": "2026-11-27 10:00",
+              "load": 0.5}  # fmt: skip
+    cache.put("paper-grid,n=10000", {**record, **summary})
     block = bench.paper_block(cache)
     assert "2 alm: 3.3 min-4.3 min each, 7.7 min in all" in block
     assert "1 none: 10.0 s;" in block and "`rocs.json`: 3 MB." in block
