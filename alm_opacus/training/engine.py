@@ -46,6 +46,7 @@ from opacus import PrivacyEngine as OpacusPrivacyEngine
 from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
 from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+from opacus.grad_sample import AbstractGradSampleModule
 from opacus.optimizers import DPOptimizer
 from opacus.optimizers.utils import params
 from torch import distributed as dist
@@ -59,6 +60,7 @@ from alm_opacus.accounting import PipelineAccountant, find_noise_multiplier
 from alm_opacus.io import atomic_torch_save
 from alm_opacus.mechanisms.sampling import NoiseGenerator
 from alm_opacus.training.distributed import DistributedMechanismDPOptimizer, distributed_world
+from alm_opacus.training.grad_sample import BufferedGradSampleModule
 from alm_opacus.training.optimizer import (
     MechanismDPOptimizer,
     _check_budgets,
@@ -644,6 +646,43 @@ class PrivacyEngine(OpacusPrivacyEngine):
             _warn_small_l1_clip(max_grad_norm, optimizer=optimizer)
         return mechanism.name
 
+    def _prepare_model(
+        self,
+        module: nn.Module,
+        *,
+        batch_first: bool = True,
+        max_grad_norm: float | list[float] = 1.0,
+        loss_reduction: str = "mean",
+        grad_sample_mode: str = "hooks",
+        wrap_model: bool = True,
+    ) -> Any:
+        """Opacus's wrapping, with `BufferedGradSampleModule` for the hooks modes: the same
+        per-sample gradients in buffers reused from step to step (`alm_opacus.training.
+        grad_sample`). A module Opacus already wrapped, ``wrap_model=False`` and the
+        ``ew`` mode go to Opacus unchanged."""
+        buffered = wrap_model and grad_sample_mode in _BUFFERED_MODES
+        functorch = grad_sample_mode == "functorch"
+        if (
+            isinstance(module, BufferedGradSampleModule)
+            and buffered
+            and (
+                module.batch_first == batch_first
+                and module.loss_reduction == loss_reduction
+                and module.force_functorch == functorch
+            )
+        ):
+            return module
+        if not buffered or isinstance(module, AbstractGradSampleModule):
+            return super()._prepare_model(
+                module, batch_first=batch_first, max_grad_norm=max_grad_norm,
+                loss_reduction=loss_reduction, grad_sample_mode=grad_sample_mode,
+                wrap_model=wrap_model,
+            )  # fmt: skip
+        self.validate(module=module, optimizer=None, data_loader=None)
+        return BufferedGradSampleModule(module, batch_first=batch_first,
+                                        loss_reduction=loss_reduction,
+                                        force_functorch=functorch)  # fmt: skip
+
     def _prepare_data_loader(
         self,
         data_loader: DataLoader[Any],
@@ -699,6 +738,9 @@ class PrivacyEngine(OpacusPrivacyEngine):
             exact=exact,
         )
 
+
+#: Opacus's grad sample modes whose ``GradSampleModule`` `BufferedGradSampleModule` extends.
+_BUFFERED_MODES = frozenset({"hooks", "functorch"})
 
 #: ``make_private_with_epsilon``'s keyword arguments that ``make_private`` takes by name.
 _MAKE_PRIVATE_ARGUMENTS = frozenset(

@@ -1,0 +1,158 @@
+"""`BufferedGradSampleModule`: Opacus's hooks, with per-sample gradients in reused buffers.
+
+Opacus's ``GradSampleModule`` allocates every parameter's per-sample gradients afresh at each
+backward pass, and three times over: the grad sampler's result, a ``torch.zeros`` tensor of
+the batch's size, and a copy of the one into the other (``create_or_accumulate_grad_sample``).
+On the CPU a fresh tensor of tens of megabytes is fresh pages from the kernel (glibc serves
+it with ``mmap``), so each pass pays a page fault per 4 KiB: at 1M parameters and a batch of
+64, 3 of every 4 milliseconds of Opacus's forward and backward pass went to zeroing and
+faulting in the 3 × 274 MB, not to arithmetic (``scripts/bench_dpsgd.py``).
+
+This module keeps one buffer per parameter, reused from step to step, and writes into it:
+``nn.Linear``'s weight gradients (2-D inputs) directly (``torch.mul(bᵢ ⊗ aᵢ, out=...)``,
+the same products Opacus's einsum computes, bit for bit), every other parameter's through a
+copy from its grad sampler. The values are Opacus's; only where they live changes. What is
+kept from Opacus: the samplers (and ``register_grad_sampler``), the loss reduction, zero rows
+beyond a short batch, ``+=`` for a second pass through one module in one backward (tied or
+recurrent layers), and stacking across backward passes. A buffer is reused only once the
+optimizer has consumed it (``p.grad_sample`` is ``None`` again, as ``DPOptimizer.zero_grad``
+leaves it); a backward pass that finds an unconsumed ``p.grad_sample`` gets a fresh tensor,
+as in Opacus. So a reference to ``p.grad_sample`` kept past ``zero_grad`` sees the next
+batch's values: clone it to keep it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, cast
+
+import torch
+from opacus.grad_sample import GradSampleModule
+from opacus.grad_sample.functorch import ft_compute_per_sample_gradient
+from opacus.grad_sample.grad_sample_module import promote_current_grad_sample
+from opacus.grad_sample.linear import compute_linear_grad_sample
+from opacus.utils.module_utils import trainable_parameters
+from torch import nn
+
+__all__ = ["BufferedGradSampleModule"]
+
+
+class BufferedGradSampleModule(GradSampleModule):
+    """Opacus's ``GradSampleModule`` (``grad_sample_mode="hooks"`` or ``"functorch"``) whose
+    per-sample gradients live in one reused buffer per parameter (module docstring)."""
+
+    def __init__(self, m: nn.Module, **kwargs: Any) -> None:
+        """Args:
+        m: the module; ``**kwargs`` as ``GradSampleModule`` (``batch_first``,
+            ``loss_reduction``, ``strict``, ``force_functorch``).
+        """
+        super().__init__(m, **kwargs)
+        self._grad_sample_buffers: dict[int, torch.Tensor] = {}
+
+    def remove_hooks(self) -> None:
+        """Opacus's ``remove_hooks``; the buffers are released with the hooks."""
+        self._grad_sample_buffers.clear()
+        super().remove_hooks()
+
+    def capture_backprops_hook(
+        self,
+        module: nn.Module,
+        _forward_input: torch.Tensor,
+        forward_output: torch.Tensor,
+        loss_reduction: str,
+        batch_first: bool,
+    ) -> None:
+        """Opacus's backward hook (same samplers, reduction and accumulation rules), storing
+        each per-sample gradient in the parameter's buffer."""
+        if not self.hooks_enabled:
+            return
+        activations, backprops = self.rearrange_grad_samples(
+            module=module, backprops=forward_output[0].detach(),
+            loss_reduction=loss_reduction, batch_first=batch_first,
+        )  # fmt: skip
+        batch: int = module.max_batch_len  # type: ignore[assignment]
+        samples = self._grad_samples(module, activations, backprops, batch=batch)
+        for param, grad_sample in samples.items():
+            self._store(param, grad_sample, batch=batch)
+        for _, p in trainable_parameters(module):
+            p._forward_counter -= 1
+            if p._forward_counter == 0:
+                promote_current_grad_sample(p)
+            if (
+                not self.grad_accumulation_allowed
+                and isinstance(p.grad_sample, list)
+                and len(p.grad_sample) > 1
+            ):
+                raise ValueError(
+                    "Poisson sampling is not compatible with gradient accumulation: call "
+                    "optimizer.step() after every forward and backward pass (or use Opacus's "
+                    "BatchMemoryManager)"
+                )
+        if not module.activations and hasattr(module, "max_batch_len"):
+            del module.max_batch_len
+
+    def _grad_samples(
+        self,
+        module: nn.Module,
+        activations: list[torch.Tensor],
+        backprops: torch.Tensor,
+        *,
+        batch: int,
+    ) -> dict[torch.Tensor, torch.Tensor]:
+        """Per-sample gradients of ``module``'s parameters from its registered sampler; a
+        plain ``nn.Linear`` with 2-D inputs writes its weight's straight into the buffer."""
+        module_type = self._get_module_type(module)
+        if self.force_functorch or module_type not in self.GRAD_SAMPLERS:
+            return ft_compute_per_sample_gradient(module, activations, backprops)
+        sampler = self.GRAD_SAMPLERS[module_type]
+        linear = sampler is compute_linear_grad_sample and module_type is nn.Linear
+        direct = activations[0].dim() == 2 and backprops.dim() == 2 and len(backprops) == batch
+        if not (linear and direct):
+            return sampler(module, activations, backprops)
+        samples: dict[torch.Tensor, torch.Tensor] = {}
+        layer = cast(nn.Linear, module)
+        weight = layer.weight
+        if weight.requires_grad:
+            out = self._buffer(weight, shape=(batch, *weight.shape), like=backprops)
+            # bᵢ ⊗ aᵢ: each entry one rounded product, as Opacus's einsum (a batched GEMM
+            # with an inner dimension of 1) computes it
+            samples[weight] = torch.mul(backprops[:, :, None], activations[0][:, None, :],
+                                        out=out)  # fmt: skip
+        if layer.bias is not None and layer.bias.requires_grad:
+            samples[layer.bias] = backprops
+        return samples
+
+    def _buffer(
+        self, param: torch.Tensor, *, shape: tuple[int, ...], like: torch.Tensor
+    ) -> torch.Tensor:
+        """``param``'s buffer viewed as ``shape``, reused if the last per-sample gradient
+        stored in it has been consumed; a fresh tensor if not."""
+        if getattr(param, "grad_sample", None) is not None:  # accumulation: never overwrite
+            return torch.empty(shape, dtype=like.dtype, device=like.device)
+        size = math.prod(shape)
+        buffer = self._grad_sample_buffers.get(id(param))
+        if (
+            buffer is None
+            or buffer.numel() < size
+            or buffer.dtype != like.dtype
+            or buffer.device != like.device
+        ):
+            buffer = torch.empty(size, dtype=like.dtype, device=like.device)
+            self._grad_sample_buffers[id(param)] = buffer
+        return buffer[:size].view(shape)
+
+    def _store(self, param: torch.Tensor, grad_sample: torch.Tensor, *, batch: int) -> None:
+        """Opacus's ``create_or_accumulate_grad_sample`` into ``param``'s buffer: rows past
+        the sampler's batch stay zero; a second pass in one backward adds in place."""
+        if not param.requires_grad:
+            return
+        current = getattr(param, "_current_grad_sample", None)
+        if current is not None:
+            current[: len(grad_sample)] += grad_sample
+            return
+        shape = (batch, *grad_sample.shape[1:])
+        target = self._buffer(param, shape=shape, like=grad_sample)
+        if target.data_ptr() != grad_sample.data_ptr() or target.shape != grad_sample.shape:
+            target[: len(grad_sample)].copy_(grad_sample)
+            target[len(grad_sample) :].zero_()
+        param._current_grad_sample = target  # type: ignore[attr-defined]
