@@ -225,13 +225,17 @@ def _norm_bound(rows: torch.Tensor, *, norm: str) -> torch.Tensor:
 
 def _tile_sums(rows: torch.Tensor, scale: torch.Tensor, *, group: int) -> torch.Tensor:
     """Σᵢ round(scaleᵢ·rowsᵢ) exactly, int64 (see `fused_cell_sums`): the cells are float32
-    integers; each run of ``group`` examples is summed in float32 (exact, `_sum_group`) and
-    the runs in float64 (integers below 2⁵³); ``group`` 0 converts every cell to float64."""
+    integers. With ``group`` ≥ the batch (B·R < 2²⁴) each tile's columns are summed in float32,
+    exact by that bound. Otherwise each tile's largest |cell| m sets the run G = max(group,
+    ⌊(2²⁴ − 1)/m⌋): every partial sum of G cells is an integer below 2²⁴ in magnitude, so each
+    run's float32 sum is exact in any order, and the runs are added in float64 (integers below
+    2⁵³); with G = 0 every cell is converted to float64. A gradient's cells are usually far
+    below the bound R (which assumes one example's whole norm in one coordinate), so the L1
+    steps of large models, where R ≥ 2²⁴, still sum in float32."""
     batch, length = rows.shape
     elements = _SUM_TILE if group == 0 or group >= batch else _RUN_TILE
     width = min(max(1024, elements // max(batch, 1)), max(length, 1))
     tile = torch.empty(batch, width, dtype=torch.float32)
-    wide_tile = torch.empty(batch, width, dtype=torch.float64) if group == 0 else None
     summed = torch.empty(length, dtype=torch.float32 if group >= batch else torch.float64)
     for start in range(0, length, width):
         stop = min(length, start + width)
@@ -239,10 +243,22 @@ def _tile_sums(rows: torch.Tensor, scale: torch.Tensor, *, group: int) -> torch.
         out = summed[start:stop]
         if group >= batch:
             torch.sum(cells, dim=0, out=out)
-        elif wide_tile is not None:
-            torch.sum(wide_tile[:, : stop - start].copy_(cells), dim=0, out=out)
+            continue
+        run = max(group, _exact_run(cells))
+        if run >= batch:
+            out.copy_(cells.sum(dim=0))
+        elif run == 0:
+            torch.sum(cells.to(torch.float64), dim=0, out=out)
         else:
-            out.copy_(cells[:group].sum(dim=0))
-            for first in range(group, batch, group):
-                out += cells[first : first + group].sum(dim=0)
+            out.copy_(cells[:run].sum(dim=0))
+            for first in range(run, batch, run):
+                out += cells[first : first + run].sum(dim=0)
     return summed.to(torch.int64)
+
+
+def _exact_run(cells: torch.Tensor) -> int:
+    """The most rows of ``cells`` (float32 integers) whose column sums are exact in float32 in
+    any order: ⌊(2²⁴ − 1)/m⌋ for the largest magnitude m (all rows when m = 0)."""
+    low, high = torch.aminmax(cells)
+    largest = max(-float(low), float(high))
+    return len(cells) if largest == 0.0 else math.floor((_EXACT32 - 1.0) / largest)
