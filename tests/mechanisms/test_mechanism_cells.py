@@ -9,7 +9,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from alm_opacus.mechanisms.cells import _sum_group, fused_cell_sums
+from alm_opacus.mechanisms.cells import _exact_run, _sum_group, fused_cell_sums
 from alm_opacus.mechanisms.exact import (
     cell_radius,
     enforce_radius,
@@ -136,3 +136,38 @@ def test_fused_path_hands_back_what_it_cannot_prove(bad: str) -> None:
         rows = rows[:0]
     assert fused_cell_sums([rows], budgets=None, max_grad_norm=1.0, norm="l2", grid=grid,
                            radius=radius) is None  # fmt: skip
+
+
+def test_a_run_is_as_long_as_the_largest_cell_allows() -> None:
+    cells = torch.zeros(64, 10)
+    assert _exact_run(cells) == 64  # all zero: any order is exact
+    cells[3, 4] = -(2.0**20)
+    assert _exact_run(cells) == 15  # 15 · 2^20 < 2^24 ≤ 16 · 2^20
+    cells[5, 0] = 2.0**23
+    assert _exact_run(cells) == 1
+    cells[6, 1] = 2.0**24  # one cell alone at the edge of float32's integers: float64
+    assert _exact_run(cells) == 0
+
+
+@pytest.mark.parametrize(("spread", "runs"), [(4096, "whole batch"), (8, "runs")])
+def test_wide_range_cells_sum_in_float32_when_they_are_small(spread: int, runs: str) -> None:
+    # L1 over 200,000 weights: R > 2^24, so the radius alone would send every cell to
+    # float64; the mass spread over `spread` coordinates keeps each cell small enough for
+    # float32 sums of the whole batch (4096) or of runs of a few examples (8)
+    dim, batch = 200_000, 64
+    grid = step_grid(max_grad_norm=1.0, norm="l1", dim=dim)
+    radius = cell_radius(max_grad_norm=1.0, norm="l1", dim=dim, grid=grid)
+    assert _sum_group(batch=batch, radius=radius) == 0
+    g = torch.Generator().manual_seed(5)
+    rows = [torch.zeros(batch, dim)]
+    rows[0][:, :spread] = torch.rand(batch, spread, generator=g) + 1
+    scale = radius / spread  # the largest cell of an example on the clip bound
+    assert (runs == "whole batch") == (batch * 2 * scale < 2**24)
+    kwargs = {"budgets": None, "max_grad_norm": 1.0, "norm": "l1", "grid": grid,
+              "radius": radius}  # fmt: skip
+    (total,) = fused_cell_sums(rows, **kwargs)  # type: ignore[misc]
+    singles = [fused_cell_sums([rows[0][i : i + 1]], **kwargs)[0] for i in range(batch)]  # type: ignore[index]
+    assert torch.equal(total, sum(singles))
+    # Python integers: the exact column sums of every example's cells
+    exact = [sum(int(s[j]) for s in singles) for j in range(spread)]
+    assert total[:spread].tolist() == exact
