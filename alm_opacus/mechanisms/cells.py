@@ -116,6 +116,9 @@ _TILE = 8192
 #: batch is summed at once, 4 MiB where runs are (fewer, longer calls); measured fastest.
 _SUM_TILE = 1 << 18
 _RUN_TILE = 1 << 20
+#: Rows at least this long take BLAS ``sasum`` for their L1 tiles (at 5,760 columns and a
+#: batch of 256: 0.26 ms against 0.68 ms for torch's ``abs().sum()``, which writes |g| out).
+_ASUM_MIN = 1024
 #: The clip bound is taken (1 − 2⁻²⁰) below C: it absorbs the float32 roundings of the
 #: per-example scale and of each product (≤ (1 + 2⁻²⁴)² in all) and of C itself.
 _SHRINK = 1.0 - 2.0**-20
@@ -207,7 +210,7 @@ def _norm_bound(rows: torch.Tensor, *, norm: str) -> torch.Tensor:
             if stop > start:
                 tiles = rows[:, start:stop].reshape(batch, -1, size)
                 total += torch.linalg.vector_norm(tiles, 2, dim=2).double().square_().sum(1)
-    elif length <= width:  # one tile: torch's abs and sum (no per-row BLAS call)
+    elif length < _ASUM_MIN:  # short rows: torch's abs and sum beat a BLAS call per row
         total += rows.abs().sum(dim=1).double()
     else:
         from scipy.linalg import blas
