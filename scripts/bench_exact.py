@@ -225,9 +225,12 @@ def _markdown(
         parts = ", ".join(f"{m} {step[m]['optimizer_ratio']:.1f}x" for m in MECHANISMS)
         lines.append("")
         lines.append(f"One exact DP-SGD step of a {step['parameters']}-weight linear head, "
-                     f"batch {step['batch']}, against Opacus's Gaussian step: {steps} "
-                     f"(forward, backward and step); the optimizer's part alone: "
-                     f"{parts}.")  # fmt: skip
+                     f"batch {step['batch']}, against Opacus's Gaussian step, both optimizers "
+                     f"on Opacus's `GradSampleModule`: {steps} (forward, backward and step); "
+                     f"the optimizer's part alone: {parts}. This isolates what exact clipping "
+                     "and exact noise cost; `alm_opacus.training.PrivacyEngine` also keeps "
+                     "per-sample gradients in reused buffers, and `scripts/bench_dpsgd.py` "
+                     "times the two engines step against step.")  # fmt: skip
     return "\n".join(lines)
 
 
