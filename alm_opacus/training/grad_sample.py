@@ -107,7 +107,10 @@ class BufferedGradSampleModule(GradSampleModule):
         sampler = self.GRAD_SAMPLERS[module_type]
         linear = sampler is compute_linear_grad_sample and module_type is nn.Linear
         direct = activations[0].dim() == 2 and backprops.dim() == 2 and len(backprops) == batch
-        if not (linear and direct):
+        # a second pass through the layer in this backward (tied weights) adds to the
+        # buffer, so its own gradients must not be written there
+        first = not hasattr(getattr(module, "weight", None), "_current_grad_sample")
+        if not (linear and direct and first):
             return sampler(module, activations, backprops)
         samples: dict[torch.Tensor, torch.Tensor] = {}
         layer = cast(nn.Linear, module)

@@ -40,6 +40,18 @@ class _Mixed(nn.Module):
         return self.head(self.conv(h[:, None, :]).flatten(1))
 
 
+class _TiedFlat(nn.Module):
+    """One linear layer applied twice in one pass to 2-D inputs (the direct path's case)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tied = nn.Linear(5, 5)
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.tied(torch.tanh(self.tied(x)))))
+
+
 def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
 
@@ -65,7 +77,7 @@ def _backward(module: nn.Module, x: torch.Tensor, *, reduction: str = "mean") ->
     nn.functional.cross_entropy(module(x), y, reduction=reduction).backward()
 
 
-@pytest.mark.parametrize("make", [_mlp, _Mixed], ids=["mlp", "mixed"])
+@pytest.mark.parametrize("make", [_mlp, _Mixed, _TiedFlat], ids=["mlp", "mixed", "tied"])
 @pytest.mark.parametrize("functorch", [False, True])
 def test_per_sample_gradients_are_opacus_bit_for_bit(
     make: Callable[[], nn.Module], functorch: bool
