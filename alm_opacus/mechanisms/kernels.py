@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["first_pass_kernel", "gaussian_tail_inverse", "inverse_x"]
+__all__ = ["CELL_KERNEL_LIMIT", "cell_sum_kernel", "first_pass_kernel", "gaussian_tail_inverse",
+           "inverse_x"]  # fmt: skip
 
 _numba: Any
 try:
@@ -273,3 +274,53 @@ def first_pass_kernel(name: str) -> Kernel | None:
         return doubt[: _accept(words, x, small, threshold, out, flags, doubt)]
 
     return kernel
+
+
+# --------------------------------------------------------------------------------------------
+# Exact DP-SGD clipping: round and sum the cells of a batch in one pass (`cells._tile_sums`).
+# --------------------------------------------------------------------------------------------
+
+#: y + M − M rounds a float32 y to the nearest integer (ties to even) exactly when |y| ≤ 2²²:
+#: y + M then lies in [2²³, 2²⁴), where float32's spacing is 1, and the subtraction is exact.
+_MAGIC32 = np.float32(1.5 * 2.0**23)
+#: The largest |cell| the compiled cell sums accept (`_MAGIC32`).
+CELL_KERNEL_LIMIT = 2.0**22
+_ZERO32 = np.float32(0.0)
+
+
+def _jit_uncontracted(function: Callable[..., Any]) -> Callable[..., Any]:
+    """As `_jit`, without contraction: fl(s·g) must be rounded once, as torch rounds it, not
+    fused with the magic constant's addition."""
+    if _numba is None:
+        return function
+    options = {"cache": True, "nogil": True, "error_model": "numpy", "boundscheck": False}
+    return _numba.njit(**options)(function)
+
+
+@_jit_uncontracted
+def _cell_sums(rows: np.ndarray, scale: np.ndarray, group: int, width: int,
+               out: np.ndarray) -> None:  # fmt: skip
+    """out[j] += Σᵢ round(scaleᵢ·rowsᵢⱼ), float32 rows and scale, float64 ``out``: each
+    column block of ``width`` is summed in a float32 accumulator, flushed into ``out`` after
+    every ``group`` rows (the caller's G with G·R < 2²⁴: every partial sum a float32
+    integer), so every addition is exact; |scaleᵢ·rowsᵢⱼ| ≤ `CELL_KERNEL_LIMIT`."""
+    batch, length = rows.shape
+    acc = np.zeros(width, np.float32)
+    for start in range(0, length, width):
+        stop = min(length, start + width)
+        count = 0
+        for i in range(batch):
+            s = scale[i]
+            for j in range(start, stop):
+                acc[j - start] += (rows[i, j] * s + _MAGIC32) - _MAGIC32
+            count += 1
+            if count == group or i == batch - 1:
+                for j in range(start, stop):
+                    out[j] += acc[j - start]
+                    acc[j - start] = _ZERO32
+                count = 0
+
+
+def cell_sum_kernel() -> Callable[[np.ndarray, np.ndarray, int, int, np.ndarray], None] | None:
+    """The compiled cell sums (`_cell_sums`), or None where numba does not import."""
+    return None if _numba is None else _cell_sums

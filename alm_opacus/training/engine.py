@@ -662,16 +662,10 @@ class PrivacyEngine(OpacusPrivacyEngine):
         ``ew`` mode go to Opacus unchanged."""
         buffered = wrap_model and grad_sample_mode in _BUFFERED_MODES
         functorch = grad_sample_mode == "functorch"
-        if (
-            isinstance(module, BufferedGradSampleModule)
-            and buffered
-            and (
-                module.batch_first == batch_first
-                and module.loss_reduction == loss_reduction
-                and module.force_functorch == functorch
-            )
-        ):
-            return module
+        if isinstance(module, BufferedGradSampleModule) and buffered:
+            kept = (module.batch_first, module.loss_reduction, module.force_functorch)
+            if kept == (batch_first, loss_reduction, functorch):
+                return module
         if not buffered or isinstance(module, AbstractGradSampleModule):
             return super()._prepare_model(
                 module, batch_first=batch_first, max_grad_norm=max_grad_norm,

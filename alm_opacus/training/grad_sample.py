@@ -36,6 +36,10 @@ from torch import nn
 
 __all__ = ["BufferedGradSampleModule"]
 
+#: Where a parameter's buffer may still be referenced: stored in this backward pass but not
+#: yet promoted (``_current_grad_sample``), or promoted but not consumed (``grad_sample``).
+_IN_USE = ("_current_grad_sample", "grad_sample")
+
 
 class BufferedGradSampleModule(GradSampleModule):
     """Opacus's ``GradSampleModule`` (``grad_sample_mode="hooks"`` or ``"functorch"``) whose
@@ -107,10 +111,7 @@ class BufferedGradSampleModule(GradSampleModule):
         sampler = self.GRAD_SAMPLERS[module_type]
         linear = sampler is compute_linear_grad_sample and module_type is nn.Linear
         direct = activations[0].dim() == 2 and backprops.dim() == 2 and len(backprops) == batch
-        # a second pass through the layer in this backward (tied weights) adds to the
-        # buffer, so its own gradients must not be written there
-        first = not hasattr(getattr(module, "weight", None), "_current_grad_sample")
-        if not (linear and direct and first):
+        if not (linear and direct):
             return sampler(module, activations, backprops)
         samples: dict[torch.Tensor, torch.Tensor] = {}
         layer = cast(nn.Linear, module)
@@ -128,9 +129,11 @@ class BufferedGradSampleModule(GradSampleModule):
     def _buffer(
         self, param: torch.Tensor, *, shape: tuple[int, ...], like: torch.Tensor
     ) -> torch.Tensor:
-        """``param``'s buffer viewed as ``shape``, reused if the last per-sample gradient
-        stored in it has been consumed; a fresh tensor if not."""
-        if getattr(param, "grad_sample", None) is not None:  # accumulation: never overwrite
+        """``param``'s buffer viewed as ``shape``, never while it is in use: a fresh tensor
+        while this backward pass has already stored into it (a second pass through a tied
+        layer adds to it) or while the optimizer has not consumed it (accumulation)."""
+        in_use = (getattr(param, attr, None) is not None for attr in _IN_USE)
+        if any(in_use):
             return torch.empty(shape, dtype=like.dtype, device=like.device)
         size = math.prod(shape)
         buffer = self._grad_sample_buffers.get(id(param))

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 
+from alm_opacus.mechanisms import cells
 from alm_opacus.mechanisms.cells import _exact_run, _sum_group, fused_cell_sums
 from alm_opacus.mechanisms.exact import (
     cell_radius,
@@ -16,6 +18,16 @@ from alm_opacus.mechanisms.exact import (
     scaled_cells,
     step_grid,
 )
+from alm_opacus.mechanisms.kernels import CELL_KERNEL_LIMIT, cell_sum_kernel
+
+
+@pytest.fixture(params=["compiled", "tensor"], autouse=True)
+def _cell_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test through the compiled cell sums and through the tensor path (the fallback
+    where numba does not import, and the path for cells beyond 2²²)."""
+    if request.param == "compiled" and cell_sum_kernel() is None:
+        pytest.skip("numba does not import here")
+    monkeypatch.setattr(cells, "_USE_KERNEL", request.param == "compiled")
 
 
 def _fits(cells: list[int], *, norm: str, radius: float) -> bool:
@@ -171,3 +183,22 @@ def test_wide_range_cells_sum_in_float32_when_they_are_small(spread: int, runs: 
     # Python integers: the exact column sums of every example's cells
     exact = [sum(int(s[j]) for s in singles) for j in range(spread)]
     assert total[:spread].tolist() == exact
+
+
+def test_the_compiled_sums_round_as_torch_rounds_ties_included() -> None:
+    kernel = cell_sum_kernel()
+    if kernel is None:
+        pytest.skip("numba does not import here")
+    g = torch.Generator().manual_seed(6)
+    rows = torch.randn(300, 5000, generator=g)
+    # exact ties (round half to even), the largest allowed magnitude, and its neighbours
+    rows[:4, :6] = torch.tensor([2.5, -2.5, 3.5, 0.5, -0.5, 1_000_000.5])
+    rows[4, 0] = CELL_KERNEL_LIMIT
+    rows[5, 0] = -CELL_KERNEL_LIMIT
+    scale = torch.ones(300, 1)
+    scale[6:] = 1000.0  # cells up to a few thousand: runs of 300 stay below 2^24
+    expected = torch.round(rows * scale).double().sum(0)
+    for group in (1, 7, 300):
+        total = np.zeros(5000)
+        kernel(rows.numpy(), scale.view(-1).numpy(), group, 2048, total)
+        assert torch.equal(torch.from_numpy(total), expected)
