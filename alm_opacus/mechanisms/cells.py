@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from alm_opacus.mechanisms.grid import Grid
-from alm_opacus.mechanisms.kernels import CELL_KERNEL_LIMIT, cell_sum_kernel
+from alm_opacus.mechanisms.kernels import CELL_KERNEL_LIMIT, cell_sum_kernel, l1_tile_kernel
 
 __all__ = ["clip_to_cells", "enforce_radius", "fused_cell_sums", "scaled_cells"]
 
@@ -121,8 +121,9 @@ _RUN_TILE = 1 << 20
 #: Rows at least this long take BLAS ``sasum`` for their L1 tiles (at 5,760 columns and a
 #: batch of 256: 0.26 ms against 0.68 ms for torch's ``abs().sum()``, which writes |g| out).
 _ASUM_MIN = 1024
-#: Whether the cell sums run compiled where numba imports and the cells allow (tests switch it
-#: off to check the tensor path); and the compiled pass's column block (float32 accumulator).
+#: Whether the L1 norm bounds and the cell sums run compiled where numba imports and the cells
+#: allow (tests switch it off to check the tensor path, the one without numba); and the
+#: compiled cell sums' column block (a float32 accumulator that stays in L1 cache).
 _USE_KERNEL = True
 _KERNEL_WIDTH = 2048
 #: The clip bound is taken (1 − 2⁻²⁰) below C: it absorbs the float32 roundings of the
@@ -192,6 +193,8 @@ def _sum_group(*, batch: int, radius: float) -> int | None:
     cell may exceed that (the cells are then summed in float64); None when B·R ≥ 2⁵³."""
     if batch * radius >= 2.0**53:
         return None
+    if radius == 0:
+        return batch
     group = min(batch, math.floor((_EXACT32 - 1.0) / radius)) if radius < _EXACT32 else 0
     while group > 0 and group * radius >= _EXACT32:  # float safety
         group -= 1
@@ -204,8 +207,9 @@ def _norm_bound(rows: torch.Tensor, *, norm: str) -> torch.Tensor:
     Each row is cut into tiles of T columns and each tile's norm is taken in float32: L2 by
     torch's ``vector_norm`` (a sum of rounded squares, then a rounded square root: torch
     does not rescale, as its overflow to inf for |x| > 1.8e19 shows, and float32 overflow is
-    handed back as non-finite), L1 by BLAS ``sasum`` (a sum of exact |x|). Whatever the
-    summation order, a float32 sum of T non-negative terms is within γ_T of the exact sum.
+    handed back as non-finite), L1 as a sum of exact |x| (compiled `kernels._l1_tiles`, else
+    BLAS ``sasum`` or torch). Whatever the summation order, a float32 sum of T non-negative
+    terms is within γ_T of the exact sum.
     """
     batch, length = rows.shape
     width = min(_TILE, max(length, 1))
@@ -216,6 +220,10 @@ def _norm_bound(rows: torch.Tensor, *, norm: str) -> torch.Tensor:
             if stop > start:
                 tiles = rows[:, start:stop].reshape(batch, -1, size)
                 total += torch.linalg.vector_norm(tiles, 2, dim=2).double().square_().sum(1)
+    elif _USE_KERNEL and (kernel := l1_tile_kernel()) is not None and rows.is_contiguous():
+        l1 = np.zeros(batch, dtype=np.float64)
+        kernel(rows.detach().numpy(), width, l1)
+        total += torch.from_numpy(l1)
     elif length < _ASUM_MIN:  # short rows: torch's abs and sum beat a BLAS call per row
         total += rows.abs().sum(dim=1).double()
     else:
@@ -278,5 +286,5 @@ def _exact_run(cells: torch.Tensor) -> int:
     """The most rows of ``cells`` (float32 integers) whose column sums are exact in float32 in
     any order: ⌊(2²⁴ − 1)/m⌋ for the largest magnitude m (all rows when m = 0)."""
     low, high = torch.aminmax(cells)
-    largest = max(-float(low), float(high))
-    return len(cells) if largest == 0.0 else math.floor((_EXACT32 - 1.0) / largest)
+    group = _sum_group(batch=len(cells), radius=max(-float(low), float(high)))
+    return 0 if group is None else group

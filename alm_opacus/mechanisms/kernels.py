@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["CELL_KERNEL_LIMIT", "cell_sum_kernel", "first_pass_kernel", "gaussian_tail_inverse",
-           "inverse_x"]  # fmt: skip
+           "inverse_x", "l1_tile_kernel"]  # fmt: skip
 
 _numba: Any
 try:
@@ -76,12 +76,28 @@ _ATANH = tuple(1.0 / (2 * k + 1) for k in range(11))
 _LARGE = 2.0**50
 
 
-def _jit(function: Callable[..., Any]) -> Callable[..., Any]:
-    """Compiled on first call (and cached on disk) where numba imports; else as is."""
-    if _numba is None:
-        return function
-    options = {"cache": True, "nogil": True, "error_model": "numpy", "fastmath": {"contract"}}
-    return _numba.njit(**options)(function)
+def _jit_with(*, fastmath: frozenset[str]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A decorator: compiled on first call (and cached on disk) with the LLVM fast-math flags
+    ``fastmath`` where numba imports; else the function as is."""
+
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        if _numba is None:
+            return function
+        flags = set(fastmath) or False
+        options = {"cache": True, "nogil": True, "error_model": "numpy", "fastmath": flags}
+        return _numba.njit(**options)(function)
+
+    return decorate
+
+
+_jit = _jit_with(fastmath=frozenset({"contract"}))
+#: Without contraction: fl(s·g) must be rounded once, as torch rounds it, not fused with the
+#: magic constant's addition (`_cell_sums`).
+_jit_uncontracted = _jit_with(fastmath=frozenset())
+#: Reassociation only (no nnan/ninf: a NaN or inf must reach the caller): a float32 sum of
+#: non-negative terms is within γ_T of the exact sum in any order, so the vectorised order
+#: keeps the bound (`_l1_tiles`).
+_jit_reassociated = _jit_with(fastmath=frozenset({"reassoc"}))
 
 
 @_jit
@@ -288,39 +304,54 @@ CELL_KERNEL_LIMIT = 2.0**22
 _ZERO32 = np.float32(0.0)
 
 
-def _jit_uncontracted(function: Callable[..., Any]) -> Callable[..., Any]:
-    """As `_jit`, without contraction: fl(s·g) must be rounded once, as torch rounds it, not
-    fused with the magic constant's addition."""
-    if _numba is None:
-        return function
-    options = {"cache": True, "nogil": True, "error_model": "numpy", "boundscheck": False}
-    return _numba.njit(**options)(function)
-
-
 @_jit_uncontracted
 def _cell_sums(rows: np.ndarray, scale: np.ndarray, group: int, width: int,
                out: np.ndarray) -> None:  # fmt: skip
     """out[j] += Σᵢ round(scaleᵢ·rowsᵢⱼ), float32 rows and scale, float64 ``out``: each
     column block of ``width`` is summed in a float32 accumulator, flushed into ``out`` after
     every ``group`` rows (the caller's G with G·R < 2²⁴: every partial sum a float32
-    integer), so every addition is exact; |scaleᵢ·rowsᵢⱼ| ≤ `CELL_KERNEL_LIMIT`."""
+    integer), so every addition is exact; |scaleᵢ·rowsᵢⱼ| ≤ `CELL_KERNEL_LIMIT`. Inner loops
+    index slices from 0: numba then drops negative-index wraparound and LLVM vectorises."""
     batch, length = rows.shape
     acc = np.zeros(width, np.float32)
     for start in range(0, length, width):
         stop = min(length, start + width)
+        block = out[start:stop]
         count = 0
         for i in range(batch):
             s = scale[i]
-            for j in range(start, stop):
-                acc[j - start] += (rows[i, j] * s + _MAGIC32) - _MAGIC32
+            tile = rows[i, start:stop]
+            for j in range(stop - start):
+                acc[j] += (tile[j] * s + _MAGIC32) - _MAGIC32
             count += 1
             if count == group or i == batch - 1:
-                for j in range(start, stop):
-                    out[j] += acc[j - start]
-                    acc[j - start] = _ZERO32
+                for j in range(stop - start):
+                    block[j] += acc[j]
+                    acc[j] = _ZERO32
                 count = 0
 
 
 def cell_sum_kernel() -> Callable[[np.ndarray, np.ndarray, int, int, np.ndarray], None] | None:
     """The compiled cell sums (`_cell_sums`), or None where numba does not import."""
     return None if _numba is None else _cell_sums
+
+
+@_jit_reassociated
+def _l1_tiles(rows: np.ndarray, width: int, out: np.ndarray) -> None:
+    """out[i] += Σ over tiles of ``width`` columns of the tile's float32 sum of |rowsᵢⱼ| (in
+    any order: `_jit_reassociated`), the tiles added in float64; float32 rows, float64 out."""
+    batch, length = rows.shape
+    for i in range(batch):
+        total = 0.0
+        for start in range(0, length, width):
+            tile = rows[i, start : min(length, start + width)]
+            acc = _ZERO32
+            for j in range(len(tile)):
+                acc += abs(tile[j])
+            total += float(acc)
+        out[i] += total
+
+
+def l1_tile_kernel() -> Callable[[np.ndarray, int, np.ndarray], None] | None:
+    """The compiled L1 tile sums (`_l1_tiles`), or None where numba does not import."""
+    return None if _numba is None else _l1_tiles

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from alm_opacus.mechanisms import cells
-from alm_opacus.mechanisms.cells import _exact_run, _sum_group, fused_cell_sums
+from alm_opacus.mechanisms.cells import _exact_run, _norm_bound, _sum_group, fused_cell_sums
 from alm_opacus.mechanisms.exact import (
     cell_radius,
     enforce_radius,
@@ -202,3 +202,54 @@ def test_the_compiled_sums_round_as_torch_rounds_ties_included() -> None:
         total = np.zeros(5000)
         kernel(rows.numpy(), scale.view(-1).numpy(), group, 2048, total)
         assert torch.equal(torch.from_numpy(total), expected)
+
+
+def _exact_norms(rows: torch.Tensor, *, norm: str) -> list[Fraction]:
+    """Each row's L1 norm, or its squared L2 norm, exactly (Python fractions)."""
+    power = 1 if norm == "l1" else 2
+    return [sum((abs(Fraction(x)) ** power for x in row.tolist()), Fraction(0)) for row in rows]
+
+
+@pytest.mark.parametrize("norm", ["l1", "l2"])
+@pytest.mark.parametrize("length", [10, 1500, 20_000])
+def test_the_norm_bound_is_an_upper_bound_and_tight(norm: str, length: int) -> None:
+    # rows over 60 binades (float32 sums of them round at every step), one row of equal
+    # terms (the worst case for a sequential sum's drift), one of zeros, one of subnormals
+    g = torch.Generator().manual_seed(8)
+    rows = torch.randn(6, length, generator=g) * torch.exp2(
+        torch.randint(-30, 30, (6, length), generator=g).float()
+    )
+    rows[1] = 0.1
+    rows[2] = 0.0
+    rows[3] = 1e-40
+    bound = _norm_bound(rows, norm=norm)
+    # the bound inflates the float32 sums by their worst case (γ_T for a tile, three
+    # roundings), so it is at most that factor squared above the exact norm, plus 2^-126 a term
+    tile = min(8192, length)
+    gamma = tile * 2.0**-24 / (1 - tile * 2.0**-24)
+    slack = Fraction((1 + 2.0**-39) / ((1 - 2.0**-24) ** 3 * (1 - gamma))) ** 2
+    for value, exact in zip(bound.tolist(), _exact_norms(rows, norm=norm), strict=True):
+        assert Fraction(value) >= exact
+        assert Fraction(value) <= exact * slack + Fraction(length) * Fraction(2) ** -125
+
+
+@pytest.mark.parametrize("norm", ["l1", "l2"])
+def test_the_norm_bound_hands_back_non_finite_gradients(norm: str) -> None:
+    rows = torch.ones(4, 3000)
+    rows[1, 17] = float("nan")
+    rows[2, 2999] = float("inf")
+    rows[3, 5] = -float("inf")
+    bound = _norm_bound(rows, norm=norm)
+    assert bool(torch.isfinite(bound[0]))
+    assert bool(torch.isnan(bound[1]))
+    assert bound[2].item() == float("inf") and bound[3].item() == float("inf")
+
+
+def test_the_norm_bound_of_a_strided_view_is_the_bound_of_its_copy() -> None:
+    # a non-contiguous view takes the fallback path: the same guarantee, whatever the path
+    g = torch.Generator().manual_seed(9)
+    rows = torch.randn(3000, 8, generator=g).t()
+    assert not rows.is_contiguous()
+    bound = _norm_bound(rows, norm="l1").tolist()
+    exact = _exact_norms(rows, norm="l1")
+    assert all(Fraction(v) >= e for v, e in zip(bound, exact, strict=True))
