@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from alm_opacus.mechanisms.grid import Grid
-from alm_opacus.mechanisms.kernels import CELL_KERNEL_LIMIT, cell_sum_kernel, l1_tile_kernel
+from alm_opacus.mechanisms.kernels import cell_sum_kernel, norm_tile_kernel
 
 __all__ = ["clip_to_cells", "enforce_radius", "fused_cell_sums", "scaled_cells"]
 
@@ -168,7 +168,8 @@ def fused_cell_sums(
     group = _sum_group(batch=batch, radius=radius)
     if group is None:
         return None
-    bounds = [_norm_bound(r, norm=norm) for r in rows]  # L1 norms, or squared L2 norms
+    tiles = [_norm_tiles(r, norm=norm) for r in rows]  # of L1 norms, or of squared L2 norms
+    bounds = [t.sum(1).mul_(1.0 + 2.0**-40) for t, _ in tiles]  # the float64 additions
     if budgets is None:  # one bound on the concatenation (float64 additions: 2⁻⁴⁰ covers)
         bounds = [torch.stack(bounds).sum(0).mul_(1.0 + 2.0**-40)] * len(rows)
         budgets = [max_grad_norm] * len(rows)
@@ -184,7 +185,10 @@ def fused_cell_sums(
         if bool((scale < 2.0**-100).any()):
             return None  # near float32's subnormals the scale's rounding is not relative
         scales.append(scale.view(-1, 1))
-    return [_tile_sums(r, s, group=group, radius=radius) for r, s in zip(rows, scales, strict=True)]
+    return [
+        _tile_sums(r, s, group=group, tiles=t, norm=norm)
+        for r, s, t in zip(rows, scales, tiles, strict=True)
+    ]
 
 
 def _sum_group(*, batch: int, radius: float) -> int | None:
@@ -202,62 +206,81 @@ def _sum_group(*, batch: int, radius: float) -> int | None:
 
 
 def _norm_bound(rows: torch.Tensor, *, norm: str) -> torch.Tensor:
-    """float64 upper bounds on each row's norm (L1), or on its squared norm (L2).
+    """float64 upper bounds on each row's norm (L1), or on its squared norm (L2): the sum of
+    `_norm_tiles` (float64 additions of the tiles: within 2⁻⁴⁰ in all)."""
+    return _norm_tiles(rows, norm=norm)[0].sum(1).mul_(1.0 + 2.0**-40)
 
-    Each row is cut into tiles of T columns and each tile's norm is taken in float32: L2 by
-    torch's ``vector_norm`` (a sum of rounded squares, then a rounded square root: torch
-    does not rescale, as its overflow to inf for |x| > 1.8e19 shows, and float32 overflow is
-    handed back as non-finite), L1 as a sum of exact |x| (compiled `kernels._l1_tiles`, else
-    BLAS ``sasum`` or torch). Whatever the summation order, a float32 sum of T non-negative
-    terms is within γ_T of the exact sum.
+
+def _norm_tiles(rows: torch.Tensor, *, norm: str) -> tuple[torch.Tensor, int]:
+    """``(bounds, T)``: float64 upper bounds ``(batch, tiles)`` on the exact Σ|x| (L1) or Σx²
+    (L2) of each row's tiles of T columns.
+
+    Each tile's sum is taken in float32: of rounded squares (L2), of exact |x| (L1).
+    Compiled (`kernels._l2_tiles`, `_l1_tiles`) where numba imports; else torch's
+    ``vector_norm`` (a sum of rounded squares, then a rounded square root: torch does not
+    rescale, as its overflow to inf for |x| > 1.8e19 shows), BLAS ``sasum`` or torch's
+    ``abs().sum()``. A float32 overflow is handed back as non-finite. Whatever the summation
+    order, a float32 sum of T non-negative terms is within γ_T of the exact sum.
     """
     batch, length = rows.shape
     width = min(_TILE, max(length, 1))
-    total = torch.zeros(batch, dtype=torch.float64)
-    if norm == "l2":
+    count = -(-length // width)
+    kernel = norm_tile_kernel(norm) if _USE_KERNEL and rows.is_contiguous() else None
+    if kernel is not None:
+        computed = np.zeros((batch, count), dtype=np.float64)
+        kernel(rows.detach().numpy(), width, computed)
+        tiles = torch.from_numpy(computed)
+    elif norm == "l2":
         full = length - length % width
+        parts = []
         for start, stop, size in ((0, full, width), (full, length, length - full)):
             if stop > start:
-                tiles = rows[:, start:stop].reshape(batch, -1, size)
-                total += torch.linalg.vector_norm(tiles, 2, dim=2).double().square_().sum(1)
-    elif _USE_KERNEL and (kernel := l1_tile_kernel()) is not None and rows.is_contiguous():
-        l1 = np.zeros(batch, dtype=np.float64)
-        kernel(rows.detach().numpy(), width, l1)
-        total += torch.from_numpy(l1)
+                chunks = rows[:, start:stop].reshape(batch, -1, size)
+                parts.append(torch.linalg.vector_norm(chunks, 2, dim=2).double().square_())
+        tiles = torch.cat(parts, dim=1) if parts else torch.zeros(batch, count)
     elif length < _ASUM_MIN:  # short rows: torch's abs and sum beat a BLAS call per row
-        total += rows.abs().sum(dim=1).double()
+        tiles = rows.abs().sum(dim=1, keepdim=True).double()
     else:
         from scipy.linalg import blas
 
         data = rows.detach().contiguous().numpy()
         sums = [[blas.sasum(row[a : a + width]) for a in range(0, length, width)] for row in data]
-        total += torch.tensor(sums, dtype=torch.float64).sum(1)
+        tiles = torch.tensor(sums, dtype=torch.float64)
     gamma = width * _U32 / (1.0 - width * _U32)
     # each term: one float32 rounding (squares) or none (abs), plus ≤ 2⁻¹²⁶ if flushed to
     # zero; each tile's sum within γ_T; the square root and its float64 square ≤ 2u; the
-    # float64 additions of the tiles within 2⁻⁴⁰ in all
+    # float64 product with the factor ≤ 2⁻⁵³ (2⁻⁴⁰ covers it)
     factor = (1.0 + 2.0**-40) / ((1.0 - _U32) ** 3 * (1.0 - gamma))
-    return total.mul_(factor).add_(length * 2.0**-126)
+    return tiles.to(torch.float64).mul_(factor).add_(width * 2.0**-126), width
 
 
 def _tile_sums(rows: torch.Tensor, scale: torch.Tensor, *, group: int,
-               radius: float) -> torch.Tensor:  # fmt: skip
+               tiles: tuple[torch.Tensor, int], norm: str) -> torch.Tensor:  # fmt: skip
     """Σᵢ round(scaleᵢ·rowsᵢ) exactly, int64 (see `fused_cell_sums`): the cells are float32
-    integers. With ``group`` ≥ the batch (B·R < 2²⁴) each tile's columns are summed in float32,
-    exact by that bound. Otherwise each tile's largest |cell| m sets the run G = max(group,
-    ⌊(2²⁴ − 1)/m⌋): every partial sum of G cells is an integer below 2²⁴ in magnitude, so each
-    run's float32 sum is exact in any order, and the runs are added in float64 (integers below
-    2⁵³); with G = 0 every cell is converted to float64. A gradient's cells are usually far
-    below the bound R (which assumes one example's whole norm in one coordinate), so the L1
-    steps of large models, where R ≥ 2²⁴, still sum in float32."""
+    integers.
+
+    Compiled (`kernels._cell_sums`) where numba imports: one pass, a float32 accumulator per
+    column block flushed by the cells' bounds. A cell of tile t is at most
+    sᵢ·Pᵢₜ·(1 + 2⁻²⁰) + ½, where Pᵢₜ bounds the tile's largest |x| (its L1 bound, or the
+    square root of its squared L2 bound, from ``tiles``): fl(s·x) errs by 2⁻²⁴ relative and
+    rounding adds ½.
+
+    Otherwise in torch: with ``group`` ≥ the batch (B·R < 2²⁴) each tile's columns are
+    summed in float32, exact by that bound. Otherwise each tile's largest |cell| m sets the
+    run G = max(group, ⌊(2²⁴ − 1)/m⌋): every partial sum of G cells is an integer below 2²⁴
+    in magnitude, so each run's float32 sum is exact in any order, and the runs are added in
+    float64 (integers below 2⁵³); with G = 0 every cell is converted to float64. A gradient's
+    cells are usually far below the bound R (which assumes one example's whole norm in one
+    coordinate), so the L1 steps of large models, where R ≥ 2²⁴, still sum in float32."""
     batch, length = rows.shape
     kernel = cell_sum_kernel() if _USE_KERNEL else None
-    small = 1 <= group < batch and radius <= CELL_KERNEL_LIMIT  # whole-batch sums: tensor
-    if kernel is not None and small and rows.is_contiguous():
-        # one pass, every |cell| ≤ R ≤ 2²²: rounded by the magic constant, as round_() would
+    if kernel is not None and rows.is_contiguous() and batch < 2**28:
+        bounds, columns = tiles
+        largest = bounds.sqrt().mul_(1.0 + 2.0**-50) if norm == "l2" else bounds
+        cell_bounds = (largest * scale.double()).mul_(1.0 + 2.0**-20).add_(0.5)
         total = np.zeros(length, dtype=np.float64)
-        kernel(rows.detach().numpy(), scale.reshape(-1).contiguous().numpy(), min(group, batch),
-               _KERNEL_WIDTH, total)  # fmt: skip
+        kernel(rows.detach().numpy(), scale.reshape(-1).contiguous().numpy(),
+               cell_bounds.numpy(), columns, _KERNEL_WIDTH, total)  # fmt: skip
         return torch.from_numpy(total).to(torch.int64)
     elements = _SUM_TILE if group == 0 or group >= batch else _RUN_TILE
     width = min(max(1024, elements // max(batch, 1)), max(length, 1))

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CELL_KERNEL_LIMIT", "cell_sum_kernel", "first_pass_kernel", "gaussian_tail_inverse",
-           "inverse_x", "l1_tile_kernel"]  # fmt: skip
+__all__ = ["cell_sum_kernel", "first_pass_kernel", "gaussian_tail_inverse",
+           "inverse_x", "norm_tile_kernel"]  # fmt: skip
 
 _numba: Any
 try:
@@ -91,8 +91,7 @@ def _jit_with(*, fastmath: frozenset[str]) -> Callable[[Callable[..., Any]], Cal
 
 
 _jit = _jit_with(fastmath=frozenset({"contract"}))
-#: Without contraction: fl(s·g) must be rounded once, as torch rounds it, not fused with the
-#: magic constant's addition (`_cell_sums`).
+#: Without contraction: fl(s·g) must be rounded once, as torch rounds it (`_cell_sums`).
 _jit_uncontracted = _jit_with(fastmath=frozenset())
 #: Reassociation only (no nnan/ninf: a NaN or inf must reach the caller): a float32 sum of
 #: non-negative terms is within γ_T of the exact sum in any order, so the vectorised order
@@ -296,62 +295,89 @@ def first_pass_kernel(name: str) -> Kernel | None:
 # Exact DP-SGD clipping: round and sum the cells of a batch in one pass (`cells._tile_sums`).
 # --------------------------------------------------------------------------------------------
 
-#: y + M − M rounds a float32 y to the nearest integer (ties to even) exactly when |y| ≤ 2²²:
-#: y + M then lies in [2²³, 2²⁴), where float32's spacing is 1, and the subtraction is exact.
-_MAGIC32 = np.float32(1.5 * 2.0**23)
-#: The largest |cell| the compiled cell sums accept (`_MAGIC32`).
-CELL_KERNEL_LIMIT = 2.0**22
 _ZERO32 = np.float32(0.0)
+#: Bound on the magnitudes a float32 accumulator of integer cells may reach between flushes:
+#: every integer of magnitude ≤ 2²⁴ is a float32, and the float64 running bound errs by far
+#: less than the 1 kept in reserve for any batch below 2²⁸ (`cells._tile_sums` checks).
+_EXACT_SUM = 2.0**24 - 1.0
 
 
 @_jit_uncontracted
-def _cell_sums(rows: np.ndarray, scale: np.ndarray, group: int, width: int,
+def _flush(acc: np.ndarray, block: np.ndarray) -> None:
+    for j in range(len(block)):
+        block[j] += acc[j]
+        acc[j] = _ZERO32
+
+
+@_jit_uncontracted
+def _cell_sums(rows: np.ndarray, scale: np.ndarray, bounds: np.ndarray, tile: int, width: int,
                out: np.ndarray) -> None:  # fmt: skip
-    """out[j] += Σᵢ round(scaleᵢ·rowsᵢⱼ), float32 rows and scale, float64 ``out``: each
-    column block of ``width`` is summed in a float32 accumulator, flushed into ``out`` after
-    every ``group`` rows (the caller's G with G·R < 2²⁴: every partial sum a float32
-    integer), so every addition is exact; |scaleᵢ·rowsᵢⱼ| ≤ `CELL_KERNEL_LIMIT`. Inner loops
-    index slices from 0: numba then drops negative-index wraparound and LLVM vectorises."""
+    """out[j] += Σᵢ rint(scaleᵢ·rowsᵢⱼ), exactly: float32 rows and scale, float64 ``out``.
+
+    ``bounds[i, t]`` must bound |rint(scaleᵢ·rowsᵢⱼ)| for every column j of the ``tile``
+    columns numbered t. Each column block of ``width`` (within one tile) is summed in a
+    float32 accumulator, flushed into ``out`` before the bounds of the rows it holds could
+    sum past `_EXACT_SUM`: every partial sum is then an integer of magnitude < 2²⁴, so every
+    float32 addition is exact (a row whose bound alone passes it is added to an empty
+    accumulator, exactly, and flushed at once). ``np.rint`` rounds half to even, as
+    ``torch.round``; compiled without contraction, fl(s·x) is rounded once, as torch rounds
+    it. Inner loops index slices from 0 (no wraparound checks: LLVM vectorises them)."""
     batch, length = rows.shape
     acc = np.zeros(width, np.float32)
     for start in range(0, length, width):
         stop = min(length, start + width)
         block = out[start:stop]
-        count = 0
+        t = start // tile
+        held = 0.0
         for i in range(batch):
+            largest = bounds[i, t]
+            if held > 0.0 and held + largest >= _EXACT_SUM:
+                _flush(acc, block)
+                held = 0.0
             s = scale[i]
-            tile = rows[i, start:stop]
+            row = rows[i, start:stop]
             for j in range(stop - start):
-                acc[j] += (tile[j] * s + _MAGIC32) - _MAGIC32
-            count += 1
-            if count == group or i == batch - 1:
-                for j in range(stop - start):
-                    block[j] += acc[j]
-                    acc[j] = _ZERO32
-                count = 0
+                acc[j] += np.rint(row[j] * s)
+            held += largest
+            if held >= _EXACT_SUM:
+                _flush(acc, block)
+                held = 0.0
+        _flush(acc, block)
 
 
-def cell_sum_kernel() -> Callable[[np.ndarray, np.ndarray, int, int, np.ndarray], None] | None:
+def cell_sum_kernel() -> Callable[..., None] | None:
     """The compiled cell sums (`_cell_sums`), or None where numba does not import."""
     return None if _numba is None else _cell_sums
 
 
 @_jit_reassociated
 def _l1_tiles(rows: np.ndarray, width: int, out: np.ndarray) -> None:
-    """out[i] += Σ over tiles of ``width`` columns of the tile's float32 sum of |rowsᵢⱼ| (in
-    any order: `_jit_reassociated`), the tiles added in float64; float32 rows, float64 out."""
+    """out[i, t] = the float32 sum of |rowsᵢⱼ| over the t-th tile of ``width`` columns (in any
+    order: `_jit_reassociated`); float32 rows, float64 ``out``."""
     batch, length = rows.shape
     for i in range(batch):
-        total = 0.0
         for start in range(0, length, width):
             tile = rows[i, start : min(length, start + width)]
             acc = _ZERO32
             for j in range(len(tile)):
                 acc += abs(tile[j])
-            total += float(acc)
-        out[i] += total
+            out[i, start // width] = acc
 
 
-def l1_tile_kernel() -> Callable[[np.ndarray, int, np.ndarray], None] | None:
-    """The compiled L1 tile sums (`_l1_tiles`), or None where numba does not import."""
-    return None if _numba is None else _l1_tiles
+@_jit_reassociated
+def _l2_tiles(rows: np.ndarray, width: int, out: np.ndarray) -> None:
+    """As `_l1_tiles` with rounded squares fl(rowsᵢⱼ²) (an overflow is inf, handed back)."""
+    batch, length = rows.shape
+    for i in range(batch):
+        for start in range(0, length, width):
+            tile = rows[i, start : min(length, start + width)]
+            acc = _ZERO32
+            for j in range(len(tile)):
+                acc += tile[j] * tile[j]
+            out[i, start // width] = acc
+
+
+def norm_tile_kernel(norm: str) -> Callable[[np.ndarray, int, np.ndarray], None] | None:
+    """The compiled tile sums of |x| (``"l1"``: `_l1_tiles`) or of x² (``"l2"``: `_l2_tiles`),
+    or None where numba does not import."""
+    return None if _numba is None else {"l1": _l1_tiles, "l2": _l2_tiles}[norm]

@@ -18,7 +18,7 @@ from alm_opacus.mechanisms.exact import (
     scaled_cells,
     step_grid,
 )
-from alm_opacus.mechanisms.kernels import CELL_KERNEL_LIMIT, cell_sum_kernel
+from alm_opacus.mechanisms.kernels import cell_sum_kernel
 
 
 @pytest.fixture(params=["compiled", "tensor"], autouse=True)
@@ -185,23 +185,30 @@ def test_wide_range_cells_sum_in_float32_when_they_are_small(spread: int, runs: 
     assert total[:spread].tolist() == exact
 
 
-def test_the_compiled_sums_round_as_torch_rounds_ties_included() -> None:
+@pytest.mark.parametrize("held", [1.0, 2.0**18, 2.0**23, 2.0**30])
+def test_the_compiled_sums_round_as_torch_rounds_ties_included(held: float) -> None:
+    # the bounds set when the accumulator is flushed: after every row, every 64 rows, every
+    # other row, or (a bound of 2^30 alone passes 2^24) at once after each row
     kernel = cell_sum_kernel()
     if kernel is None:
         pytest.skip("numba does not import here")
     g = torch.Generator().manual_seed(6)
     rows = torch.randn(300, 5000, generator=g)
-    # exact ties (round half to even), the largest allowed magnitude, and its neighbours
+    # exact ties (round half to even) and cells beyond 2^22, where y + 1.5·2^23 − 1.5·2^23
+    # would no longer round
     rows[:4, :6] = torch.tensor([2.5, -2.5, 3.5, 0.5, -0.5, 1_000_000.5])
-    rows[4, 0] = CELL_KERNEL_LIMIT
-    rows[5, 0] = -CELL_KERNEL_LIMIT
-    scale = torch.ones(300, 1)
-    scale[6:] = 1000.0  # cells up to a few thousand: runs of 300 stay below 2^24
-    expected = torch.round(rows * scale).double().sum(0)
-    for group in (1, 7, 300):
-        total = np.zeros(5000)
-        kernel(rows.numpy(), scale.view(-1).numpy(), group, 2048, total)
-        assert torch.equal(torch.from_numpy(total), expected)
+    rows[4, 0] = 2.0**22 + 0.5
+    rows[5, 0] = -(2.0**23 - 0.5)
+    scale = torch.ones(300)
+    scale[6:] = 2.0**14  # cells up to ~2^16
+    rows[6:, 10] = 4.0 + 2.0**-14  # 294 cells of 65,537: a column sum far past 2^24
+    expected = torch.round(rows * scale[:, None]).double().sum(0)
+    # a valid bound on every cell of the row, never smaller than the one being tested
+    bounds = (rows.abs() * scale[:, None]).amax(1, keepdim=True).double() + 0.5
+    bounds = bounds.clamp(min=held)
+    total = np.zeros(5000)
+    kernel(rows.numpy(), scale.numpy(), bounds.numpy(), 5000, 2048, total)
+    assert torch.equal(torch.from_numpy(total), expected)
 
 
 def _exact_norms(rows: torch.Tensor, *, norm: str) -> list[Fraction]:
