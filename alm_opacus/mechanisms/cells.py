@@ -121,9 +121,10 @@ _RUN_TILE = 1 << 20
 #: Rows at least this long take BLAS ``sasum`` for their L1 tiles (at 5,760 columns and a
 #: batch of 256: 0.26 ms against 0.68 ms for torch's ``abs().sum()``, which writes |g| out).
 _ASUM_MIN = 1024
-#: Whether the L1 norm bounds and the cell sums run compiled where numba imports and the cells
-#: allow (tests switch it off to check the tensor path, the one without numba); and the
-#: compiled cell sums' column block (a float32 accumulator that stays in L1 cache).
+#: Whether the norm tiles and the cell sums run compiled where numba imports (tests switch it
+#: off to check the tensor path, the one without numba); and the compiled cell sums' column
+#: block (a float32 accumulator that stays in L1 cache; it divides `_TILE`, so a block never
+#: straddles two norm tiles).
 _USE_KERNEL = True
 _KERNEL_WIDTH = 2048
 #: The clip bound is taken (1 − 2⁻²⁰) below C: it absorbs the float32 roundings of the

@@ -1,4 +1,6 @@
-"""The exact sampler's first pass as one compiled loop per cell law (numba).
+"""Compiled loops (numba) for exact noise and exact clipping: the exact sampler's first pass,
+one loop per cell law, and the exact DP-SGD step's norm tiles and cell sums (the last section;
+their proofs are in `alm_opacus.mechanisms.cells`).
 
 The eager first pass (`alm_opacus.mechanisms.exact`) streams each chunk through a dozen
 tensor operations; on a 2-core machine each costs about a millisecond per 10⁶ draws in
@@ -19,7 +21,8 @@ processor.
 numba is a dependency; if it cannot be imported (a Python or numpy it does not support yet),
 `first_pass_kernel` returns None and the eager pass runs: the law of K is the same, only the
 few draws near the margin that each path leaves in doubt may differ, so a *seeded* stream is
-reproducible on one installation, not across the two paths.
+reproducible on one installation, not across the two paths. The clipping kernels then give
+way to torch in the same way, with the same cell sums (they are exact either way).
 """
 
 from __future__ import annotations
