@@ -38,6 +38,13 @@ COMMON_RELATION = "replace-one"
 ADD_REMOVE = "add-remove"
 INFEASIBLE = "infeasible"
 BASELINE = "none"
+#: The no-leak reference release: the unprotected recipe trained on as many public rows as
+#: there are members, so it never saw a member or a non-member. Attacked like every release,
+#: its strongest-attack figures are what the same max-over-attacks statistic reads when
+#: nothing leaks (selection over attacks, the evaluation set's sampling noise): the floor
+#: every protected row is read against. It is a reference, never a protection:
+#: :func:`points` leaves it out and :func:`no_leak` returns it.
+NO_LEAK = "no-leak"
 
 #: Marker and line style per guarantee kind (the kinds of ``alm_opacus.protect.Guarantee``),
 #: strongest first; an unknown kind gets the last style.
@@ -264,18 +271,30 @@ def _point(method: str, epsilon: float, per_seed: Sequence[Sequence[ResultRow]])
     )
 
 
-def points(rows: Sequence[ResultRow], *, seeds: Sequence[int] | None = None) -> list[Point]:
+def points(
+    rows: Sequence[ResultRow], *, seeds: Sequence[int] | None = None, reference: bool = False
+) -> list[Point]:
     """One :class:`Point` per feasible (method, epsilon, guarantee), over ``seeds`` (default:
     all); sorted by method, then epsilon. Infeasible cells are left out
-    (:func:`infeasible_rows` lists them)."""
+    (:func:`infeasible_rows` lists them), and so is the :data:`NO_LEAK` reference unless
+    ``reference`` (then it is all that is returned)."""
     grouped: dict[tuple[str, float, str], list[list[ResultRow]]] = defaultdict(list)
     for (method, epsilon, seed), cell in sorted(cells(rows).items()):
         if seeds is not None and seed not in seeds:
+            continue
+        if (method == NO_LEAK) != reference:
             continue
         if any(is_infeasible(r) for r in cell):
             continue
         grouped[(method, epsilon, cell[0].guarantee)].append(cell)
     return [_point(m, e, per_seed) for (m, e, _), per_seed in sorted(grouped.items())]
+
+
+def no_leak(rows: Sequence[ResultRow], *, seeds: Sequence[int] | None = None) -> Point | None:
+    """The :data:`NO_LEAK` reference's point (its strongest attack over the seeds), or
+    ``None`` where the run has none."""
+    found = points(rows, seeds=seeds, reference=True)
+    return found[0] if found else None
 
 
 def infeasible_rows(rows: Sequence[ResultRow]) -> list[ResultRow]:
@@ -284,8 +303,9 @@ def infeasible_rows(rows: Sequence[ResultRow]) -> list[ResultRow]:
 
 
 def methods(rows: Sequence[ResultRow]) -> list[str]:
-    """The methods of ``rows``: the baseline first, then in order of appearance."""
-    names = list(dict.fromkeys(r.method for r in rows))
+    """The methods of ``rows``: the baseline first, then in order of appearance (the
+    :data:`NO_LEAK` reference is no method)."""
+    names = list(dict.fromkeys(r.method for r in rows if r.method != NO_LEAK))
     return sorted(names, key=lambda m: m != BASELINE)
 
 
