@@ -14,11 +14,13 @@ training in ``release``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Literal, TypeVar, cast
 
+import torch
 from torch import Tensor, nn
 
 from alm_opacus._hashing import derive_seed
@@ -57,6 +59,7 @@ __all__ = [
     "method_class",
     "method_options",
     "plain_shadow_trainer",
+    "reference_methods",
     "register_method",
     "validate_options",
 ]
@@ -234,6 +237,10 @@ class Method(Generic[OptionsT, PreparedT]):
     post_training: ClassVar[bool] = False
     #: True for the unprotected reference (released once, at epsilon = inf).
     baseline: ClassVar[bool] = False
+    #: True for a reference release that is no protection and never saw the members (released
+    #: once, at epsilon = inf, in every run that attacks): the views read every protection's
+    #: attack figures against it (``alm_opacus.report.series.NO_LEAK``).
+    reference: ClassVar[bool] = False
     #: The hyper-parameter configurations the method may try per epsilon (selected on public
     #: validation data only); the harness lists them in ``config.json`` so that equal tuning
     #: budgets can be checked. Empty: the method has nothing to tune beyond the shared recipe.
@@ -327,6 +334,11 @@ def available_methods() -> list[str]:
 def default_methods() -> list[str]:
     """What ``all`` expands to: the registered methods that are not opt-in, sorted."""
     return [name for name in available_methods() if _METHODS[name].in_all]
+
+
+def reference_methods() -> list[str]:
+    """The reference releases every run that attacks adds (``Method.reference``), sorted."""
+    return [name for name in available_methods() if _METHODS[name].reference]
 
 
 def method_class(name: str) -> type[Method[Any, Any]]:
@@ -444,4 +456,64 @@ class NoProtection(Method[NoOptions, Any]):
             predict_proba=lambda x: head.predict_proba(x.to(context.device)).float().cpu(),
             module=head,
             baseline=True,
+        )
+
+
+@register_method("no-leak")
+class NoLeakReference(Method[NoOptions, Any]):
+    """The no-leak reference: the unprotected recipe trained on as many public rows as there
+    are members, so the release never saw a member or a non-member.
+
+    Attacked like every release, its strongest-attack figures are what the same
+    max-over-attacks statistic reads when nothing leaks: the attacks' selection (the largest
+    AUC of many) and the evaluation set's sampling noise, with no membership signal. Every
+    protection is read against it; it is never offered as one (``in_all`` is false, and the
+    harness adds it itself).
+    """
+
+    name = "no-leak"
+    post_training = True
+    reference = True
+    in_all = False
+
+    def prepare(
+        self, *, features: Tensor, labels: Tensor, seed: int, context: MethodContext
+    ) -> Any:
+        if context.public_features is None or context.public_labels is None:
+            raise ValueError("the no-leak reference needs the public split's features")
+        public = len(context.public_features)
+        # the seed picks which public rows: a fresh draw of a data set like the members'
+        generator = torch.Generator().manual_seed(derive_seed("no-leak", seed))
+        rows = torch.randperm(public, generator=generator)[: min(len(features), public)]
+        return train_head(
+            context.public_features[rows].to(context.device),
+            context.public_labels[rows].to(context.device),
+            num_classes=context.num_classes,
+            config=context.head,
+            seed=seed,
+        )
+
+    def release(
+        self,
+        prepared: Any,
+        *,
+        features: Tensor,
+        labels: Tensor,
+        epsilon: float,
+        delta: float,
+        seed: int,
+        draw: int,
+        context: MethodContext,
+    ) -> Release:
+        head = prepared
+        statement = dataclasses.replace(
+            PrivacyStatement.unprotected(),
+            notes=("reference, not a protection: trained on public rows only, it never saw "
+                   "the members; its attack figures are the no-leak floor",),
+        )  # fmt: skip
+        return Release(
+            method=self.name,
+            statement=statement,
+            predict_proba=lambda x: head.predict_proba(x.to(context.device)).float().cpu(),
+            module=head,
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,15 @@ import pytest
 import torch
 
 from alm_opacus.data import Dataset, load_dataset
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _encoder_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Runs without ``--cache-dir`` cache their public encoder in the user's cache: point it
+    at a folder of this session, so tests never write into the home folder."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ALM_OPACUS_ENCODER_CACHE", str(tmp_path_factory.mktemp("encoders")))
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -70,14 +70,23 @@ def test_methods_none_writes_the_contract_table(tmp_path: Path, shared_cache: Pa
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "tensorboard --logdir" in printed and "none" in printed
+    # the first line says what runs, where, and how long it should take
+    first = printed.splitlines()[0]
+    assert first.startswith("alm-opacus: digits, 150 members; none, no-leak (reference)")
+    assert str(out) in first and "2 cells" in first and "expected about" in first
     with open(out / "results.csv", newline="") as handle:
         header = next(csv.reader(handle))
     assert tuple(header) == RESULT_COLUMNS
     rows = read_results(out / "results.csv")
-    assert {(r.method, r.guarantee) for r in rows} == {("none", "none")}
-    assert [r.attack for r in rows] == list(DEFAULT_ATTACKS)  # one row per attack
+    # the no-leak reference runs in every run that attacks; it claims nothing either
+    assert {(r.method, r.guarantee) for r in rows} == {("none", "none"), ("no-leak", "none")}
+    baseline = [r for r in rows if r.method == "none"]
+    reference = [r for r in rows if r.method == "no-leak"]
+    assert [r.attack for r in baseline] == list(DEFAULT_ATTACKS)  # one row per attack
+    assert [r.attack for r in reference] == list(DEFAULT_ATTACKS)  # attacked the same way
+    assert all(r.utility_loss == 0.0 for r in baseline)
     for row in rows:
-        assert math.isinf(row.epsilon) and row.utility_loss == 0.0
+        assert math.isinf(row.epsilon)
         # The default digits head (newton, l2=1e-4) scores 0.913-0.927 on seed 0 depending on
         # the encoder's last bits (docs/recipes.md); chance is 0.1.
         assert row.test_accuracy >= 0.90
@@ -204,11 +213,14 @@ def test_all_expands_to_every_method_but_the_opt_in_ones(tmp_path: Path) -> None
     from alm_opacus.methods import available_methods, create_method
 
     everything = parse_config(["--methods", "all", "--out", str(tmp_path)]).methods
+    # the no-leak reference is no protection: every run that attacks adds it by itself
+    references = {m for m in available_methods() if create_method(m).reference}
+    assert references == {"no-leak"}
     opt_in = [m for m in available_methods() if not create_method(m).in_all]
-    assert opt_in == ["dpsgd-full"]
-    assert set(everything) == set(available_methods()) - {"dpsgd-full"}
+    assert sorted(set(opt_in) - references) == ["dpsgd-full"]
+    assert set(everything) == set(available_methods()) - {"dpsgd-full"} - references
     both = parse_config(["--methods", "all,dpsgd-full", "--out", str(tmp_path)]).methods
-    assert set(both) == set(available_methods()) and len(both) == len(set(both))
+    assert set(both) == set(available_methods()) - references and len(both) == len(set(both))
     assert parse_config(["--methods", "dpsgd-full", "--out", str(tmp_path)]).methods == (
         "dpsgd-full",
     )

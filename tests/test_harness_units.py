@@ -26,11 +26,18 @@ def test_the_grid_puts_the_baseline_first_in_every_seed() -> None:
     config = RunConfig(methods=("alm", "none", "laplace"), epsilons=(1.0, 2.0), seeds=(3, 4),
                        noise_draws=2)  # fmt: skip
     cells = plan_cells(config)
-    assert [c.method for c in cells[:5]] == ["none", "alm", "alm", "laplace", "laplace"]
-    assert cells[0] == Cell("none", math.inf, 3, 1) and cells[5] == Cell("none", math.inf, 4, 1)
-    assert {c.draws for c in cells if c.method != "none"} == {2} and len(cells) == 10
+    methods = ["none", "alm", "alm", "laplace", "laplace", "no-leak"]
+    assert [c.method for c in cells[:6]] == methods
+    assert cells[0] == Cell("none", math.inf, 3, 1) and cells[6] == Cell("none", math.inf, 4, 1)
+    # the no-leak reference closes every seed, released once like the baseline
+    assert cells[5] == Cell("no-leak", math.inf, 3, 1)
+    assert cells[11] == Cell("no-leak", math.inf, 4, 1)
+    assert {c.draws for c in cells if c.method in ("alm", "laplace")} == {2} and len(cells) == 12
     default = plan_cells(RunConfig(methods=("alm",)))
-    assert [c.epsilon for c in default[1:]] == list(RunConfig().grid)
+    assert [c.epsilon for c in default[1:-1]] == list(RunConfig().grid)
+    # without attacks there is nothing for the reference to measure
+    quiet = plan_cells(RunConfig(methods=("alm",), epsilons=(1.0,), attacks=()))
+    assert [c.method for c in quiet] == ["none", "alm"]
 
 
 def test_cells_side_by_side_start_every_method_first() -> None:
@@ -41,9 +48,10 @@ def test_cells_side_by_side_start_every_method_first() -> None:
     spread = spread_by_method(cells)
     assert sorted(spread, key=cells.index) == cells  # a permutation
     names = [(c.method, c.epsilon, c.seed) for c in spread]
-    assert names[:6] == [("none", math.inf, 3), ("alm", 1.0, 3), ("laplace", 1.0, 3),
-                         ("none", math.inf, 4), ("alm", 1.0, 4), ("laplace", 1.0, 4)]  # fmt: skip
-    assert names[6:10] == [("alm", 2.0, 3), ("laplace", 2.0, 3),
+    assert names[:8] == [("none", math.inf, 3), ("alm", 1.0, 3), ("laplace", 1.0, 3),
+                         ("no-leak", math.inf, 3), ("none", math.inf, 4), ("alm", 1.0, 4),
+                         ("laplace", 1.0, 4), ("no-leak", math.inf, 4)]  # fmt: skip
+    assert names[8:12] == [("alm", 2.0, 3), ("laplace", 2.0, 3),
                            ("alm", 2.0, 4), ("laplace", 2.0, 4)]  # fmt: skip
     for group in {(c.method, c.seed) for c in cells}:  # plan order within a (method, seed)
         assert [c for c in spread if (c.method, c.seed) == group] == [

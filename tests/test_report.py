@@ -72,9 +72,10 @@ def test_tensorboard_events_hold_the_results(small_run) -> None:  # type: ignore
     layout.ParseFromString(tensor_util.make_ndarray(config.tensor_proto).item())
     assert any(c.title.startswith(LAYOUT_NAME) for c in layout.category)
     assert any(t.startswith("plots/roc") for t in mux.Runs()["."]["tensors"])
-    # One hparams session per release: the baseline's, and 2 methods x 2 epsilons x 2 draws.
+    # One hparams session per release: the baseline's, the no-leak reference's, and
+    # 2 methods x 2 epsilons x 2 draws.
     draws = read_draws(small_run.out / "draws.csv")
-    assert len(draws) == 1 + 2 * 2 * 2
+    assert len(draws) == 1 + 1 + 2 * 2 * 2
     sessions = [r for r in mux.Runs() if r.startswith("hparams/")]
     assert len(sessions) == len(draws)
     for d in draws:

@@ -108,7 +108,8 @@ def test_resume_after_an_interruption_gives_the_same_table(finished, tmp_path, s
 
     with pytest.raises(KeyboardInterrupt):
         harness.run(config, on_cell=stop_at_third)
-    # Two finished cells, nothing partial (alm's cell has a noise-aware and a clean row).
+    # Two finished cells, nothing partial (alm's cell has a noise-aware and a clean row;
+    # the no-leak reference comes last in the seed).
     partial = read_results(out / "results.csv")
     assert sorted((r.method, r.epsilon, r.attack) for r in partial) == [
         ("alm", 1.0, "loss"), ("alm", 1.0, "loss-clean"), ("none", math.inf, "loss")]  # fmt: skip
@@ -116,7 +117,7 @@ def test_resume_after_an_interruption_gives_the_same_table(finished, tmp_path, s
     straight = tmp_path / "straight"
     harness.run(RunConfig(**{**config.__dict__, "out": str(straight)}))
     assert _table(out) == _table(straight)
-    assert len(resumed.rows) == 1 + 2 + 2
+    assert len(resumed.rows) == 1 + 2 + 2 + 1  # none, alm at 1 and 2, the no-leak reference
     settings = json.loads((out / "config.json").read_text())
     assert settings["epsilons"] == [1.0, 2.0]
 
@@ -128,7 +129,7 @@ def test_overwrite_replaces_results_and_tensorboard(finished, tmp_path, shared_c
     stale.write_text("old")
     assert _run(out, shared_cache, "--overwrite", "--methods", "none") == 0
     assert not stale.exists()
-    assert {r.method for r in read_results(out / "results.csv")} == {"none"}
+    assert {r.method for r in read_results(out / "results.csv")} == {"none", "no-leak"}
 
 
 def test_a_locked_folder_is_refused(tmp_path, capsys):  # type: ignore[no-untyped-def]
@@ -177,7 +178,7 @@ def test_a_truncated_results_table_is_named_on_resume(finished, tmp_path, shared
     text = (out / "results.csv").read_text()
     (out / "results.csv").write_text(text[: len(text) - 40])  # cut mid-row
     assert _run(out, shared_cache, "--resume") == 2
-    _one_line_error(capsys, "results.csv: line 4")  # header, none, alm, alm-clean (cut)
+    _one_line_error(capsys, "results.csv: line 5")  # header, none, alm, alm-clean, no-leak (cut)
 
 
 @pytest.mark.slow
@@ -356,13 +357,14 @@ def _json_edit(name: str, edit):  # type: ignore[no-untyped-def]
     return apply
 
 
-# rows of the finished run: 0 = none (the baseline), 1 = alm (loss), 2 = alm (loss-clean)
+# rows of the finished run: 0 = none (the baseline), 1 = alm (loss), 2 = alm (loss-clean),
+# 3 = no-leak (the reference)
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("damage", "needle"),
     [
         (_set(0, test_accuracy=5.0), "line 2: test_accuracy=5.0 is invalid"),
-        (_rows_edit(lambda rows: [*rows, rows[1]]), "line 5: repeats the row of line 3"),
+        (_rows_edit(lambda rows: [*rows, rows[1]]), "line 6: repeats the row of line 3"),
         (_symlink_results, "results.csv is a symlink"),
         (_set(1, epsilon=3.0), "line 3: epsilon=3.0 is invalid: expected one of config.json's"),
         (_set(1, method="laplace"), "line 3: method='laplace' is invalid"),

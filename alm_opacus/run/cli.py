@@ -241,9 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     runopts.add_argument(
         "--cache-dir", default=None,
-        help=f"encoder, feature and head cache; it holds the clean heads, never share it "
+        help=f"feature and head cache; it holds the clean heads, never share it "
         f"(default: {RUNS}/cache without --out, else $ALM_OPACUS_CACHE if set, else "
-        f"<out>/{PRIVATE_DIR}/cache)",
+        f"<out>/{PRIVATE_DIR}/cache). The SimCLR encoder, trained on public data only, is "
+        "cached per user ($ALM_OPACUS_ENCODER_CACHE, else ~/.cache/alm_opacus/encoders)",
     )  # fmt: skip
     runopts.add_argument(
         "--resume", action="store_true",
@@ -503,7 +504,7 @@ def _run(command: Command, *, wide: bool) -> int:
     from alm_opacus.run.harness import run
 
     try:
-        result = run(config, on_start=_link_latest, executor=command.executor,
+        result = run(config, on_start=_link_latest, on_plan=_announce, executor=command.executor,
                      executor_options=command.executor_options)  # fmt: skip
     except (ValueError, DataError) as exc:
         print(f"alm-opacus: error: {_one_line(str(exc))}", file=sys.stderr)
@@ -536,7 +537,7 @@ def _run(command: Command, *, wide: bool) -> int:
                                 num_classes=result.num_classes))  # fmt: skip
     print()
     print(f"results: {result.out / 'results.csv'}  ({result.seconds:.1f} s)")
-    print(f"TensorBoard: tensorboard --logdir {result.out / 'tb'}, then open (smoothing off):")
+    print(f"TensorBoard: {tensorboard_command()} --logdir {result.out / 'tb'}, then open:")
     for view in ("time series", "custom scalars", "hparams"):
         print(f"  {view}: {dashboard_urls()[view]}")
     plots = result.out / "plots"
@@ -547,6 +548,24 @@ def _run(command: Command, *, wide: bool) -> int:
         print(f"report: {report}  (offline, self-contained; with per-member risk: for the data "
               "owner only)")  # fmt: skip
     return 0
+
+
+def _announce(line: str) -> None:
+    print(line, flush=True)
+
+
+def tensorboard_command() -> str:
+    """``tensorboard`` as printed for the user: the one installed beside this Python (a
+    venv's ``bin/``, which a fresh shell has not activated), relative to the working folder
+    where it is below it; else this Python running TensorBoard's entry module."""
+    found = Path(sys.executable).with_name("tensorboard")
+    if not found.exists():
+        return f"{sys.executable} -m tensorboard.main"
+    absolute = found.absolute()
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        return str(absolute)
 
 
 #: Where runs go when ``--out`` is not given.

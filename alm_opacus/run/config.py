@@ -188,6 +188,21 @@ class RunConfig:
             return Path(self.cache_dir)
         return Path(os.environ.get("ALM_OPACUS_CACHE", Path(self.out) / DEFAULT_CACHE))
 
+    @property
+    def encoder_cache_path(self) -> Path:
+        """Where the SimCLR encoder is cached: ``$ALM_OPACUS_ENCODER_CACHE``, else the user's
+        cache (``$XDG_CACHE_HOME/alm_opacus/encoders``; ``~/.cache/...`` by default).
+
+        The encoder sees only the public split, so it may be shared across runs and clones
+        (keyed by its recipe, the public rows, the data's digest and the code): only the
+        first run on a machine pre-trains. The features, which include the members', and
+        the clean heads stay in :attr:`cache_path`.
+        """
+        if os.environ.get("ALM_OPACUS_ENCODER_CACHE"):
+            return Path(os.environ["ALM_OPACUS_ENCODER_CACHE"])
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        return Path(base) / "alm_opacus" / "encoders"
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data for ``config.json`` (defaults resolved)."""
         out = dataclasses.asdict(self)

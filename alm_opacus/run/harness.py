@@ -35,10 +35,17 @@ from alm_opacus._validation import default_delta
 from alm_opacus.attacks.base import ATTACKER_POOL_MIN
 from alm_opacus.data import Dataset, load_dataset, to_float
 from alm_opacus.data.split import Split, make_split
-from alm_opacus.methods import INPUT_KINDS, InputKind, method_class, method_options
+from alm_opacus.methods import (
+    INPUT_KINDS,
+    InputKind,
+    method_class,
+    method_options,
+    reference_methods,
+)
 from alm_opacus.report.results import ResultRow
 from alm_opacus.run.cells import Cell, CellOutcome
 from alm_opacus.run.config import RunConfig
+from alm_opacus.run.estimate import forecast
 from alm_opacus.run.evaluation import Evaluation, torch_threads, with_reference
 from alm_opacus.run.executors import Executor, create_executor
 from alm_opacus.run.rundir import SPLIT_FILE, RunFolder, check_can_create
@@ -136,22 +143,15 @@ def prepare(config: RunConfig) -> Prepared:
     split = make_split(dataset, sizes=config.split_sizes, seed=config.split_seed)
     if dataset.images is None:
         return given_features(config, dataset, split)
-    public_images = (
-        dataset.unlabeled if dataset.unlabeled is not None else dataset.images[split.public]
-    )
+    public_images = _public_images(dataset, split)
     ssl = config.ssl_config
-    source = "unlabeled" if dataset.unlabeled is not None else array_digest(split.public)
-    key = config_hash(
-        {"dataset": dataset.name, "public": source, "n": len(public_images), "ssl": ssl.to_dict(),
-         "seed": config.split_seed, "version": 1, "data": _data_digest(dataset)}
-    )  # fmt: skip
-    cache = config.cache_path
+    key = encoder_key(config, dataset, split)
     encoder = pretrain(
-        public_images, config=ssl, key=key, cache_dir=cache, device=config.device,
-        seed=config.split_seed, progress=config.progress,
+        public_images, config=ssl, key=key, cache_dir=config.encoder_cache_path,
+        device=config.device, seed=config.split_seed, progress=config.progress,
     )  # fmt: skip
     features = extract_features(
-        encoder, dataset.images, key=key, cache_dir=cache, device=config.device,
+        encoder, dataset.images, key=key, cache_dir=config.cache_path, device=config.device,
         progress=config.progress,
     )  # fmt: skip
     n = len(split.members)
@@ -161,6 +161,72 @@ def prepare(config: RunConfig) -> Prepared:
         labels=torch.from_numpy(np.asarray(dataset.labels, dtype=np.int64)),
         num_classes=dataset.num_classes, delta=delta, images=dataset.images, encoder=encoder,
     )  # fmt: skip
+
+
+def _public_images(dataset: Dataset, split: Split) -> np.ndarray:
+    """What the encoder pre-trains on: the unlabeled set where the dataset has one, else
+    the public split's images."""
+    assert dataset.images is not None
+    return dataset.unlabeled if dataset.unlabeled is not None else dataset.images[split.public]
+
+
+def encoder_key(config: RunConfig, dataset: Dataset, split: Split) -> str:
+    """The encoder's cache key: its recipe, the public rows and the data's bytes."""
+    source = "unlabeled" if dataset.unlabeled is not None else array_digest(split.public)
+    return config_hash(
+        {
+            "dataset": dataset.name,
+            "public": source,
+            "n": len(_public_images(dataset, split)),
+            "ssl": config.ssl_config.to_dict(),
+            "seed": config.split_seed,
+            "version": 1,
+            "data": _data_digest(dataset),
+        }
+    )
+
+
+def describe_plan(config: RunConfig, cells: Sequence[Cell]) -> str:
+    """The first line a run prints: what will run, where it writes, and a forecast of the
+    time it takes (:mod:`alm_opacus.run.estimate`)."""
+    dataset = load_dataset(config.dataset, root=config.data_root)
+    split = make_split(dataset, sizes=config.split_sizes, seed=config.split_seed)
+    members = len(split.members)
+    references = set(planned_references(config))
+    methods = [
+        m + (" (reference)" if m in references else "")
+        for m in dict.fromkeys(c.method for c in cells)
+    ]
+    epsilons = sorted({c.epsilon for c in cells if not math.isinf(c.epsilon)})
+    seeds = sorted({c.seed for c in cells})
+    pretrain_note = ""
+    public, epochs, cached = 0, 0, True
+    if dataset.images is not None:
+        key = encoder_key(config, dataset, split)
+        cached = (config.encoder_cache_path / f"encoder-{key}.pt").exists()
+        public, epochs = len(_public_images(dataset, split)), config.ssl_config.epochs
+        pretrain_note = (
+            "the SimCLR encoder is cached"
+            if cached
+            else f"pre-trains the SimCLR encoder first ({epochs} epochs on {public} public images; "
+            f"cached in {config.encoder_cache_path} for later runs)"
+        )
+    guess = forecast(
+        cells=[(c.method, c.draws) for c in cells],
+        members=members,
+        public_images=public,
+        epochs=epochs,
+        encoder_cached=cached,
+    )
+    grid = f"ε {', '.join(f'{e:g}' for e in epsilons)}" if epsilons else "no ε grid"
+    parts = [
+        f"alm-opacus: {config.dataset}, {members} members; {', '.join(methods) or 'nothing'} "
+        f"at {grid}, seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}: "
+        f"{len(cells)} cells into {config.out}",
+        pretrain_note,
+        f"expected {guess.text()} (a forecast for 2 cores; the progress bar refines it)",
+    ]
+    return "; ".join(p for p in parts if p) + "."
 
 
 def _data_digest(dataset: Dataset) -> str:
@@ -198,6 +264,8 @@ def preflight(config: RunConfig) -> None:
                 f"{torch.__version__}, {torch.cuda.device_count()} devices); use --device cpu"
             )
     check_can_create(config.cache_path, flag="--cache-dir")
+    if config.spec.ssl is not None:
+        check_can_create(config.encoder_cache_path, flag="ALM_OPACUS_ENCODER_CACHE")
     dataset = load_dataset(config.dataset, root=config.data_root)  # missing/corrupt files fail
     try:
         split = make_split(dataset, sizes=config.split_sizes, seed=config.split_seed)
@@ -231,14 +299,23 @@ def baseline_methods(config: RunConfig) -> list[str]:
     return [m for m in config.methods if method_class(m).baseline] or ["none"]
 
 
+def planned_references(config: RunConfig) -> list[str]:
+    """The reference releases the run adds (``Method.reference``: the no-leak reference),
+    in every run that attacks: without attacks they have nothing to measure."""
+    return reference_methods() if config.attack_names else []
+
+
 def plan_cells(config: RunConfig) -> list[Cell]:
-    """The grid, baseline first in each seed (every utility loss is measured against it)."""
+    """The grid, baseline first in each seed (every utility loss is measured against it),
+    then the protections, then the reference releases."""
     baselines = baseline_methods(config)
-    others = [m for m in config.methods if m not in baselines]
+    references = planned_references(config)
+    others = [m for m in config.methods if m not in (*baselines, *references)]
     cells = []
     for seed in config.seeds:
         cells += [Cell(m, math.inf, seed, 1) for m in baselines]
         cells += [Cell(m, e, seed, config.noise_draws) for m in others for e in config.grid]
+        cells += [Cell(m, math.inf, seed, 1) for m in references]
     return cells
 
 
@@ -302,6 +379,7 @@ def run(
     *,
     on_cell: Callable[[Cell], None] | None = None,
     on_start: Callable[[Path], None] | None = None,
+    on_plan: Callable[[str], None] | None = None,
     executor: Executor | str = "in-process",
     executor_options: Mapping[str, Any] | None = None,
 ) -> RunResult:
@@ -315,6 +393,8 @@ def run(
             it is computed; tests use it to interrupt a run).
         on_start: called with the run folder once it is validated, locked, and about to
             hold this run's first result.
+        on_plan: called once, before any work, with one line saying what will run, where it
+            writes and the forecast time (:func:`describe_plan`).
         executor: where the units run: an :class:`~alm_opacus.run.executors.Executor` (the
             caller's: left open), or a name (``in-process``, ``ray``) to create one for this
             run, after the checks, and close it at the end.
@@ -342,6 +422,9 @@ def run(
     with folder, contextlib.ExitStack() as stack:
         writer = RunWriter(out, settings=settings, resume=config.resume,
                            hparams=tensorboard_hparams(config), before_write=commit)  # fmt: skip
+        if on_plan is not None:
+            pending = [c for c in plan_cells(config) if c.key not in writer.done]
+            on_plan(describe_plan(config, pending))
         data = prepare(config)
         data.split.save(out / SPLIT_FILE)
         writer.describe(num_classes=data.num_classes, images=image_source(data.images))

@@ -493,11 +493,13 @@ def check_rows(rows: Sequence[ResultRow], *, settings: dict[str, Any], path: Pat
             raise bad("dataset", row.dataset, f"{settings.get('dataset')!r} (config.json)")
         if row.method not in methods:
             raise bad("method", row.method, f"one of config.json's methods {methods}")
-        baseline = method_class(row.method).baseline
+        kind = method_class(row.method)
+        baseline = kind.baseline
         label = cell_key(row.method, row.epsilon, row.seed)[1]
-        if baseline and not math.isinf(row.epsilon):
-            raise bad("epsilon", row.epsilon, f"inf for the baseline {row.method!r}")
-        if not baseline and label not in grid:
+        if (baseline or kind.reference) and not math.isinf(row.epsilon):
+            what = "baseline" if baseline else "reference"
+            raise bad("epsilon", row.epsilon, f"inf for the {what} {row.method!r}")
+        if not (baseline or kind.reference) and label not in grid:
             raise bad("epsilon", row.epsilon, "one of config.json's epsilons")
         if row.seed not in seeds:
             raise bad("seed", row.seed, f"one of config.json's seeds {seeds}")

@@ -40,7 +40,11 @@ TENSORBOARD_REFRESH_S = 20.0
 
 def run_settings(config: RunConfig) -> dict[str, Any]:
     """What ``config.json`` records besides the chosen configurations."""
-    methods = ["none", *[m for m in config.methods if m != "none"]]
+    from alm_opacus.run.harness import planned_references  # harness imports this module
+
+    references = planned_references(config)
+    methods = ["none", *[m for m in config.methods if m not in ("none", *references)]]
+    methods += references
     return {
         **config.to_dict(),
         "methods": methods,
@@ -131,7 +135,7 @@ class RunWriter:
         _save_rocs(self.out / "rocs.json", self.rocs)
         if self.draws:
             write_draws(self.out / DRAWS_FILE, self.draws)
-        if outcome.scores is not None:
+        if outcome.scores is not None and not method_class(outcome.scores.method).reference:
             cell = outcome.scores
             self.scores[cell_key(cell.method, cell.epsilon, cell.seed)] = cell
             # a baseline changes every file's unprotected column
