@@ -23,6 +23,19 @@ holds no digit outside code spans: a number there would be hand-typed.
 
 Scripts write blocks with :func:`write_block`. The digests guard against drift and
 hand-edits, not against a forger (who could recompute them).
+
+**Pending re-measurement.** Some blocks take hours to measure (the 50,000-member grid). When
+a change to their dependencies lands before they are re-measured, :func:`mark_pending` puts a
+notice right above the block, visible to every reader::
+
+    <!-- pending NAME: inputs HEX -->
+    > **Measured on earlier code; re-measurement pending.** REASON Re-run `COMMAND`.
+
+The marker pins the *current* inputs digest, so the notice covers exactly the change it
+names: any later change to the script, a dependency or the arguments makes the block stale
+again. The body must still be what its script wrote (the output digest), and
+:func:`write_block` removes the notice when it rewrites the block. :func:`staleness` accepts
+such a block; :func:`pending` lists them.
 """
 
 from __future__ import annotations
@@ -42,7 +55,9 @@ __all__ = [
     "Block",
     "find_blocks",
     "inputs_digest",
+    "mark_pending",
     "output_digest",
+    "pending",
     "relative",
     "staleness",
     "write_block",
@@ -57,6 +72,12 @@ _BEGIN = re.compile(
     r"output (?P<output>[0-9a-f]+))? -->\n"
 )
 _END = "<!-- end generated {name} -->"
+#: A pending-re-measurement notice: its marker line, then the visible blockquote.
+_PENDING = re.compile(
+    r"<!-- pending (?P<name>[^\s:]+): inputs (?P<inputs>[0-9a-f]+) -->\n"
+    r"(?P<notice>> \*\*Measured on earlier code; re-measurement pending\.\*\*[^\n]*\n"
+    r"(?:>[^\n]*\n)*)\n?"
+)
 #: The old ``<!-- NAME:begin -->`` markers, which named no generator.
 LEGACY = re.compile(r"<!-- [\w:.-]+:begin -->")
 
@@ -163,12 +184,68 @@ def staleness(block: Block, *, root: Path = ROOT) -> str | None:
         digest = inputs_digest(script=block.script, args=block.args, deps=block.deps, root=root)
     except FileNotFoundError as exc:
         return f"{where} depends on a file that is gone ({exc}){redo}"
-    if digest != block.inputs:
-        return (f"{where} is stale: its script, a dependency ({' '.join(block.deps) or 'none'}) "
-                f"or its arguments changed since it was written{redo}")  # fmt: skip
     if output_digest(block.body) != block.output:
         return f"{where} was edited by hand since {block.script} wrote it{redo}"
+    if digest != block.inputs and _pending_digest(block) != digest:
+        return (f"{where} is stale: its script, a dependency ({' '.join(block.deps) or 'none'}) "
+                f"or its arguments changed since it was written{redo}")  # fmt: skip
     return None
+
+
+def _pending_notices(text: str) -> dict[str, re.Match[str]]:
+    return {m["name"]: m for m in _PENDING.finditer(text)}
+
+
+def _pending_digest(block: Block) -> str | None:
+    """The inputs digest a visible pending notice above ``block`` pins, if there is one."""
+    text = block.doc.read_text()
+    found = _pending_notices(text).get(block.name)
+    if found is None or not text[found.end() :].startswith(f"<!-- generated {block.name} "):
+        return None
+    return found["inputs"]
+
+
+def pending(block: Block, *, root: Path = ROOT) -> str | None:
+    """The notice of a block whose re-measurement is pending (see the module docstring):
+    its text, where a visible notice above it covers the current code; else ``None``."""
+    if not block.script or _pending_digest(block) is None:
+        return None
+    try:
+        digest = inputs_digest(script=block.script, args=block.args, deps=block.deps, root=root)
+    except FileNotFoundError:
+        return None
+    if digest == block.inputs or _pending_digest(block) != digest:
+        return None
+    found = _pending_notices(block.doc.read_text())[block.name]
+    return " ".join(line.lstrip("> ").strip() for line in found["notice"].splitlines())
+
+
+def mark_pending(doc: Path, *, name: str, reason: str, root: Path = ROOT) -> None:
+    """Put (or renew) a visible notice above the generated block ``name`` of ``doc``: its
+    numbers were measured on earlier code, ``reason`` says what changed, and the command
+    re-measures them. The notice pins the current inputs digest.
+
+    Raises:
+        ValueError: if ``doc`` has no generated block ``name``, or it is a placeholder.
+    """
+    doc = Path(doc)
+    found = [b for b in find_blocks(doc) if b.name == name]
+    if not found or not found[0].script:
+        raise ValueError(f"{doc}: no generated block {name!r} (a placeholder needs no notice)")
+    block = found[0]
+    digest = inputs_digest(script=block.script, args=block.args, deps=block.deps, root=root)
+    text = _drop_pending(doc.read_text(), name)
+    notice = (
+        f"<!-- pending {name}: inputs {digest} -->\n> **Measured on earlier code; "
+        f"re-measurement pending.** {' '.join(reason.split())} Re-run `{block.command}`.\n\n"
+    )
+    start = next(m for m in _BEGIN.finditer(text) if m["name"] == name).start()
+    atomic_write_text(doc, text[:start] + notice + text[start:])
+
+
+def _drop_pending(text: str, name: str) -> str:
+    found = _pending_notices(text).get(name)
+    return text if found is None else text[: found.start()] + text[found.end() :]
 
 
 def write_block(
@@ -207,6 +284,7 @@ def write_block(
     command = shlex.join([script, *args])
     begin = (f"<!-- generated {name} by {command}; deps {' '.join(deps)}; inputs {inputs}; "
              f"output {output_digest(body)} -->\n")  # fmt: skip
+    text = _drop_pending(text, name)  # re-measured: the notice is void
     match = next(m for m in _BEGIN.finditer(text) if m["name"] == name)
     stop = text.index(_END.format(name=name), match.end())
     atomic_write_text(doc, text[: match.start()] + begin + body + text[stop:])
