@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alm_opacus.docblocks import mark_pending  # noqa: E402
+from alm_opacus.docblocks import mark_pending
 
 
 def main() -> None:
