@@ -92,7 +92,7 @@ _NOT_DP_WORDS = {
 class Outcome(str, enum.Enum):
     """Which recommendation the run supports (the branches of :func:`decide`)."""
 
-    #: no release finished (no row, or every cell infeasible)
+    #: no protected release finished (no row but the baseline, or every cell infeasible)
     NO_RESULTS = "no-results"
     #: no method has a DP row (e.g. only random-DP rows)
     NO_DP = "no-dp"
@@ -451,7 +451,7 @@ def _sentence(
     meaningful = _meaningful(members)
     at = f"At {meaningful}"
     if outcome is Outcome.NO_RESULTS:
-        return "No release of this run finished, so there is nothing to recommend."
+        return "No protected release of this run finished, so there is nothing to recommend."
     if outcome is Outcome.NO_DP:
         kinds = _names([f"{v.method}: {'/'.join(v.kinds)}" for v in verdicts if not v.infeasible])
         return (
