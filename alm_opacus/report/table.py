@@ -288,8 +288,9 @@ def _footnotes(rows: Sequence[ResultRow], ctx: _Context, *, wide: bool) -> list[
         "method: the protection; none is the unprotected head."
         if not wide
         else "One line per epsilon, one column block per method; none is the unprotected head.",
-        f"{CITED}: a row the verdict (under the table) cites."
-        + ("" if ctx.verdict.cited else " (No row here.)"),
+        f"{CITED}: the row the verdict (under the table) reports for its method: its best "
+        "accuracy at a meaningful guarantee (DP, ε′ ≤ 10, δ′ ≤ 1/n), or for a method that is "
+        "not DP its best at that ε′, δ′ line." + ("" if ctx.verdict.cited else " (No row here.)"),
         "ε: the epsilon the cell asked for, under its method's own neighbouring relation.",
         "kind: the guarantee's kind, "
         + "; ".join(

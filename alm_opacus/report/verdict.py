@@ -3,7 +3,8 @@
 One pure function, :func:`decide`, reads the run's rows and returns a :class:`Verdict`: per
 method the best utility it reaches at a meaningful guarantee, one recommendation sentence,
 and its caveats. Every view (the printed table, ``report.html``) shows the same verdict and
-marks the (method, ε) rows it cites (:attr:`Verdict.cited`).
+marks the (method, ε) rows it cites (:attr:`Verdict.cited`: per method, the point it
+reports).
 
 **The rule.**
 
@@ -186,7 +187,8 @@ class Verdict:
     #: the recommendation, one sentence
     sentence: str
     caveats: tuple[str, ...]
-    #: the (method, ε) rows the verdict cites
+    #: the (method, ε) rows the verdict cites: per method the point it reports
+    #: (:attr:`MethodVerdict.best`, else :attr:`MethodVerdict.best_not_dp`)
     cited: frozenset[tuple[str, float]]
 
     @property
@@ -578,7 +580,9 @@ def decide(rows: Sequence[ResultRow], *, members: int | None, num_classes: int |
         comparisons=tuple(comparisons),
         sentence=sentence,
         caveats=tuple(caveats),
-        cited=frozenset(p.key for p in named),
+        cited=frozenset(
+            pick.key for v in verdicts for pick in (v.best or v.best_not_dp,) if pick is not None
+        ),
     )
 
 

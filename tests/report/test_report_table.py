@@ -128,21 +128,21 @@ def test_cells_show_means_and_the_auc_interval(synthetic_rows: RowsFactory) -> N
 
 
 def test_rows_the_verdict_cites_are_marked(synthetic_rows: RowsFactory) -> None:
-    """Nothing is useful at a meaningful guarantee in the synthetic run (accuracy 0.42 at
-    ε′ = 10, the useful line 0.51): the verdict cites laplace's best (pure DP, ε = 10) and
-    alm's best at ε′ ≤ 10 (random DP, not DP), and the table marks exactly those."""
+    """The verdict reports per method its best accuracy at a meaningful guarantee: laplace at
+    ε = 10 (pure DP), dpsgd at ε = 1 (ε′ = 2; at ε = 10 ε′ = 20 is weak); alm is random DP, so
+    its best at ε′ ≤ 10 (ε = 10). The table marks exactly those."""
     rows = synthetic_rows()
     verdict = decide(rows, members=150, num_classes=10)
-    assert verdict.cited == {("laplace", 10.0), ("alm", 10.0)}
+    assert verdict.cited == {("laplace", 10.0), ("alm", 10.0), ("dpsgd", 1.0)}
     table = format_tradeoff_table(rows, members=150, nonmembers=150, num_classes=10)
-    assert sorted(cited(table)) == [["alm", "10"], ["laplace", "10"]]
-    assert f"{CITED}: a row the verdict (under the table) cites." in table
+    assert sorted(cited(table)) == [["alm", "10"], ["dpsgd", "1"], ["laplace", "10"]]
+    assert f"{CITED}: the row the verdict (under the table) reports" in table
     header, body_, _ = tradeoff_cells(rows, members=150, nonmembers=150, num_classes=10)
     marked = sorted(tuple(c[:2]) for c in body_ if c[0].startswith(CITED))
-    assert marked == [(f"{CITED} alm", "10"), (f"{CITED} laplace", "10")]
+    assert marked == [(f"{CITED} alm", "10"), (f"{CITED} dpsgd", "1"), (f"{CITED} laplace", "10")]
     assert header[5] == "ε_lb" and "TPR@0.1%" not in header
     wide = format_tradeoff_table(rows, wide=True, members=150, num_classes=10)
-    assert sum(line.count(CITED) for line in wide.split("\n\n")[0].splitlines()) == 2
+    assert sum(line.count(CITED) for line in wide.split("\n\n")[0].splitlines()) == 3
 
 
 def test_add_remove_rows_show_the_replace_one_guarantee(synthetic_rows: RowsFactory) -> None:
