@@ -6,12 +6,15 @@ import functools
 import hashlib
 import importlib.util
 import math
+import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from torch import Tensor
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def derive_seed(*parts: object) -> int:
@@ -52,7 +55,7 @@ def _feed(h: Any, obj: Any) -> None:
         h.update(b"[%d" % len(obj) if isinstance(obj, list) else b"(%d" % len(obj))
         for item in obj:
             _feed(h, item)
-    elif isinstance(obj, Tensor):
+    elif _is_tensor(obj):
         h.update(f"T{tuple(obj.shape)}{obj.dtype}".encode())
         h.update(obj.detach().cpu().contiguous().view(-1).view(_byte_dtype()).numpy().tobytes())
     elif isinstance(obj, np.ndarray):
@@ -72,6 +75,13 @@ def _feed(h: Any, obj: Any) -> None:
         h.update(b"Y%d:" % len(obj) + obj)
     else:
         raise TypeError(f"no stable digest for a {type(obj).__name__} in a cache payload")
+
+
+def _is_tensor(obj: Any) -> bool:
+    # torch is looked up, not imported: a payload cannot hold a tensor unless torch is
+    # loaded, and the report and export paths (alm_opacus.io) must not pay for importing it
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
 
 
 def _byte_dtype() -> Any:

@@ -2,9 +2,9 @@
 """Render a run's ``report.html`` to PNG screenshots with headless Chromium.
 
 The page is self-contained, so Chromium opens it from disk with the network off. Each
-section (settings, guarantees, trade-off, table, risk, attack strength) is cut out of one
-full-page screenshot by its position, so the images shown in ``docs/reading_results.md``
-are what a reader of the report sees.
+section (verdict, trade-off, table, guarantees, figures, risk, attack strength, settings) is
+cut out of one full-page screenshot by its position, so the images shown in
+``docs/reading_results.md`` are what a reader of the report sees.
 
 Needs Debian's ``chromium`` (``apt-get install -y chromium``).
 
@@ -34,13 +34,17 @@ BLOCK = "report-shots"
 #: What the images depend on besides this script (and the run folder rendered).
 DEPS = ("alm_opacus/report",)
 CAPTIONS = {
-    "top": "the page's head: what the run is, and the warning that it holds private risk",
-    "settings": "the settings of the run",
+    "top": "the page's head: what ran, and the warning that it holds private risk",
+    "verdict": "the verdict: the recommendation, its caveats, and per method the best "
+    "accuracy at a meaningful guarantee",
+    "tradeoff": "the trade-off figure: attack AUC against utility, one line per method",
+    "table": "the table, with the empirical ε lower bound, the verdict's marks and the "
+    "definition of every word of its header",
     "guarantees": "what each method guarantees, in plain words",
-    "tradeoff": "the trade-off figures (the first of them)",
-    "table": "the table, with the definition of every word of its header",
-    "risk": "per-member risk: the most exposed members and the risk figures",
+    "figures": "the other figures (the first of them)",
+    "risk": "per-member risk at each method's largest ε that is not weak",
     "attacks": "how strong the attacks were",
+    "settings": "the settings of the run, with resolved values",
 }
 #: Chromium flags for a headless, offline, throw-away profile.
 FLAGS = (
@@ -53,7 +57,7 @@ FLAGS = (
     "--no-first-run",
     "--hide-scrollbars",
 )
-SECTIONS = ("settings", "guarantees", "tradeoff", "table", "risk", "attacks")
+SECTIONS = ("verdict", "tradeoff", "table", "guarantees", "figures", "risk", "attacks", "settings")
 #: Section positions, measured in the page itself (CSS pixels from the top).
 _MEASURE = """<script>
 window.addEventListener('load', () => {

@@ -123,3 +123,49 @@ def test_help_states_no_default_twice() -> None:
     assert "(default: None)" not in text
     for action in build_parser()._actions:
         assert (action.help or "").count("default") <= 1, action.option_strings
+
+
+def test_the_verdict_is_printed_under_the_table(tmp_path: Path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """``_run`` prints the table, then the verdict wrapped at 100 columns, then the paths
+    (the harness is replaced by the rows of a finished run)."""
+    import math
+    import types
+
+    import alm_opacus.run.harness as harness
+    from alm_opacus.report.results import ResultRow
+    from alm_opacus.run.cli import main
+
+    def row(method: str, epsilon: float, kind: str, acc: float, auc: float) -> ResultRow:
+        return ResultRow(
+            dataset="digits",
+            method=method,
+            epsilon=epsilon,
+            delta=0.0,
+            guarantee=kind,
+            sensitivity=1.0,
+            noise_scale=1.0,
+            seed=0,
+            test_accuracy=acc,
+            utility_loss=0.0,
+            attack="loss",
+            mia_auc=auc,
+            mia_auc_ci_low=auc - 0.05,
+            mia_auc_ci_high=auc + 0.05,
+            neighbouring="replace-one",
+        )
+
+    rows = [
+        row("none", math.inf, "none", 0.92, 0.70),
+        row("laplace", 1.0, "pure-dp", 0.23, 0.54),
+        row("laplace", 100.0, "pure-dp", 0.90, 0.66),
+    ]
+    result = types.SimpleNamespace(rows=rows, out=tmp_path, seconds=1.0, num_classes=10)
+    monkeypatch.setattr(harness, "run", lambda *args, **kwargs: result)
+    assert main(["--methods", "laplace", "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    table, rest = printed.split("\nVerdict: ", 1)
+    assert "► laplace" in table  # the row the verdict cites is marked
+    verdict = "Verdict: " + rest.split("\n\n", 1)[0]
+    assert verdict.startswith("Verdict: At a meaningful guarantee (ε′ ≤ 10, δ′ ≤ 1/150) no")
+    assert max(len(line) for line in verdict.splitlines()) <= 100
+    assert rest.split("\n\n", 1)[1].startswith("results: ")

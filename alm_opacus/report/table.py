@@ -10,7 +10,9 @@ Conventions (the footnotes say them to the reader):
 * ``*`` marks a weak guarantee, decided on the ε′, δ′ shown (``series.is_weak``);
 * ``!`` marks a test accuracy below chance (1 / number of classes);
 * a TPR at an FPR the evaluation set's non-members cannot resolve prints as ``—``, with the
-  count it would need.
+  count it would need; the default form leaves such a column out;
+* ``ε_lb`` is the empirical ε lower bound (the audit of the claim), beside the claim's ε′, δ′;
+* ``►`` marks the rows the run's verdict (``report.verdict.decide``) cites.
 """
 
 from __future__ import annotations
@@ -33,19 +35,33 @@ from alm_opacus.report.series import (
     methods,
     points,
 )
+from alm_opacus.report.verdict import Verdict, decide
 from alm_opacus.report.words import GUARANTEE_SHORT, guarantee_words
 
-__all__ = ["HEADER", "MAX_WIDTH", "TPR_LEVELS", "format_tradeoff_table", "tradeoff_cells"]
+__all__ = [
+    "CITED",
+    "HEADER",
+    "MAX_WIDTH",
+    "TPR_LEVELS",
+    "format_tradeoff_table",
+    "tradeoff_cells",
+]
 
 #: The widest line of the default table, footnotes included.
 MAX_WIDTH = 100
 #: (field, header, FPR) of the TPR columns.
 TPR_LEVELS = (("tpr_at_fpr_0_01", "TPR@1%", 0.01), ("tpr_at_fpr_0_001", "TPR@0.1%", 0.001))
 DASH = "—"
+#: The mark before the method of a row the verdict cites.
+CITED = "►"
 
 
 def _num(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.3f}"
+
+
+def _lower_bound(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.2f}"
 
 
 def _with_bar(stat: Stat) -> str:
@@ -80,6 +96,7 @@ class _Context:
         self.nonmembers = nonmembers
         self.chance = 1.0 / num_classes if num_classes else math.nan
         self.resolved = {f: _resolved(rows, f, fpr, nonmembers) for f, _, fpr in TPR_LEVELS}
+        self.verdict: Verdict = decide(rows, members=members, num_classes=num_classes)
         self.below_chance = False
         self.weak = False
         self.converted: set[str] = set()
@@ -102,6 +119,15 @@ class _Context:
             return DASH
         return _num(getattr(point, field).mean)
 
+    def cited(self, point: Point) -> bool:
+        return (point.method, point.epsilon) in self.verdict.cited
+
+    @property
+    def header(self) -> tuple[str, ...]:
+        """:data:`HEADER` without the TPR columns the evaluation set cannot resolve."""
+        dropped = {h for f, h, _ in TPR_LEVELS if not self.resolved[f]}
+        return tuple(h for h in HEADER if h not in dropped)
+
 
 def _kind(point: Point) -> str:
     return GUARANTEE_SHORT.get(point.common_guarantee, point.common_guarantee)
@@ -119,12 +145,15 @@ def _replace_one(point: Point, ctx: _Context) -> tuple[str, str]:
     return f"{point.epsilon_common:.3g}{mark}", delta + ctx.weak_mark(point)
 
 
+#: Every column of the default form; a TPR column the evaluation set cannot resolve is left
+#: out (``tradeoff_cells`` returns the header shown).
 HEADER = (
     "method",
     "ε",
     "kind",
     "ε′",
     "δ′",
+    "ε_lb",
     "acc",
     "uloss",
     "AUC [95% CI]",
@@ -133,45 +162,61 @@ HEADER = (
 
 
 def _long_cells(rows: Sequence[ResultRow], ctx: _Context) -> list[list[str]]:
-    """One list of :data:`HEADER` cells per (method, epsilon), baseline first."""
+    """One list of ``ctx.header`` cells per (method, epsilon), baseline first; the method
+    of a row the verdict cites starts with :data:`CITED` and a space."""
     order = {m: i for i, m in enumerate(methods(rows))}
+    shown = ctx.header
     body: list[tuple[tuple[int, float], list[str]]] = []
     for point in points(rows):
         epsilon, delta = _replace_one(point, ctx)
-        cells = [
-            point.method,
-            format_epsilon(point.epsilon),
-            _kind(point),
-            epsilon,
-            delta,
-            ctx.accuracy(point),
-            _num(point.utility_loss.mean),
-            _with_bar(point.mia_auc),
-            *(ctx.tpr(point, f) for f, _, _ in TPR_LEVELS),
-        ]
-        body.append(((order[point.method], point.epsilon), cells))
+        cells = {
+            "method": f"{CITED} {point.method}" if ctx.cited(point) else point.method,
+            "ε": format_epsilon(point.epsilon),
+            "kind": _kind(point),
+            "ε′": epsilon,
+            "δ′": delta,
+            "ε_lb": _lower_bound(point.eps_lower_bound),
+            "acc": ctx.accuracy(point),
+            "uloss": _num(point.utility_loss.mean),
+            "AUC [95% CI]": _with_bar(point.mia_auc),
+            **{h: ctx.tpr(point, f) for f, h, _ in TPR_LEVELS},
+        }
+        body.append(((order[point.method], point.epsilon), [cells[h] for h in shown]))
     for row in infeasible_rows(rows):
         if any(key == (order[row.method], row.epsilon) for key, _ in body):
             continue
-        cells = [row.method, format_epsilon(row.epsilon), "infeasible"]
-        body.append(((order[row.method], row.epsilon), cells + [""] * (len(HEADER) - 3)))
+        blocked = [row.method, format_epsilon(row.epsilon), "infeasible"]
+        body.append(((order[row.method], row.epsilon), blocked + [""] * (len(shown) - 3)))
     body.sort(key=lambda item: item[0])
     return [cells for _, cells in body]
 
 
+#: The columns printed flush right.
+_RIGHT = {"ε", "ε′", "δ′", "ε_lb", "acc", "uloss", *(h for _, h, _ in TPR_LEVELS)}
+
+
 def _long(rows: Sequence[ResultRow], ctx: _Context) -> list[str]:
-    lines = [list(HEADER), *_long_cells(rows, ctx)]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(HEADER))]
-    right = {1, 3, 4, 5, 6, 8, 9}
+    header = ctx.header
+    # the method column is indented by the mark's width, so that marked names line up
+    body = [
+        [line[0] if line[0].startswith(CITED) else f"  {line[0]}", *line[1:]]
+        for line in _long_cells(rows, ctx)
+    ]
+    lines = [[f"  {header[0]}", *header[1:]], *body]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+
+    # two spaces between columns, one where two would pass MAX_WIDTH (long method names
+    # and both TPR columns)
+    gap = "  " if sum(widths) + 2 * (len(widths) - 1) <= MAX_WIDTH else " "
 
     def text(cells: Sequence[str]) -> str:
         parts = [
-            c.rjust(w) if i in right else c.ljust(w)
+            c.rjust(w) if header[i] in _RIGHT else c.ljust(w)
             for i, (c, w) in enumerate(zip(cells, widths, strict=True))
         ]
-        return "  ".join(parts).rstrip()
+        return gap.join(parts).rstrip()
 
-    out = [text(HEADER), "-" * len(text(HEADER))]
+    out = [text(lines[0]), "-" * len(text(lines[0]))]
     return out + [text(cells) for cells in lines[1:]]
 
 
@@ -188,8 +233,9 @@ def _wide_cell(found: Sequence[Point], ctx: _Context) -> str:
         elif p.method != BASELINE:
             kind += f" ε'={p.epsilon_common:.3g}"
         kinds.append(kind + ctx.weak_mark(p))
+    mark = f"{CITED} " if any(ctx.cited(p) for p in found) else ""
     return (
-        f"{ctx.accuracy(main)}  {_num(main.utility_loss.mean)}  {_with_bar(main.mia_auc)}  "
+        f"{mark}{ctx.accuracy(main)}  {_num(main.utility_loss.mean)}  {_with_bar(main.mia_auc)}  "
         + "/".join(dict.fromkeys(kinds))
     )
 
@@ -242,6 +288,9 @@ def _footnotes(rows: Sequence[ResultRow], ctx: _Context, *, wide: bool) -> list[
         "method: the protection; none is the unprotected head."
         if not wide
         else "One line per epsilon, one column block per method; none is the unprotected head.",
+        f"{CITED}: the row the verdict (under the table) reports for its method: its best "
+        "accuracy at a meaningful guarantee (DP, ε′ ≤ 10, δ′ ≤ 1/n), or for a method that is "
+        "not DP its best at that ε′, δ′ line." + ("" if ctx.verdict.cited else " (No row here.)"),
         "ε: the epsilon the cell asked for, under its method's own neighbouring relation.",
         "kind: the guarantee's kind, "
         + "; ".join(
@@ -258,6 +307,7 @@ def _footnotes(rows: Sequence[ResultRow], ctx: _Context, *, wide: bool) -> list[
         ),
         f"*: a weak guarantee, not protection, decided on the ε′, δ′ shown: ε′ > "
         f"{WEAK_EPSILON:g} or δ′ > {line}." + ("" if ctx.weak else " (No row here.)"),
+        *([] if wide else [_lower_bound_note(rows)]),
         "acc: test accuracy on the non-members; uloss: utility loss 1 − acc / acc(none) (ALM "
         f"paper, Def. 6.1); means over seeds {seeds} and noise draws."
         + (
@@ -272,17 +322,20 @@ def _footnotes(rows: Sequence[ResultRow], ctx: _Context, *, wide: bool) -> list[
     ]
     if not wide:
         nonmembers = f"{ctx.nonmembers}" if ctx.nonmembers is not None else "too few"
-        tpr = (
-            "TPR@1%, TPR@0.1%: the strongest attack's true positive rate at 1% and 0.1% "
-            "false positive rate."
-        )
+        shown = [(h, fpr) for f, h, fpr in TPR_LEVELS if ctx.resolved[f]]
+        tpr = ""
+        if shown:
+            tpr = (
+                f"{', '.join(h for h, _ in shown)}: the strongest attack's true positive rate "
+                f"at {' and '.join(f'{100 * fpr:g}%' for _, fpr in shown)} false positive rate."
+            )
         for field, header, fpr in TPR_LEVELS:
             if not ctx.resolved[field]:
                 tpr += (
-                    f" {header} {DASH}: {nonmembers} non-members cannot resolve an FPR of "
+                    f" {header} is not shown: {nonmembers} non-members cannot resolve an FPR of "
                     f"{fpr:g}; it needs at least {math.ceil(1 / fpr - 1e-9)}."
                 )
-        notes.append(tpr)
+        notes.append(tpr.strip())
     blocked: dict[tuple[str, float, str], list[int]] = defaultdict(list)
     for row in infeasible_rows(rows):
         blocked[(row.method, row.epsilon, row.reason)].append(row.seed)
@@ -292,6 +345,32 @@ def _footnotes(rows: Sequence[ResultRow], ctx: _Context, *, wide: bool) -> list[
             f"{', '.join(map(str, where))})" + (f": {reason}" if reason else "")
         )
     return notes
+
+
+def _lower_bound_note(rows: Sequence[ResultRow]) -> str:
+    ceilings = sorted(
+        {
+            round(r.eps_lower_bound_ceiling, 2)
+            for r in rows
+            if not math.isnan(r.eps_lower_bound_ceiling)
+        }
+    )
+    note = (
+        "ε_lb: the empirical ε lower bound, the largest over attacks and seeds (a 95% "
+        "split-half audit, docs/threat_model.md), on the ε′ scale: ε_lb above ε′ refutes the "
+        "claim; below it proves nothing."
+    )
+    if ceilings:
+        cap = (
+            f"{ceilings[0]:.2f}"
+            if len(ceilings) == 1
+            else f"{ceilings[0]:.2f} to {ceilings[-1]:.2f}"
+        )
+        note += (
+            f" This evaluation set caps it at {cap} (more noise draws, more trials), so a "
+            "larger ε′ cannot be refuted here."
+        )
+    return note
 
 
 def format_tradeoff_table(
@@ -334,9 +413,11 @@ def tradeoff_cells(
     """The default table as data, for other renderings (``report.html``).
 
     Returns:
-        ``(header, body, footnotes)``: :data:`HEADER`, one list of cells per (method,
-        epsilon), and the footnotes (unwrapped) that define the header's words.
+        ``(header, body, footnotes)``: the columns shown (:data:`HEADER` without a TPR
+        column the evaluation set cannot resolve), one list of cells per (method, epsilon)
+        (the method of a row the verdict cites starts with :data:`CITED`), and the
+        footnotes (unwrapped) that define the header's words.
     """
     ctx = _Context(rows, members=members, nonmembers=nonmembers, num_classes=num_classes)
     body = _long_cells(rows, ctx)
-    return HEADER, body, _footnotes(rows, ctx, wide=False)
+    return ctx.header, body, _footnotes(rows, ctx, wide=False)

@@ -498,8 +498,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(command: Command, *, wide: bool) -> int:
     config = command.config
     from alm_opacus.data import DataError
-    from alm_opacus.report.table import format_tradeoff_table
+    from alm_opacus.report.table import MAX_WIDTH, format_tradeoff_table
     from alm_opacus.report.tensorboard import dashboard_urls
+    from alm_opacus.report.verdict import decide, format_verdict
     from alm_opacus.run.executors import ExecutorError
     from alm_opacus.run.harness import run
 
@@ -535,6 +536,9 @@ def _run(command: Command, *, wide: bool) -> int:
     print(format_tradeoff_table(result.rows, wide=wide, members=split.members,
                                 nonmembers=split.nonmembers or split.members,
                                 num_classes=result.num_classes))  # fmt: skip
+    print()
+    verdict = decide(result.rows, members=split.members, num_classes=result.num_classes)
+    print(format_verdict(verdict, width=MAX_WIDTH))
     print()
     print(f"results: {result.out / 'results.csv'}  ({result.seconds:.1f} s)")
     print(f"TensorBoard: {tensorboard_command()} --logdir {result.out / 'tb'}, then open:")

@@ -148,6 +148,9 @@ class RunWriter:
         """What the views need of the data: the class count (chance accuracy) and, for image
         data, the images of dataset rows (the most exposed members in ``risk/``)."""
         options = AttackConfig(**self.settings.get("attack_options", {}))
+        # recorded in config.json, so that views read from the run folder alone (the
+        # shareable report) know chance accuracy
+        self.settings["num_classes"] = num_classes
         self.facts = RunFacts.from_settings(self.settings, num_classes=num_classes,
                                             num_reference=options.num_reference)  # fmt: skip
         self.images = images
@@ -170,7 +173,8 @@ class RunWriter:
             risk = one_seed(self.scores_by_cell())
             risk_plots = write_risk_plots(self.out, risk, images=self.images) if risk else []
             self._write_tensorboard(images=True)
-            write_report(self.out, rows=self.rows, settings=self.settings, facts=self.facts,
+            settings = {**self.settings, "chosen_configs": self.chosen}
+            write_report(self.out, rows=self.rows, settings=settings, facts=self.facts,
                          risk=risk, risk_plots=risk_plots)  # fmt: skip
 
     def scores_by_cell(self) -> dict[tuple[str, float, int], CellScores]:

@@ -11,15 +11,23 @@ from scipy import stats
 
 from alm_opacus.report.results import ResultRow
 from alm_opacus.report.series import is_weak, replace_one, to_replace_one
-from alm_opacus.report.table import MAX_WIDTH, format_tradeoff_table
+from alm_opacus.report.table import CITED, MAX_WIDTH, format_tradeoff_table, tradeoff_cells
+from alm_opacus.report.verdict import decide
 
 RowsFactory = Callable[..., list[ResultRow]]
 
 
 def body(table: str) -> list[list[str]]:
-    """The default table's data lines (above the footnotes), split into cells."""
+    """The default table's data lines (above the footnotes), split into cells, without the
+    verdict's mark (:func:`cited` reads it)."""
     lines = table.split("\n\n")[0].splitlines()[2:]
-    return [line.split() for line in lines]
+    return [line.replace(CITED, "").split() for line in lines]
+
+
+def cited(table: str) -> list[list[str]]:
+    """The [method, ε] of the lines the verdict's mark starts."""
+    lines = table.split("\n\n")[0].splitlines()[2:]
+    return [line.split()[1:3] for line in lines if line.startswith(CITED)]
 
 
 def line(table: str, method: str, epsilon: str) -> list[str]:
@@ -69,15 +77,18 @@ def test_every_header_word_is_defined_under_the_table(
             "kind",
             "ε′",
             "δ′",
+            "ε_lb",
             "acc",
             "uloss",
             "AUC [95% CI]",
             "TPR@1%",
-            "TPR@0.1%",
         ]
     )
-    for word in words:
-        assert word in header
+    if not wide:  # 150 non-members cannot resolve an FPR of 0.001: the column is left out
+        assert "TPR@0.1%" not in header
+        assert "TPR@0.1% is not shown: 150 non-members" in notes.replace("\n  ", " ")
+    for word in [*words, CITED]:
+        assert word in header or word == CITED  # the mark is in the body
         defined = any(
             n.startswith(word) or f" {word}:" in n or f"{word}," in n
             for n in notes.replace("\n  ", " ").splitlines()
@@ -94,6 +105,11 @@ def test_default_table_fits_100_columns_with_every_method(synthetic_rows: RowsFa
     assert {c[0] for c in body(table)} == {"none", *ALL_METHODS}
     wide = format_tradeoff_table(_all_methods(synthetic_rows()), wide=True)
     assert max(len(x) for x in wide.splitlines()) > MAX_WIDTH  # the wide form is opt-in
+    resolved = format_tradeoff_table(
+        _all_methods(synthetic_rows()), members=150, nonmembers=1000, num_classes=10
+    )
+    assert "TPR@0.1%" in resolved.splitlines()[0]
+    assert max(len(x) for x in resolved.splitlines()) <= MAX_WIDTH
 
 
 def test_cells_show_means_and_the_auc_interval(synthetic_rows: RowsFactory) -> None:
@@ -105,8 +121,28 @@ def test_cells_show_means_and_the_auc_interval(synthetic_rows: RowsFactory) -> N
     best = [max((r for r in this if r.seed == s), key=lambda r: r.mia_auc) for s in (0, 1)]
     auc = np.mean([r.mia_auc for r in best])
     low, high = min(r.mia_auc_ci_low for r in best), max(r.mia_auc_ci_high for r in best)
-    assert alm[2] == "random" and alm[5] == f"{accuracy:.3f}"
-    assert " ".join(alm[7:9]) == f"{auc:.3f} [{low:.2f},{high:.2f}]"
+    assert alm[2] == "random" and alm[6] == f"{accuracy:.3f}"
+    assert " ".join(alm[8:10]) == f"{auc:.3f} [{low:.2f},{high:.2f}]"
+    lower_bound = max(r.eps_lower_bound for r in this)  # over attacks and seeds
+    assert alm[5] == f"{lower_bound:.2f}"
+
+
+def test_rows_the_verdict_cites_are_marked(synthetic_rows: RowsFactory) -> None:
+    """The verdict reports per method its best accuracy at a meaningful guarantee: laplace at
+    ε = 10 (pure DP), dpsgd at ε = 1 (ε′ = 2; at ε = 10 ε′ = 20 is weak); alm is random DP, so
+    its best at ε′ ≤ 10 (ε = 10). The table marks exactly those."""
+    rows = synthetic_rows()
+    verdict = decide(rows, members=150, num_classes=10)
+    assert verdict.cited == {("laplace", 10.0), ("alm", 10.0), ("dpsgd", 1.0)}
+    table = format_tradeoff_table(rows, members=150, nonmembers=150, num_classes=10)
+    assert sorted(cited(table)) == [["alm", "10"], ["dpsgd", "1"], ["laplace", "10"]]
+    assert f"{CITED}: the row the verdict (under the table) reports" in table
+    header, body_, _ = tradeoff_cells(rows, members=150, nonmembers=150, num_classes=10)
+    marked = sorted(tuple(c[:2]) for c in body_ if c[0].startswith(CITED))
+    assert marked == [(f"{CITED} alm", "10"), (f"{CITED} dpsgd", "1"), (f"{CITED} laplace", "10")]
+    assert header[5] == "ε_lb" and "TPR@0.1%" not in header
+    wide = format_tradeoff_table(rows, wide=True, members=150, num_classes=10)
+    assert sum(line.count(CITED) for line in wide.split("\n\n")[0].splitlines()) == 3
 
 
 def test_add_remove_rows_show_the_replace_one_guarantee(synthetic_rows: RowsFactory) -> None:
@@ -140,8 +176,8 @@ def test_below_chance_accuracy_is_flagged(synthetic_rows: RowsFactory) -> None:
     rows = [r.replace(test_accuracy=0.08) if (r.method, r.epsilon) == ("alm", 0.1) else r
             for r in synthetic_rows()]  # fmt: skip
     table = format_tradeoff_table(rows, num_classes=10)
-    assert line(table, "alm", "0.1")[5] == "0.080!"
-    assert line(table, "alm", "1")[5].endswith("!") is False
+    assert line(table, "alm", "0.1")[6] == "0.080!"
+    assert line(table, "alm", "1")[6].endswith("!") is False
     assert "!: below chance (1/C = 0.1)" in table.replace("\n  ", " ")
     assert "below chance" not in format_tradeoff_table(synthetic_rows(), num_classes=10)
 
@@ -149,11 +185,14 @@ def test_below_chance_accuracy_is_flagged(synthetic_rows: RowsFactory) -> None:
 def test_tpr_is_shown_only_where_the_non_members_resolve_it(synthetic_rows: RowsFactory) -> None:
     rows = synthetic_rows()
     few = format_tradeoff_table(rows, nonmembers=150)
-    assert line(few, "alm", "1")[-1] == "—" and line(few, "alm", "1")[-2] != "—"
+    assert few.splitlines()[0].split()[-1] == "TPR@1%"  # TPR@0.1% is left out
+    assert line(few, "alm", "1")[-1] != "—" and "—" not in few.split("\n\n")[0]
     assert "150 non-members cannot resolve an FPR of 0.001; it needs at least 1000" in (
         few.replace("\n  ", " "))  # fmt: skip
     many = format_tradeoff_table(rows, nonmembers=1000)
+    assert many.splitlines()[0].split()[-2:] == ["TPR@1%", "TPR@0.1%"]
     assert line(many, "alm", "1")[-1] != "—" and "cannot resolve" not in many
+    assert max(len(x) for x in many.splitlines()) <= MAX_WIDTH
 
 
 def test_no_conversion_note_without_add_remove_rows(synthetic_rows: RowsFactory) -> None:
