@@ -38,6 +38,14 @@ def test_the_grid_puts_the_baseline_first_in_every_seed() -> None:
     # without attacks there is nothing for the reference to measure
     quiet = plan_cells(RunConfig(methods=("alm",), epsilons=(1.0,), attacks=()))
     assert [c.method for c in quiet] == ["none", "alm"]
+    # named, it is still released once at epsilon inf, never over the grid
+    named = plan_cells(RunConfig(methods=("no-leak", "alm"), epsilons=(1.0, 2.0), attacks=()))
+    assert [(c.method, c.epsilon) for c in named] == [
+        ("none", math.inf),
+        ("alm", 1.0),
+        ("alm", 2.0),
+        ("no-leak", math.inf),
+    ]
 
 
 def test_cells_side_by_side_start_every_method_first() -> None:

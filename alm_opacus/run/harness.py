@@ -300,9 +300,10 @@ def baseline_methods(config: RunConfig) -> list[str]:
 
 
 def planned_references(config: RunConfig) -> list[str]:
-    """The reference releases the run adds (``Method.reference``: the no-leak reference),
-    in every run that attacks: without attacks they have nothing to measure."""
-    return reference_methods() if config.attack_names else []
+    """The reference releases of the run (``Method.reference``: the no-leak reference): in
+    every run that attacks (without attacks they have nothing to measure), and wherever
+    ``--methods`` names them. Like the baseline, each is released once, at epsilon inf."""
+    return [m for m in reference_methods() if config.attack_names or m in config.methods]
 
 
 def plan_cells(config: RunConfig) -> list[Cell]:
