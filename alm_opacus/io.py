@@ -10,13 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
-
-from alm_opacus._hashing import content_digest
 
 T = TypeVar("T")
 
@@ -25,11 +24,20 @@ CACHE_FORMAT = 2
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[Any]]:
+def atomic_open(
+    path: str | os.PathLike[str], mode: str = "w", *, private: bool = False
+) -> Iterator[IO[Any]]:
     """Open a temporary file beside ``path`` and rename it over ``path`` on success.
 
     On any exception (KeyboardInterrupt included) the temporary file is removed and
     ``path`` keeps its previous content.
+
+    Args:
+        path: the file to write.
+        mode: ``"w"`` or ``"wb"``.
+        private: write it owner-only (0600) instead of with the umask's permissions (files
+            that name members, e.g. ``report.html``); the mode is set before the rename, so
+            the file is never readable by others, not even for a moment.
 
     Raises:
         OSError: from the file system, naming ``path`` (a full disk's error from ``write``
@@ -41,7 +49,8 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[An
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     except OSError as exc:
         raise _naming(exc, target) from exc
-    os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide results from other users
+    # mkstemp's 0600 would hide results from other users; private files keep it
+    os.fchmod(fd, 0o600 if private else 0o666 & ~_umask())
     try:
         with os.fdopen(fd, mode) as handle:
             yield handle
@@ -83,10 +92,33 @@ def replace_marked(text: str, *, begin: str, end: str, block: str) -> str:
     return f"{head}{begin}\n{block.strip()}\n{end}{tail}"
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` atomically."""
-    with atomic_open(path, "w") as handle:
+def atomic_write_text(path: str | os.PathLike[str], text: str, *, private: bool = False) -> None:
+    """Write ``text`` to ``path`` atomically (owner-only with ``private``: :func:`atomic_open`)."""
+    with atomic_open(path, "w", private=private) as handle:
         handle.write(text)
+
+
+def make_private_folder(path: Path, *, tighten: bool = False) -> None:
+    """Create the folder ``path`` owner-only (0700), for data computed from the members.
+
+    Missing parents are created with the umask's permissions (they are not private
+    themselves). A folder that already exists is left as it is, unless ``tighten``: then
+    its group and other permissions are removed (it only ever narrows access). A symlink is
+    never followed or changed.
+
+    Raises:
+        OSError: from the file system (e.g. ``path`` is a file).
+    """
+    path = Path(path)
+    if not os.path.lexists(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):  # created meanwhile: treated as existing
+            os.mkdir(path, 0o700)
+            os.chmod(path, 0o700)  # mkdir's mode goes through the umask
+            return
+    info = os.lstat(path)
+    if tighten and stat.S_ISDIR(info.st_mode) and stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(path, stat.S_IMODE(info.st_mode) & ~0o077)
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
@@ -115,6 +147,8 @@ def write_cache(path: Path, *, kind: str, key: str, code: str, payload: Any) -> 
     """Write ``payload`` atomically as a cache record: its kind, key, the digest of the code
     that produced it (``code``, e.g. :func:`~alm_opacus._hashing.code_digest`) and the
     digest of its own content, all checked by :func:`read_cache`."""
+    from alm_opacus._hashing import content_digest  # imports torch: only where caches are
+
     record = {"kind": kind, "key": key, "format": CACHE_FORMAT, "code": code,
               "digest": content_digest(payload), "payload": payload}  # fmt: skip
     atomic_torch_save(record, path)
@@ -129,6 +163,8 @@ def read_cache(path: Path, *, kind: str, key: str, code: str) -> Any:
     reason, and the caller recomputes (and overwrites) it.
     """
     import torch
+
+    from alm_opacus._hashing import content_digest
 
     if not path.exists():
         return MISSING

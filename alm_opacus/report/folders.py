@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +14,9 @@ def replace_folder(target: Path, build: Callable[[Path], None]) -> None:
 
     On any error the temporary folder is removed and ``target`` is left as it was. The old
     folder is renamed away before it is removed, so a symlink at ``target`` is unlinked,
-    never followed.
+    never followed. The new folder gets the umask's permissions, like the files
+    :func:`~alm_opacus.io.atomic_open` writes (``plots/`` and ``tb/`` are shared; a private
+    folder is private by where it lies, e.g. under the run's ``private/``).
 
     Raises:
         ValueError: if ``target`` exists and is not a folder.
@@ -23,7 +24,9 @@ def replace_folder(target: Path, build: Callable[[Path], None]) -> None:
     if target.exists() and not target.is_dir() and not target.is_symlink():
         raise ValueError(f"{target} exists and is not a folder: expected a TensorBoard folder")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.new-"))
+    # not mkdtemp: its 0700 would hide shared results from the other users the umask allows
+    tmp = target.parent / f".{target.name}.new-{uuid.uuid4().hex}"
+    os.mkdir(tmp)
     try:
         build(tmp)
         old = target.parent / f".{target.name}.old-{uuid.uuid4().hex}"

@@ -756,13 +756,15 @@ def write_report(
     risk: Mapping[tuple[str, float], CellScores],
     risk_plots: Sequence[Path],
 ) -> Path:
-    """Write ``out / REPORT_FILE`` (the data owner's page) atomically and return its path."""
+    """Write ``out / REPORT_FILE`` (the data owner's page) atomically, owner-only (it names
+    the most exposed members), and return its path."""
     path = Path(out) / REPORT_FILE
     atomic_write_text(
         path,
         render_report(
             Path(out), rows=rows, settings=settings, facts=facts, risk=risk, risk_plots=risk_plots
         ),
+        private=True,
     )
     return path
 

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from alm_opacus.io import atomic_write_text
+from alm_opacus.io import atomic_write_text, make_private_folder
 from alm_opacus.report.results import cell_key
 
 __all__ = [
@@ -245,6 +245,7 @@ def write_risk(
     for record in risk_records(cells, unprotected):
         writer.writerow({k: _text(v) for k, v in record.items()})
     path = Path(folder) / risk_path(cells[0].method, cells[0].epsilon)
+    make_private_folder(Path(folder) / RISK_FOLDER)  # owner-only, wherever it is moved
     atomic_write_text(path, buffer.getvalue())
     return path
 
