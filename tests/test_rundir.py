@@ -304,8 +304,8 @@ def test_export_shares_no_clean_weight_and_no_member_index(finished, tmp_path, c
     assert _exit(["export", str(finished), str(dest)]) == 0
     assert "exported" in capsys.readouterr().out
     assert _leaks(dest, clean, members) == set()
-    assert sorted(p.name for p in dest.iterdir()) == sorted(
-        n for n in SHARED_FILES if (finished / n).exists())  # fmt: skip
+    shared = [n for n in SHARED_FILES if (finished / n).exists()]
+    assert sorted(p.name for p in dest.iterdir()) == sorted([*shared, "README.txt", "report.html"])
     assert (dest / "results.csv").read_bytes() == (finished / "results.csv").read_bytes()
     config = json.loads((dest / "config.json").read_text())
     assert "split_seed" not in config and "split_seed" in config["exported"]["withheld"]
@@ -314,6 +314,26 @@ def test_export_shares_no_clean_weight_and_no_member_index(finished, tmp_path, c
     assert _exit(["export", str(finished), str(dest)]) == 2
     _one_line_error(capsys, "expected a new (or empty) folder")
     assert sorted(p.relative_to(dest) for p in dest.rglob("*")) == stamp
+
+
+@pytest.mark.slow
+def test_a_run_writes_its_private_parts_owner_only(finished):  # type: ignore[no-untyped-def]
+    # Issue 35: private/, its cache and risk scores, and report.html (it names the most
+    # exposed members) were world-readable, while the shared plots/ and tb/ were 0700.
+    import stat
+
+    def mode(path: Path) -> int:
+        return stat.S_IMODE(os.lstat(path).st_mode)
+
+    umask = os.umask(0)
+    os.umask(umask)
+    # (the fixture made private/ and its cache 0755 before the run, to seed the cache: the
+    # run tightened private/ and left the cache it found as it was; test_export.py covers a
+    # cache the run creates)
+    assert mode(finished / "private") == mode(finished / "private" / "risk") == 0o700
+    assert mode(finished / "report.html") == 0o600
+    assert mode(finished / "plots") == mode(finished / "tb") == 0o777 & ~umask
+    assert mode(finished / "results.csv") == 0o666 & ~umask
 
 
 @pytest.mark.slow

@@ -182,7 +182,7 @@ class RunConfig:
     def cache_path(self) -> Path:
         """``cache_dir``, else ``$ALM_OPACUS_CACHE``, else ``<out>/private/cache`` (it holds
         the clean heads: ``alm_opacus.run.rundir``)."""
-        from alm_opacus.run.rundir import DEFAULT_CACHE  # rundir imports this module
+        from alm_opacus.run.layout import DEFAULT_CACHE
 
         if self.cache_dir is not None:
             return Path(self.cache_dir)

@@ -3,17 +3,25 @@ what may be shared.
 
 Layout of ``<out>``:
 
-* shareable (:data:`SHARED_FILES`, what ``alm-opacus export RUN DEST`` copies):
-  ``config.json``, ``results.csv``, ``rocs.json``, ``tb/``, ``plots/``;
-* ``private/`` (:data:`PRIVATE_DIR`): everything computed from the members without noise,
-  never to be shared (``private/README.txt`` says why): ``split.json`` (the member indices),
-  ``cache/`` (the default cache: the clean head and its sensitivity sample, features of every
-  example, shadow heads), per-example scores;
+* shareable (:data:`SHARED_FILES`, what ``alm-opacus export RUN DEST`` copies,
+  :mod:`alm_opacus.run.export`): ``config.json``, ``results.csv``, ``rocs.json``,
+  ``draws.csv``, ``tb/``, ``plots/``, written with the umask's permissions;
+* ``report.html``: names the most exposed members, so it is written owner-only (0600); the
+  export writes a page without them;
+* ``private/`` (:data:`PRIVATE_DIR`, owner-only: 0700): everything computed from the members
+  without noise, never to be shared (``private/README.txt`` says why): ``split.json`` (the
+  member indices), ``cache/`` (the default cache: the clean head and its sensitivity sample,
+  features of every example, shadow heads), ``risk/`` (per-member scores);
 * ``.lock``.
 
 Rules:
 
-* A lock (``<out>/.lock``, ``flock``) keeps a second run out of the folder.
+* A lock (``<out>/.lock``, ``flock``) keeps a second run out of the folder (and an export
+  out of a folder that is being written).
+* ``private/`` and a cache folder the run creates are created owner-only (0700). A cache
+  that exists is left as it is; an existing ``private/`` loses its group and other
+  permissions (left by an older version; it holds the member indices, and the run owns
+  it), and keeps losing them if the start is rolled back: access is only ever narrowed.
 * A non-empty folder is refused unless the run resumes it (its ``config.json`` must agree on
   every key that decides the rows, and every kept row must be valid: :func:`check_rows`) or
   overwrites it (results, ROC curves, TensorBoard events and plots of the previous run are
@@ -36,19 +44,28 @@ import fcntl
 import json
 import math
 import os
-import re
 import shutil
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from alm_opacus.io import atomic_write_json, atomic_write_text
+from alm_opacus.io import atomic_write_text, make_private_folder
 from alm_opacus.report.draws import DRAWS_FILE
 from alm_opacus.report.html import REPORT_FILE
 from alm_opacus.report.results import ResultRow, cell_key, read_results
 from alm_opacus.report.risk import RISK_FOLDER
 from alm_opacus.run.config import config_mismatch
+from alm_opacus.run.export import export_run
+from alm_opacus.run.layout import (
+    DEFAULT_CACHE,
+    LOCK_FILE,
+    PRIVATE_DIR,
+    PRIVATE_README,
+    RESIDUE,
+    SHARED_FILES,
+    SPLIT_FILE,
+    WITHHELD_KEYS,
+)
 
 __all__ = [
     "DEFAULT_CACHE",
@@ -67,32 +84,14 @@ __all__ = [
     "write_private_readme",
 ]
 
-#: The folder of a run that holds what was computed from the members without noise.
-PRIVATE_DIR = "private"
-#: The split's indices, members included.
-SPLIT_FILE = f"{PRIVATE_DIR}/split.json"
-#: Says what ``private/`` holds and why it is never shared.
-PRIVATE_README = f"{PRIVATE_DIR}/README.txt"
-#: The cache of a run given ``--out`` and no ``--cache-dir`` (clean heads live there).
-DEFAULT_CACHE = f"{PRIVATE_DIR}/cache"
-#: What may be shared: aggregates over the evaluation set, with no member index and no
-#: clean weight. ``export_run`` copies exactly these (others add theirs here);
-#: ``report.html`` names the most exposed members, so it stays with the owner.
-SHARED_FILES = ("config.json", "results.csv", "rocs.json", "tb", "plots", DRAWS_FILE)
 #: What a run writes in its folder (besides caches), removed by an overwrite.
 #: ``split.json`` at the top is the layout before ``private/`` existed.
 RUN_FILES = ("config.json", SPLIT_FILE, "results.csv", "rocs.json", "tb", "plots", "split.json",
              DRAWS_FILE, REPORT_FILE, str(RISK_FOLDER))  # fmt: skip
-#: ``config.json`` keys an export withholds: the split seed re-draws the member indices
-#: (the split is a public, deterministic function of data set, sizes and seed), and paths
-#: describe the owner's machine.
-WITHHELD_KEYS = ("split_seed", "out", "cache_dir", "data_root")
-_LOCK = ".lock"
+_LOCK = LOCK_FILE
 #: Files a run rewrites before its first cell: a rolled-back start restores them.
 _REWRITTEN_EARLY = ("config.json", SPLIT_FILE, PRIVATE_README)
-#: Leftovers of a killed writer: ``atomic_open``'s ``.NAME.*.tmp``, ``replace_folder``'s
-#: ``.NAME.new-*`` / ``.NAME.old-*``, and write probes.
-_RESIDUE = re.compile(r"^\..+\.tmp$|^\..+\.(new|old)-[^/]+$|^\.probe-\d+$")
+_RESIDUE = RESIDUE
 
 _README = """\
 This folder holds what the run computed from the members (the private split) without
@@ -102,11 +101,13 @@ noise. It is never to be shared:
 - cache/ (unless --cache-dir put the cache elsewhere): the clean, unprotected head and its
   sensitivity sample (posthoc-head-*.pt), the features of every example (features-*.pt),
   shadow heads and the encoder;
-- per-example membership scores, where a report writes them.
+- risk/: per-member membership scores (which members the attacks expose most).
 
-Sharing any of it can disclose who the members are or undo the protection of every release.
-`alm-opacus export RUN DEST` copies only what may be shared (results, ROC curves, plots,
-TensorBoard events, config.json without the split seed). See docs/threat_model.md.
+The run creates this folder owner-only (0700), and report.html (it names the most exposed
+members) owner-only (0600). Sharing any of it can disclose who the members are or undo the
+protection of every release. `alm-opacus export RUN DEST` copies only what may be shared
+(results, ROC curves, figures, TensorBoard events, config.json without the split seed) and
+writes a report without the per-member section. See docs/threat_model.md.
 """
 
 _CACHE_README = """\
@@ -320,8 +321,8 @@ class RunFolder:
             os.close(fd)
             if exc.errno in (errno.EAGAIN, errno.EACCES):
                 raise ValueError(
-                    f"--out={str(self.out)!r} is in use by another run (lock {path}); wait for "
-                    "it or choose another --out"
+                    f"--out={str(self.out)!r} is in use by another run or an export (lock "
+                    f"{path}); wait for it or choose another --out"
                 ) from exc
             raise
         os.ftruncate(fd, 0)
@@ -332,6 +333,10 @@ class RunFolder:
             self._snapshot = {n: (self.out / n).read_bytes() for n in _REWRITTEN_EARLY
                               if n in self._present and (self.out / n).is_file()}  # fmt: skip
             self._clean_residues()
+            # owner-only before anything private is written into them
+            make_private_folder(self.out / PRIVATE_DIR, tighten=True)
+            if self.cache is not None:
+                make_private_folder(self.cache)
             write_private_readme(self.out / PRIVATE_DIR)
             if self.cache is not None and not _inside(self.cache, self.out / PRIVATE_DIR):
                 self._cache_readme = not os.path.lexists(self.cache / "README.txt")
@@ -600,79 +605,3 @@ def _float_list(settings: dict[str, Any], key: str, path: Path) -> list[float]:
         raise ValueError(f"--resume: {path.parent / 'config.json'}: {key!r} is {value!r}: "
                          "expected a list of positive numbers; use --overwrite")  # fmt: skip
     return [float(v) for v in value]  # type: ignore[union-attr]
-
-
-# -- export -------------------------------------------------------------------------------
-
-
-def export_run(run: Path, dest: Path) -> list[str]:
-    """Copy what may be shared of the run folder ``run`` into the new folder ``dest``.
-
-    Only :data:`SHARED_FILES` are copied (never ``private/``, a cache, or anything a run did
-    not write there), ``config.json`` without :data:`WITHHELD_KEYS`. The copy is built beside
-    ``dest`` and renamed into place: ``dest`` is complete or absent.
-
-    Args:
-        run: a run folder (it holds ``config.json``).
-        dest: a folder that does not exist yet (or is empty).
-
-    Returns:
-        The paths copied, relative to ``dest``.
-
-    Raises:
-        ValueError: if ``run`` is not a run folder, ``dest`` is not new, lies inside ``run``,
-            or a shared file is a symlink or not a plain file.
-    """
-    run, dest = Path(run), Path(dest)
-    if not (run / "config.json").is_file():
-        raise ValueError(f"export: {str(run)!r} is not a run folder (no config.json)")
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise ValueError(f"export: {str(dest)!r} exists: expected a new (or empty) folder")
-    if _inside(dest, run):
-        raise ValueError(f"export: {str(dest)!r} lies inside the run folder: expected a folder "
-                         "outside it")  # fmt: skip
-    parent = Path(os.path.abspath(dest)).parent
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{dest.name}.new-"))
-    copied: list[str] = []
-    try:
-        for name in SHARED_FILES:
-            source = run / name
-            if not os.path.lexists(source):
-                continue
-            entries = [source, *_walk(source)] if source.is_dir() else [source]
-            for entry in entries:
-                rel = entry.relative_to(run)
-                if entry.is_symlink() or not (entry.is_file() or entry.is_dir()):
-                    raise ValueError(f"export: {entry} is a symlink or a special file: "
-                                     "expected plain files only")  # fmt: skip
-                target = tmp / rel
-                if entry.is_dir():
-                    target.mkdir(parents=True, exist_ok=True)
-                    continue
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if rel.as_posix() == "config.json":
-                    atomic_write_json(target, _shareable_config(entry))
-                else:
-                    shutil.copyfile(entry, target, follow_symlinks=False)
-                copied.append(rel.as_posix())
-        if dest.exists():
-            dest.rmdir()
-        os.rename(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return copied
-
-
-def _shareable_config(path: Path) -> dict[str, Any]:
-    config = _read_json(path, what="config.json", hint="is it a run folder?", prefix="export: ")
-    if not isinstance(config, dict):
-        raise ValueError(f"export: {path}: expected a JSON object")
-    withheld = [k for k in WITHHELD_KEYS if k in config]
-    out = {k: v for k, v in config.items() if k not in WITHHELD_KEYS}
-    out["exported"] = {
-        "withheld": withheld,
-        "why": "the split seed re-draws the member indices; paths describe the owner's machine",
-    }
-    return out

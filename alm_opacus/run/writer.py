@@ -28,6 +28,7 @@ from alm_opacus.report.risk_plots import ImageSource, one_seed, write_risk_plots
 from alm_opacus.report.tensorboard import write_tensorboard
 from alm_opacus.run.cells import CellOutcome, RocMap
 from alm_opacus.run.config import RunConfig
+from alm_opacus.run.export import shareable_dataset
 
 __all__ = ["RunWriter", "run_settings", "tensorboard_hparams"]
 
@@ -213,9 +214,10 @@ def tensorboard_hparams(config: RunConfig) -> dict[str, object]:
     head = config.recipe
     sources = sorted({o.sensitivity for o in (method_options(m, config.options)
                       for m in config.methods) if isinstance(o, PostTrainingOptions)})  # fmt: skip
-    return {"dataset": config.dataset, "head": head.kind, "head_solver": head.solver,
-            "head_steps": head.steps, "head_l2": head.l2, "noise_draws": config.noise_draws,
-            "sensitivity": "/".join(sources) or "-"}  # fmt: skip
+    # the data set's name without the owner's path (features:PATH): tb/ is shared
+    return {"dataset": shareable_dataset(config.dataset), "head": head.kind,
+            "head_solver": head.solver, "head_steps": head.steps, "head_l2": head.l2,
+            "noise_draws": config.noise_draws, "sensitivity": "/".join(sources) or "-"}  # fmt: skip
 
 
 def _save_rocs(path: Path, rocs: RocMap) -> None:
