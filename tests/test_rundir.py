@@ -317,7 +317,7 @@ def test_export_shares_no_clean_weight_and_no_member_index(finished, tmp_path, c
 
 
 @pytest.mark.slow
-def test_a_run_writes_its_private_parts_owner_only(finished):  # type: ignore[no-untyped-def]
+def test_a_run_writes_its_private_parts_owner_only(finished: Path) -> None:
     # Issue 35: private/, its cache and risk scores, and report.html (it names the most
     # exposed members) were world-readable, while the shared plots/ and tb/ were 0700.
     import stat
