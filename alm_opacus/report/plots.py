@@ -272,6 +272,9 @@ class _Figure:
                 va="top",
                 transform=ax.get_xaxis_transform(),
                 color="#8a4b08",
+                # its own ground: a reference line may cross the top of the panel
+                bbox={"boxstyle": "square,pad=0.15", "fc": WEAK_COLOUR, "ec": "none"},
+                zorder=4,
             )
             ax.set_xlim(left, right)
 
@@ -982,9 +985,10 @@ class _RocFacts:
         draws = max(self.draws.values(), default=1)
         seed = f"seed {min(seeds)}" if len(seeds) == 1 else "one seed (the last to finish)"
         if draws > 1:
+            over = "draws and seeds" if len(seeds) > 1 else "draws"
             return (
                 f"each curve: {seed}, its first of {draws} noise draws;\nAUC of that curve "
-                f"[the table's: mean over draws{' and seeds' if len(seeds) > 1 else ''}]"
+                f"[results.csv: that attack's mean over {over}]"
             )
         return f"each curve: {seed}; AUC of that curve"
 
@@ -1123,7 +1127,7 @@ def roc_grid_figure(
     fig.supxlabel(f"false positive rate (from 1/{round(1 / floor)}, one non-member)", fontsize=FONT)
     fig.supylabel("true positive rate", fontsize=FONT)
     fig.suptitle(
-        "ROC (log-log) at each ε: strongest attack per method\n" + facts.what().replace("\n", " "),
+        "ROC (log-log) at each ε: strongest attack per method\n" + facts.what(),
         fontsize=FONT + 1,
     )
     fig.tight_layout()
