@@ -159,7 +159,7 @@ def test_risk_files_name_the_split_rows_and_agree_with_results(small_run) -> Non
 
 @pytest.mark.slow
 def test_plots_and_table(small_run) -> None:  # type: ignore[no-untyped-def]
-    for name in ("fig1_utility_loss", "fig2_mia", "equal_noise", "roc_loglog"):
+    for name in ("tradeoff", "fig1_utility_loss", "fig2_mia", "equal_noise", "roc_loglog"):
         path = small_run.out / "plots" / f"{name}.png"
         assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (small_run.out / "plots" / f"{name}.pdf").read_bytes()[:4] == b"%PDF"

@@ -40,12 +40,20 @@ from alm_opacus.report.risk import (
 )
 from alm_opacus.report.series import CHANCE_COLOUR, format_epsilon, method_colours
 
-__all__ = ["RISK_PLOTS", "risk_figures", "write_risk_plots"]
+__all__ = ["RISK_DPI", "RISK_PLOTS", "risk_figures", "write_risk_plots"]
 
 #: Where the risk figures go, relative to the run folder.
 RISK_PLOTS = RISK_FOLDER / "plots"
 #: Images of the most exposed members shown per release.
 TOP_IMAGES = 16
+#: Resolution of the PNGs.
+RISK_DPI = 110
+#: Histogram panels per row.
+HIST_COLUMNS = 4
+#: Font sizes (points). report.html shows each PNG at most 1100 px wide; every figure here
+#: is narrower than that at 110 dpi, so SMALL is 13.75 px on the page.
+FONT = 10.0
+SMALL = 9.0
 #: ``images(rows) -> (k, H, W)`` or ``(k, H, W, C)`` arrays for dataset rows.
 ImageSource = Callable[[np.ndarray], np.ndarray]
 
@@ -62,11 +70,14 @@ def _label(cell: CellScores) -> str:
 
 def histogram_figure(cells: Sequence[CellScores]) -> Figure:
     """One panel per release of one method: the score histograms of members and
-    non-members (the unprotected head first)."""
+    non-members (the unprotected head first), at most :data:`HIST_COLUMNS` to a row so that
+    the text stays readable at the report's width."""
+    cols = min(len(cells), HIST_COLUMNS)
+    grid_rows = -(-len(cells) // cols)
     fig, axes = plt.subplots(
-        1, len(cells), figsize=(2.6 * len(cells), 2.6), squeeze=False, sharey=False
+        grid_rows, cols, figsize=(2.25 * cols, 2.3 * grid_rows + 0.9), squeeze=False
     )
-    for ax, cell in zip(axes[0], cells, strict=True):
+    for ax, cell in zip(axes.flat, cells, strict=False):
         kind = _kind(cell)
         scores = cell.scores[kind]
         ok = np.isfinite(scores)
@@ -79,13 +90,17 @@ def histogram_figure(cells: Sequence[CellScores]) -> Figure:
         ax.hist(
             shown[~cell.is_member & ok], bins=bins, alpha=0.55, color="#1f77b4", label="non-members"
         )
-        ax.set_title(_label(cell), fontsize=9)
-        ax.set_xlabel(f"{cell.attacks[kind]} score (2-98% range; ends hold the tails)", fontsize=7)
-        ax.tick_params(labelsize=7)
-    axes[0][0].set_ylabel("examples")
-    axes[0][0].legend(fontsize=7)
+        ax.set_title(_label(cell), fontsize=FONT)
+        ax.tick_params(labelsize=SMALL)
+    for ax in axes.flat[len(cells) :]:
+        ax.set_visible(False)
+    for row in axes:
+        row[0].set_ylabel("examples", fontsize=SMALL)
+    axes[0][0].legend(fontsize=SMALL)
     method = next((c.method for c in cells if c.method != BASELINE), BASELINE)
-    fig.suptitle(f"{method}: attack scores of members and non-members", fontsize=10)
+    attacks = ", ".join(dict.fromkeys(c.attacks[_kind(c)] for c in cells))
+    fig.suptitle(f"{method}: attack scores of members and non-members", fontsize=FONT + 1)
+    fig.supxlabel(f"{attacks} score (2-98% range; the ends hold the tails)", fontsize=SMALL)
     fig.tight_layout()
     return fig
 
@@ -113,20 +128,21 @@ def class_auc_figure(cells: Sequence[CellScores]) -> Figure:
             auc,
             yerr=np.nan_to_num(err),
             fmt="o",
-            ms=3,
+            ms=4,
             capsize=2,
-            lw=0.8,
+            lw=0.9,
             color=colour,
             label=_label(cell),
         )
     ax.axhline(0.5, color=CHANCE_COLOUR, ls=":", lw=1, label="chance")
     classes = sorted({int(v) for c in cells for v in c.labels})
     ax.set_xticks(classes)
-    ax.set_xlabel("class")
-    ax.set_ylabel("AUC (95% DeLong interval)")
+    ax.tick_params(labelsize=SMALL)
+    ax.set_xlabel("class", fontsize=FONT)
+    ax.set_ylabel("AUC (95% DeLong interval)", fontsize=FONT)
     method = next((c.method for c in cells if c.method != BASELINE), BASELINE)
-    ax.set_title(f"{method}: membership AUC per class", fontsize=10)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    ax.set_title(f"{method}: membership AUC per class", fontsize=FONT + 1)
+    ax.legend(fontsize=SMALL, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     return fig
 
@@ -144,8 +160,12 @@ def _grey(image: np.ndarray) -> tuple[np.ndarray, str | None]:
 
 def top_images_figure(cells: Sequence[CellScores], images: ImageSource) -> Figure:
     """Per release (one row each), its :data:`TOP_IMAGES` most exposed members."""
+    # 0.55 in per image: the 16 of a row fit the report's width with their row label
     fig, axes = plt.subplots(
-        len(cells), TOP_IMAGES, figsize=(TOP_IMAGES * 0.8, 1.05 * len(cells)), squeeze=False
+        len(cells),
+        TOP_IMAGES,
+        figsize=(TOP_IMAGES * 0.55 + 1.1, 0.9 * len(cells) + 0.6),
+        squeeze=False,
     )
     for row, cell in zip(axes, cells, strict=True):
         kind = _kind(cell)
@@ -161,14 +181,17 @@ def top_images_figure(cells: Sequence[CellScores], images: ImageSource) -> Figur
                 continue
             picture, cmap = _grey(pictures[j])
             ax.imshow(picture, cmap=cmap)
-            ax.set_title(f"#{cell.rows[chosen[j]]}", fontsize=6, pad=1)
+            ax.set_title(f"#{cell.rows[chosen[j]]}", fontsize=SMALL - 1, pad=1)
         row[0].set_ylabel(
-            f"{cell.method}\n{_label(cell)}", fontsize=7, rotation=0, ha="right", va="center"
+            f"{cell.method}\n{_label(cell)}", fontsize=SMALL, rotation=0, ha="right", va="center"
         )
     fig.suptitle(
-        f"the {TOP_IMAGES} most exposed members (LiRA rank 1 first; title: dataset row)", fontsize=9
+        f"the {TOP_IMAGES} most exposed members (LiRA rank 1 first; above each: its dataset row)",
+        fontsize=FONT,
     )
-    fig.subplots_adjust(wspace=0.05, hspace=0.35, left=0.1, right=0.99, top=0.85)
+    fig.subplots_adjust(
+        wspace=0.08, hspace=0.5, left=0.12, right=0.995, top=1 - 0.45 / fig.get_figheight()
+    )
     return fig
 
 
@@ -201,10 +224,11 @@ def overlap_figure(cells: Cells) -> Figure:
     if ax.has_data():
         _log_x(ax)
     ax.set_ylim(0, 1.02)
-    ax.set_xlabel("ε (as requested)")
-    ax.set_ylabel(f"share of the top {k} also in the unprotected top {k}")
-    ax.set_title("Are the same members exposed? (LiRA)", fontsize=10)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    ax.tick_params(labelsize=SMALL)
+    ax.set_xlabel("ε (as requested)", fontsize=FONT)
+    ax.set_ylabel(f"share of the top {k}\nalso in the unprotected top {k}", fontsize=FONT)
+    ax.set_title("Are the same members exposed? (LiRA)", fontsize=FONT + 1)
+    ax.legend(fontsize=SMALL, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     return fig
 
@@ -239,7 +263,8 @@ def risk_figures(
 
 
 def write_risk_plots(run: Path, cells: Cells, *, images: ImageSource | None = None) -> list[Path]:
-    """Replace ``run / RISK_PLOTS`` with every figure of :func:`risk_figures` (PNG, 110 dpi).
+    """Replace ``run / RISK_PLOTS`` with every figure of :func:`risk_figures` (PNG,
+    :data:`RISK_DPI`).
 
     Returns:
         The PNG paths written.
@@ -251,7 +276,7 @@ def write_risk_plots(run: Path, cells: Cells, *, images: ImageSource | None = No
         for stem, draw in drawers.items():
             fig = draw()
             try:
-                fig.savefig(tmp / f"{stem}.png", dpi=110, bbox_inches="tight")
+                fig.savefig(tmp / f"{stem}.png", dpi=RISK_DPI, bbox_inches="tight")
             finally:
                 plt.close(fig)
 

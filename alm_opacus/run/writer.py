@@ -21,7 +21,7 @@ from alm_opacus.methods import method_class, method_options
 from alm_opacus.posthoc import PostTrainingOptions
 from alm_opacus.report.draws import DRAWS_FILE, DrawRecord, read_draws, write_draws
 from alm_opacus.report.html import REPORT_FILE, RunFacts, write_report
-from alm_opacus.report.plots import write_plots
+from alm_opacus.report.plots import FIGURES, write_plots
 from alm_opacus.report.results import ResultRow, cell_key, read_results, write_results
 from alm_opacus.report.risk import CellScores, load_risk, write_risk
 from alm_opacus.report.risk_plots import ImageSource, one_seed, write_risk_plots
@@ -167,9 +167,17 @@ class RunWriter:
         that computed nothing and finds them skips the work."""
         self._start_writing()
         self._write_config()
-        done = [self.out / "plots" / "fig1_utility_loss.png", self.out / REPORT_FILE]
+        done = [self.out / "plots" / f"{FIGURES[0]}.png", self.out / REPORT_FILE]
         if force or not all(p.exists() for p in done):
-            write_plots(self.rows, self.rocs, self.out / "plots")
+            facts = self.facts
+            write_plots(
+                self.rows,
+                self.rocs,
+                self.out / "plots",
+                members=facts.members,
+                nonmembers=facts.nonmembers,
+                num_classes=facts.num_classes,
+            )
             self._write_risk(None)
             risk = one_seed(self.scores_by_cell())
             risk_plots = write_risk_plots(self.out, risk, images=self.images) if risk else []

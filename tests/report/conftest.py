@@ -3,10 +3,13 @@ seed, attack), so a point lost or overwritten on the way to a view cannot go unn
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Callable, Sequence
 
 import pytest
+from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from alm_opacus.report.results import ResultRow
 
@@ -132,3 +135,22 @@ def make_rows(
 def synthetic_rows() -> Callable[..., list[ResultRow]]:
     """:func:`make_rows`, as a fixture (tests cannot import conftest in importlib mode)."""
     return make_rows
+
+
+def smallest_text(fig: Figure, *, dpi: float, page_width: float = 1100.0) -> tuple[float, str]:
+    """The smallest text of ``fig`` (its size in CSS px, and the text) as report.html shows
+    it: the PNG saved as the writers save it (``dpi``, tight bounding box), displayed at
+    ``max-width: 100%`` in a ``page_width`` px column, so scaled by
+    min(1, page_width / PNG width)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    width = int.from_bytes(buf.getvalue()[16:20], "big")  # the PNG header's IHDR width
+    scale = min(1.0, page_width / width)
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    return min((float(t.get_fontsize()) * dpi / 72 * scale, t.get_text()) for t in texts)
+
+
+@pytest.fixture
+def text_px() -> Callable[..., tuple[float, str]]:
+    """:func:`smallest_text`, as a fixture."""
+    return smallest_text

@@ -4,8 +4,10 @@ Python API, per-class AUC against scikit-learn, and the top-k overlap."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from scipy import stats
@@ -23,7 +25,7 @@ from alm_opacus.report.risk import (
     top_size,
     write_risk,
 )
-from alm_opacus.report.risk_plots import RISK_PLOTS, write_risk_plots
+from alm_opacus.report.risk_plots import RISK_DPI, RISK_PLOTS, risk_figures, write_risk_plots
 
 MEMBERS = 40
 
@@ -172,3 +174,25 @@ def test_risk_figures_are_written_with_and_without_images(tmp_path: Path) -> Non
     assert sorted(p.name for p in (tmp_path / RISK_PLOTS).iterdir()) == sorted(
         p.name for p in without
     )
+
+
+@pytest.mark.slow
+def test_risk_figures_are_readable_at_the_report_width(
+    text_px: Callable[..., tuple[float, str]],
+) -> None:
+    # the default grid: the unprotected head and six epsilons, and image data
+    cells = {("none", math.inf): make_cell("none", math.inf, signal=2.0)}
+    for epsilon in (0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0):
+        for method in ("alm", "dpsgd"):
+            cells[(method, epsilon)] = make_cell(method, epsilon)
+    pictures = np.random.default_rng(0).integers(0, 256, size=(1000, 8, 8), dtype=np.uint8)
+    drawers = risk_figures(cells, images=lambda rows: pictures[rows])
+    assert {"hist_alm", "class_auc_alm", "top16", "top_overlap"} <= set(drawers)
+    for stem, draw in drawers.items():
+        fig = draw()
+        try:
+            # report.html shows the risk figures in the same 1100 px column as plots/
+            size, text = text_px(fig, dpi=RISK_DPI, page_width=1100)
+        finally:
+            plt.close(fig)
+        assert size >= 10, (stem, text, size)
