@@ -20,8 +20,15 @@ from alm_opacus.report.draws import read_draws
 from alm_opacus.report.results import read_results
 from alm_opacus.report.risk import risk_table
 from alm_opacus.report.risk_plots import RISK_PLOTS
+from alm_opacus.report.series import points
 from alm_opacus.report.table import format_tradeoff_table
-from alm_opacus.report.tensorboard import LAYOUT_NAME, EpsilonAxis, run_label
+from alm_opacus.report.tensorboard import (
+    LAYOUT_NAME,
+    TRADEOFF_TAG,
+    EpsilonAxis,
+    run_label,
+    tradeoff_steps,
+)
 from alm_opacus.run.harness import RunConfig, run
 from alm_opacus.run.rundir import SPLIT_FILE
 
@@ -44,8 +51,8 @@ def small_run(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path):  # 
 @pytest.mark.slow
 def test_tensorboard_events_hold_the_results(small_run) -> None:  # type: ignore[no-untyped-def]
     """End to end: the harness's TensorBoard folder, read back with TensorBoard's loader,
-    holds every (method, epsilon) point of results.csv at its log-spaced step, and one
-    hparams session per release (draws.csv)."""
+    holds every (method, epsilon) point of results.csv at its log-spaced step and on the
+    trade-off chart (AUC at round(test accuracy x 1000)), and one hparams session per point."""
     rows = small_run.rows
     mux = EventMultiplexer(tensor_size_guidance={"scalars": 0, "images": 0})
     mux.AddRunsFromDirectory(str(small_run.out / "tb"))
@@ -72,17 +79,30 @@ def test_tensorboard_events_hold_the_results(small_run) -> None:  # type: ignore
     layout.ParseFromString(tensor_util.make_ndarray(config.tensor_proto).item())
     assert any(c.title.startswith(LAYOUT_NAME) for c in layout.category)
     assert any(t.startswith("plots/roc") for t in mux.Runs()["."]["tensors"])
-    # One hparams session per release: the baseline's, the no-leak reference's, and
-    # 2 methods x 2 epsilons x 2 draws.
+    # The trade-off: every point of results.csv, read back from the file, in its method's run.
+    found = points(read_results(small_run.out / "results.csv"))
+    for t in tradeoff_steps(found):
+        point = next(p for p in found if (p.method, p.epsilon) == (t.method, t.epsilon))
+        first = next(r for r in rows if r.method == t.method)
+        run = run_label(t.method, first.guarantee, first.neighbouring)
+        shown = {
+            e.step: float(tensor_util.make_ndarray(e.tensor_proto))
+            for e in mux.Tensors(run, TRADEOFF_TAG)
+        }
+        assert t.wanted == round(point.test_accuracy.mean * 1000)
+        assert shown[t.step] == pytest.approx(point.mia_auc.mean, abs=1e-6)
+    assert len(tradeoff_steps(found)) == len(found) == 1 + 2 * 2
+    # One hparams session per (method, epsilon) point, the table's numbers: the baseline's
+    # and 2 methods x 2 epsilons, each over its 2 releases (noise draws); draws.csv also has
+    # the no-leak reference's release, which has no session (it is no method).
     draws = read_draws(small_run.out / "draws.csv")
     assert len(draws) == 1 + 1 + 2 * 2 * 2
     sessions = [r for r in mux.Runs() if r.startswith("hparams/")]
-    assert len(sessions) == len(draws)
-    for d in draws:
-        eps = "inf" if math.isinf(d.epsilon) else f"{d.epsilon:g}"
-        name = f"hparams/{d.method}/eps={eps}/seed={d.seed}/draw={d.draw}"
-        (event,) = mux.Tensors(name, "hparams/mia_auc")
-        assert float(tensor_util.make_ndarray(event.tensor_proto)) == pytest.approx(d.mia_auc)
+    assert len(sessions) == len(found)
+    for p in found:
+        eps = "inf" if math.isinf(p.epsilon) else f"{p.epsilon:g}"
+        (event,) = mux.Tensors(f"hparams/{p.method}/eps={eps}", "hparams/mia_auc")
+        assert float(tensor_util.make_ndarray(event.tensor_proto)) == pytest.approx(p.mia_auc.mean)
 
 
 class _Page(HTMLParser):

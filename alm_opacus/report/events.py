@@ -105,14 +105,34 @@ def _proto_value(value: HParamValue) -> struct_pb2.Value:
 
 
 def hparams_experiment(
-    sessions: Sequence[Mapping[str, HParamValue]], metrics: Mapping[str, str]
+    sessions: Sequence[Mapping[str, HParamValue]],
+    metrics: Mapping[str, str],
+    *,
+    columns: Sequence[str] | None = None,
+    display_names: Mapping[str, str] | None = None,
 ) -> summary_pb2.Summary.Value:
-    """The hparams plugin's experiment: one column per hparam of ``sessions`` (strings and
-    booleans with their observed values as a discrete domain) and one per metric tag
-    (``metrics``: tag -> display name)."""
+    """The hparams plugin's experiment: one column per hparam (strings and booleans with
+    their observed values as a discrete domain) and one per metric tag (``metrics``: tag ->
+    display name, in column order).
+
+    TensorBoard 2.21 lists the hparams of the experiment by ``differs`` (marked first), then
+    by name, and its HParams view shows the first five as columns (the rest unticked);
+    hparams a session has but the experiment does not list are not shown at all.
+
+    Args:
+        sessions: the hparams of each session.
+        metrics: metric tag -> display name.
+        columns: the hparams to list, each marked ``differs`` (so all are shown where there
+            are at most five); ``None``: every hparam of ``sessions``, marked ``differs``
+            where its value differs between sessions.
+        display_names: hparam -> the name the view shows (default: the hparam's name).
+
+    Returns:
+        The summary value that carries the experiment (for the root run).
+    """
     infos = []
     names = list(dict.fromkeys(name for session in sessions for name in session))
-    for name in names:
+    for name in names if columns is None else columns:
         values = list(dict.fromkeys(s[name] for s in sessions if name in s))
         if all(isinstance(v, bool) for v in values):
             kind = api_pb2.DATA_TYPE_BOOL
@@ -121,15 +141,20 @@ def hparams_experiment(
         else:
             kind = api_pb2.DATA_TYPE_STRING
             values = sorted({str(v) for v in values})
-        info = api_pb2.HParamInfo(name=name, type=kind)
+        info = api_pb2.HParamInfo(
+            name=name,
+            display_name=(display_names or {}).get(name, ""),
+            type=kind,
+            differs=len(values) > 1 if columns is None else True,
+        )
         if kind != api_pb2.DATA_TYPE_FLOAT64:
             info.domain_discrete.extend(values)
         infos.append(info)
     experiment = api_pb2.Experiment(
         hparam_infos=infos,
         metric_infos=[
-            api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag), display_name=shown)
-            for tag, shown in metrics.items()
+            api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag), display_name=shown_as)
+            for tag, shown_as in metrics.items()
         ],
     )
     data = plugin_data_pb2.HParamsPluginData(experiment=experiment, version=0)

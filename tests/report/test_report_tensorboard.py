@@ -1,13 +1,21 @@
 """TensorBoard output read back with TensorBoard's own loader (the plugin event multiplexer
-its server uses): one run per method with every (method, epsilon) point at its log-spaced
-step, one hparams session per release, and ``tb/`` holds exactly the rows it was last
-written from."""
+its server uses): the trade-off series holds every (method, epsilon) point at its utility
+step, one run per method with every point at its log-spaced epsilon step, one hparams
+session per point, runs ordered so that each method gets its own colour, and ``tb/`` holds
+exactly the rows it was last written from."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
+import re
+import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 import pytest
@@ -20,14 +28,25 @@ from alm_opacus.report import events
 from alm_opacus.report.draws import DrawRecord
 from alm_opacus.report.plots import write_plots
 from alm_opacus.report.results import ResultRow
+from alm_opacus.report.series import NO_LEAK, Point, Stat, points
 from alm_opacus.report.tensorboard import (
+    HPARAM_COLUMNS,
+    NO_LEAK_RUN,
+    POLYMER_PALETTE,
     README_TAG,
+    TIME_SERIES_PALETTE,
+    TRADEOFF_EPSILON_TAG,
+    TRADEOFF_TAG,
     EpsilonAxis,
+    coloured_runs,
     dashboard_urls,
     run_label,
+    run_order,
+    tradeoff_steps,
     write_tensorboard,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
 EPSILONS = (0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0)
 METHODS = ("alm", "laplace", "dpsgd")
 #: Scalars are stored as float32: values agree with the rows to float32 rounding.
@@ -153,96 +172,6 @@ def test_baseline_is_drawn_across_the_grid(written: tuple[list[ResultRow], Path]
     assert flat == pytest.approx({step(e): unprotected for e in EPSILONS}, rel=F32)
 
 
-def test_read_me_gives_the_axis_and_the_weak_region(
-    written: tuple[list[ResultRow], Path],
-) -> None:
-    _, logdir = written
-    mux = load(logdir)
-    (event,) = mux.Tensors(".", README_TAG)
-    text = tensor_util.make_ndarray(event.tensor_proto).item().decode()
-    assert "| 300 | 100 | yes |" in text and "| 200 | 10 |  |" in text
-    assert "smoothing off" in text and "random DP: not a DP guarantee" in text
-
-
-def _hparams(mux: EventMultiplexer, run: str, tag: str) -> object:
-    content = mux.SummaryMetadata(run, tag).plugin_data.content
-    if tag == hparams_metadata.EXPERIMENT_TAG:
-        return hparams_metadata.parse_experiment_plugin_data(content)
-    return hparams_metadata.parse_session_start_info_plugin_data(content)
-
-
-def test_hparams_has_one_session_per_release(written: tuple[list[ResultRow], Path]) -> None:
-    rows, logdir = written
-    mux = load(logdir)
-    experiment = _hparams(mux, ".", hparams_metadata.EXPERIMENT_TAG)
-    columns = {info.name: info for info in experiment.hparam_infos}  # type: ignore[attr-defined]
-    assert {"method", "epsilon", "draw", "seed", "guarantee", "neighbouring", "m"} <= set(columns)
-    metrics = {m.name.tag for m in experiment.metric_infos}  # type: ignore[attr-defined]
-    assert {"hparams/test_accuracy", "hparams/mia_auc", "hparams/tpr_at_fpr_0.01"} <= metrics
-    sessions = [r for r in mux.Runs() if r.startswith("hparams/")]
-    assert len(sessions) == len(draws_of(rows))  # one per release
-    for d in draws_of(rows):
-        name = f"hparams/{d.method}/eps={d.epsilon:g}/seed={d.seed}/draw={d.draw}"
-        if math.isinf(d.epsilon):
-            name = f"hparams/{d.method}/eps=inf/seed={d.seed}/draw={d.draw}"
-        hp = _hparams(mux, name, hparams_metadata.SESSION_START_INFO_TAG).hparams  # type: ignore[attr-defined]
-        assert hp["method"].string_value == d.method and hp["draw"].number_value == d.draw
-        assert ("epsilon" not in hp) if math.isinf(d.epsilon) else (  # JSON has no inf
-            hp["epsilon"].number_value == d.epsilon)  # fmt: skip
-        assert series(mux, name, "hparams/mia_auc")[0] == pytest.approx(d.mia_auc, rel=F32)
-        assert series(mux, name, "hparams/test_accuracy")[0] == pytest.approx(
-            d.test_accuracy, rel=F32)  # fmt: skip
-        # an unresolved TPR is not logged
-        assert "hparams/tpr_at_fpr_0.001" not in mux.Runs()[name]["tensors"]
-
-
-def test_cells_without_release_records_get_one_session(
-    tmp_path: Path, synthetic_rows: RowsFactory
-) -> None:
-    rows = synthetic_rows(methods=("alm",), seeds=(0,), epsilons=(1.0, 10.0))
-    mux = load(write_tensorboard(rows, tmp_path / "tb", epsilons=(1.0, 10.0)))
-    sessions = sorted(r for r in mux.Runs() if r.startswith("hparams/"))
-    assert sessions == ["hparams/alm/eps=1/seed=0/mean", "hparams/alm/eps=10/seed=0/mean",
-                        "hparams/none/eps=inf/seed=0/mean"]  # fmt: skip
-    start = _hparams(mux, sessions[0], hparams_metadata.SESSION_START_INFO_TAG)
-    assert start.hparams["draw"].number_value == -1  # type: ignore[attr-defined]
-
-
-def test_layout_has_one_chart_per_metric_on_logged_tags(
-    written: tuple[list[ResultRow], Path],
-) -> None:
-    import re
-
-    _, logdir = written
-    mux = load(logdir)
-    (event,) = mux.Tensors(".", "custom_scalars__config__")
-    layout = layout_pb2.Layout()
-    layout.ParseFromString(tensor_util.make_ndarray(event.tensor_proto).item())
-    tags = {t for run, kinds in mux.Runs().items() for t in kinds["tensors"]}
-    charts = [c for category in layout.category for c in category.chart]
-    assert "x = 100·log10(ε/0.1)" in layout.category[0].title
-    trade_off = [c.multiline.tag for c in layout.category[0].chart if c.HasField("multiline")]
-    for metric in ("test_accuracy", "utility_loss", "best/mia_auc", "best/tpr_at_fpr_0\\.01"):
-        assert [f"^{metric}$"] in [list(t) for t in trade_off], metric
-    for chart in charts:
-        if chart.HasField("multiline"):
-            for regex in chart.multiline.tag:
-                assert any(re.search(regex, t) for t in tags), (chart.title, regex)
-        else:
-            for s in chart.margin.series:
-                assert {s.value, s.lower, s.upper} <= tags, chart.title
-
-
-def test_unresolved_tpr_gets_no_chart(tmp_path: Path, synthetic_rows: RowsFactory) -> None:
-    rows = [r.replace(tpr_at_fpr_0_001=math.nan) for r in synthetic_rows(methods=("alm",))]
-    mux = load(write_tensorboard(rows, tmp_path / "tb", epsilons=EPSILONS))
-    (event,) = mux.Tensors(".", "custom_scalars__config__")
-    layout = layout_pb2.Layout()
-    layout.ParseFromString(tensor_util.make_ndarray(event.tensor_proto).item())
-    titles = [c.title for c in layout.category[0].chart]
-    assert not any("0.1% FPR" in t for t in titles) and any("1% FPR" in t for t in titles)
-
-
 def test_rewrite_holds_only_the_current_rows(tmp_path: Path, synthetic_rows: RowsFactory) -> None:
     logdir = tmp_path / "tb"
     write_tensorboard(synthetic_rows(), logdir, epsilons=EPSILONS)
@@ -309,10 +238,8 @@ def test_infeasible_cells_are_gaps_and_listed(tmp_path: Path, synthetic_rows: Ro
     (event,) = mux.Tensors(".", README_TAG)
     text = tensor_util.make_ndarray(event.tensor_proto).item().decode()
     assert "laplace at epsilon 10000, seed 0: no noise scale" in text
-    start = _hparams(
-        mux, "hparams/laplace/eps=10000/seed=0/mean", hparams_metadata.SESSION_START_INFO_TAG
-    )
-    assert start.hparams["status"].string_value == "infeasible"  # type: ignore[attr-defined]
+    assert "hparams/laplace/eps=10000" not in mux.Runs()  # no point, no session
+    assert "hparams/laplace/eps=1000" in mux.Runs()
 
 
 @pytest.mark.slow
@@ -332,32 +259,373 @@ def test_plots_are_shown_as_images(tmp_path: Path, synthetic_rows: RowsFactory) 
     assert blob == (plots / "roc_loglog.png").read_bytes()
 
 
-def test_dashboard_links_select_the_method_runs_and_colour_each(
+def with_no_leak(rows: list[ResultRow], *, shift: float = 0.12) -> list[ResultRow]:
+    """``rows`` with a no-leak reference release per seed: the baseline's rows, renamed,
+    with a lower AUC and its interval."""
+    return rows + [
+        r.replace(
+            method=NO_LEAK,
+            test_accuracy=r.test_accuracy - 0.05,
+            mia_auc=r.mia_auc - shift,
+            mia_auc_ci_low=r.mia_auc_ci_low - shift,
+            mia_auc_ci_high=r.mia_auc_ci_high - shift,
+        )
+        for r in rows
+        if r.method == "none"
+    ]
+
+
+def per_mille(point: Point) -> int:
+    return round(point.test_accuracy.mean * 1000)
+
+
+def read_me_text(mux: EventMultiplexer) -> str:
+    (event,) = mux.Tensors(".", README_TAG)
+    return str(tensor_util.make_ndarray(event.tensor_proto).item().decode())
+
+
+def test_tradeoff_series_holds_every_point_at_its_utility_step(
     written: tuple[list[ResultRow], Path],
 ) -> None:
-    """The links' filters are JavaScript regexes; these patterns mean the same in Python's
-    ``re`` (anchors, groups, a negative look-ahead). TensorBoard gives each colour group of
-    ``runColorGroup`` one colour and runs that match no group none of the palette."""
-    import re
-    from urllib.parse import parse_qs, urlsplit
+    """The trade-off chart: for every (method, epsilon) of the rows, the strongest attack's
+    AUC (the same numbers as the table: ``series.points``) at step round(accuracy x 1000),
+    in the method's run, and nothing else in that series."""
+    rows, logdir = written
+    mux = load(logdir)
+    found = points(rows)
+    assert len(found) == 1 + len(METHODS) * len(EPSILONS)
+    for method in ("none", *METHODS):
+        mine = [p for p in found if p.method == method]
+        auc = series(mux, label_of(rows, method), TRADEOFF_TAG)
+        assert auc == pytest.approx({per_mille(p): p.mia_auc.mean for p in mine}, rel=F32)
+        if method == "none":  # no guarantee, no ε′
+            assert TRADEOFF_EPSILON_TAG not in mux.Runs()[label_of(rows, method)]["tensors"]
+        else:
+            log_eps = series(mux, label_of(rows, method), TRADEOFF_EPSILON_TAG)
+            expected = {per_mille(p): math.log10(p.epsilon_common) for p in mine}
+            assert log_eps == pytest.approx(expected, rel=F32)
+        low = series(mux, label_of(rows, method), f"{TRADEOFF_TAG}/low")
+        assert low == pytest.approx({per_mille(p): p.mia_auc.low for p in mine}, rel=F32)
+    # the steps are the accuracies: 0.1 + 0.8 * level (+ a code) for the methods, 0.925 for none
+    assert sorted(series(mux, "alm [random-dp]", TRADEOFF_TAG)) == [101, 261, 421, 581, 741, 901]
+    assert list(series(mux, "none [none]", TRADEOFF_TAG)) == [925]
+    tagged = {r for r, kinds in mux.Runs().items() if TRADEOFF_TAG in kinds["tensors"]}
+    assert tagged == {label_of(rows, m) for m in ("none", *METHODS)}  # one run per method
 
+
+def test_tradeoff_steps_keep_every_epsilon_of_one_utility() -> None:
+    """Two epsilons of a method at one per-mille step: the larger goes to the next free
+    step, so both stay on the chart; other methods keep their own steps."""
+
+    def point(method: str, epsilon: float, accuracy: float) -> Point:
+        s = Stat(accuracy, accuracy, accuracy, "")
+        return Point(
+            method,
+            "pure-dp",
+            "replace-one",
+            epsilon,
+            epsilon,
+            0.0,
+            0.0,
+            (0,),
+            s,
+            s,
+            s,
+            s,
+            s,
+            s,
+            0.0,
+            math.nan,
+            0.0,
+            0.0,
+        )
+
+    found = [
+        point("a", 100.0, 0.9201),
+        point("a", 10.0, 0.9204),
+        point("a", 1000.0, 0.92),
+        point("a", 1.0, 0.921),
+        point("b", 10.0, 0.92),
+        point("a", 0.1, math.nan),
+    ]
+    steps = {(t.method, t.epsilon): (t.step, t.wanted) for t in tradeoff_steps(found)}
+    assert steps == {
+        ("a", 1.0): (921, 921),
+        ("a", 10.0): (920, 920),
+        ("a", 100.0): (922, 920),
+        ("a", 1000.0): (923, 920),
+        ("b", 10.0): (920, 920),
+    }
+
+
+def test_a_shared_utility_step_is_read_back_and_listed(
+    tmp_path: Path, synthetic_rows: RowsFactory
+) -> None:
+    rows = synthetic_rows(methods=("alm",), seeds=(0,), epsilons=(1.0, 10.0, 100.0))
+    top = next(r for r in rows if r.method == "alm" and r.epsilon == 100.0).test_accuracy
+    rows = [r.replace(test_accuracy=top) if r.epsilon == 10.0 else r for r in rows]
+    mux = load(write_tensorboard(rows, tmp_path / "tb", epsilons=(1.0, 10.0, 100.0)))
+    k = round(top * 1000)
+    auc = series(mux, "alm [random-dp]", TRADEOFF_TAG)
+    best = {
+        e: max(r.mia_auc for r in rows if (r.method, r.epsilon) == ("alm", e))
+        for e in (10.0, 100.0)
+    }
+    assert auc[k] == pytest.approx(best[10.0], rel=F32)
+    assert auc[k + 1] == pytest.approx(best[100.0], rel=F32)
+    assert len(auc) == 3
+    assert f"alm at ε = 100: step {k + 1} (accuracy ×1000 rounds to {k})" in read_me_text(mux)
+
+
+def test_no_leak_reference_is_a_flat_run_never_a_method(
+    tmp_path: Path, synthetic_rows: RowsFactory
+) -> None:
+    rows = with_no_leak(synthetic_rows(methods=("alm", "dpsgd"), seeds=(0, 1)))
+    mux = load(write_tensorboard(rows, tmp_path / "tb", epsilons=EPSILONS, draws=draws_of(rows)))
+    reference = [r for r in rows if r.method == NO_LEAK]
+    auc = np.mean([max(r.mia_auc for r in reference if r.seed == s) for s in (0, 1)])
+    steps = [per_mille(p) for p in points(rows)]
+    flat = series(mux, NO_LEAK_RUN, TRADEOFF_TAG)
+    assert flat == pytest.approx({min(steps): auc, max(steps): auc}, rel=F32)
+    assert series(mux, NO_LEAK_RUN, "best/mia_auc") == pytest.approx(
+        {step(e): auc for e in EPSILONS}, rel=F32
+    )
+    tags = set(mux.Runs()[NO_LEAK_RUN]["tensors"])
+    assert not any(t.startswith(("grid/", "attack/", "noise")) for t in tags)  # no guarantee
+    assert TRADEOFF_EPSILON_TAG not in tags
+    assert not any(NO_LEAK in r for r in mux.Runs() if r.startswith("hparams/"))
+    text = read_me_text(mux)
+    assert f"`{NO_LEAK_RUN}` is flat across the utility range" in text
+    assert f"({auc:.3f}, 95% interval" in text and "| no-leak |" not in text
+
+
+def test_read_me_flags_weak_per_method_on_replace_one(
+    written: tuple[list[ResultRow], Path],
+) -> None:
+    """DP-SGD's epsilon = 10 is replace-one 20 with delta' = (1 + e^10) 1e-5 = 0.22: weak;
+    ALM's epsilon = 10 is not. Each row gives the step, the asked and the replace-one
+    guarantee."""
+    _, logdir = written
+    text = read_me_text(load(logdir))
+    assert "| 200 | 10 | dpsgd | 20 | 0.22 | **weak** |" in text
+    assert "| 200 | 10 | alm | 10 | 1e-05 |  |" in text
+    assert "| 100 | 1 | dpsgd | 2 | 3.7e-05 |  |" in text
+    assert "| 300 | 100 | dpsgd | 200 | ≥ 1 (proves nothing) | **weak** |" in text
+    assert "x = 100·log10(ε/0.1)" in text and "smoothing off" in text
+    assert "random DP: not a DP guarantee" in text
+
+
+def test_read_me_weak_line_uses_the_member_count(
+    tmp_path: Path, synthetic_rows: RowsFactory
+) -> None:
+    rows = synthetic_rows(methods=("dpsgd",), seeds=(0,), epsilons=(1.0, 3.0))
+    # delta' = (1 + e^3) 1e-5 = 2.1e-4: weak under 1/n for n = 10_000, not for n = 150
+    for members, mark in ((150, ""), (10_000, "**weak**")):
+        mux = load(
+            write_tensorboard(rows, tmp_path / str(members), epsilons=(1.0, 3.0), members=members)
+        )
+        assert f"| 48 | 3 | dpsgd | 6 | 0.00021 | {mark} |" in read_me_text(mux)
+        weak = series(mux, "dpsgd [approx-dp, add-remove]", "grid/weak_guarantee")
+        assert weak == {0: 0.0, 48: float(bool(mark))}
+
+
+def _hparams(mux: EventMultiplexer, run: str, tag: str) -> object:
+    content = mux.SummaryMetadata(run, tag).plugin_data.content
+    if tag == hparams_metadata.EXPERIMENT_TAG:
+        return hparams_metadata.parse_experiment_plugin_data(content)
+    return hparams_metadata.parse_session_start_info_plugin_data(content)
+
+
+def test_hparams_has_one_session_per_point_with_method_shown(
+    written: tuple[list[ResultRow], Path],
+) -> None:
+    rows, logdir = written
+    mux = load(logdir)
+    experiment = _hparams(mux, ".", hparams_metadata.EXPERIMENT_TAG)
+    infos = list(experiment.hparam_infos)  # type: ignore[attr-defined]
+    assert [i.name for i in infos] == list(HPARAM_COLUMNS) and all(i.differs for i in infos)
+    # TensorBoard 2.21 sorts by (not differs, name) and shows the first five
+    shown = sorted(infos, key=lambda i: (not i.differs, i.name))[:5]
+    assert "method" in [i.name for i in shown]
+    assert {i.name: i.display_name for i in infos}["epsilon_replace_one"] == "ε′ (replace-one)"
+    metrics = [m.name.tag for m in experiment.metric_infos]  # type: ignore[attr-defined]
+    assert metrics[:2] == ["hparams/mia_auc", "hparams/test_accuracy"]  # colours by the first
+    sessions = sorted(r for r in mux.Runs() if r.startswith("hparams/"))
+    found = points(rows)
+    assert len(sessions) == len(found) == 19  # one per table line, not one per release
+    for p in found:
+        name = f"hparams/{p.method}/eps={p.epsilon:g}"
+        start = _hparams(mux, name, hparams_metadata.SESSION_START_INFO_TAG)
+        hp = start.hparams  # type: ignore[attr-defined]
+        assert hp["method"].string_value == p.method and hp["m"].number_value == 16
+        assert hp["releases"].number_value == 4  # two seeds x two draws
+        if math.isinf(p.epsilon):  # JSON has no inf, and no guarantee is neither weak nor not
+            assert "epsilon" not in hp and "weak_guarantee" not in hp
+        else:
+            assert hp["epsilon_replace_one"].number_value == pytest.approx(p.epsilon_common)
+            assert hp["weak_guarantee"].bool_value == p.weak
+        assert series(mux, name, "hparams/mia_auc")[0] == pytest.approx(p.mia_auc.mean, rel=F32)
+        assert series(mux, name, "hparams/test_accuracy")[0] == pytest.approx(
+            p.test_accuracy.mean, rel=F32
+        )
+
+
+def test_layout_puts_the_tradeoff_first_on_logged_tags(
+    written: tuple[list[ResultRow], Path],
+) -> None:
+    _, logdir = written
+    mux = load(logdir)
+    (event,) = mux.Tensors(".", "custom_scalars__config__")
+    layout = layout_pb2.Layout()
+    layout.ParseFromString(tensor_util.make_ndarray(event.tensor_proto).item())
+    tags = {t for run, kinds in mux.Runs().items() for t in kinds["tensors"]}
+    first = layout.category[0].chart[0]
+    assert [t for t in first.multiline.tag if re.search(t, TRADEOFF_TAG)] == list(
+        first.multiline.tag
+    )
+    assert "test accuracy ×1000" in first.title and "AUC of the strongest attack" in first.title
+    assert "x = 100·log10(ε/0.1)" in layout.category[1].title
+    by_epsilon = [
+        list(c.multiline.tag) for c in layout.category[1].chart if c.HasField("multiline")
+    ]
+    for metric in ("test_accuracy", "utility_loss", "best/mia_auc", "best/tpr_at_fpr_0\\.01"):
+        assert [f"^{metric}$"] in by_epsilon, metric
+    assert [r"^grid/log10_epsilon$", r"^grid/log10_epsilon_replace_one$"] in by_epsilon
+    for chart in (c for category in layout.category for c in category.chart):
+        if chart.HasField("multiline"):
+            for regex in chart.multiline.tag:
+                assert any(re.search(regex, t) for t in tags), (chart.title, regex)
+        else:
+            for s in chart.margin.series:
+                assert {s.value, s.lower, s.upper} <= tags, chart.title
+
+
+def test_epsilon_is_charted_as_log10(written: tuple[list[ResultRow], Path]) -> None:
+    _, logdir = written
+    mux = load(logdir)
+    shown = series(mux, "dpsgd [approx-dp, add-remove]", "grid/log10_epsilon_replace_one")
+    assert shown == pytest.approx({step(e): math.log10(2 * e) for e in EPSILONS}, rel=F32)
+
+
+def listing(mux: EventMultiplexer) -> list[str]:
+    """The runs in the order TensorBoard 2.21 lists them (``core_plugin._serve_runs``: by
+    start time, the first event's wall time, then by name), which sets their colours."""
+    return sorted(mux.Runs(), key=lambda r: (mux.FirstEventTimestamp(r), r))
+
+
+def test_every_method_gets_its_own_colour_in_both_views(
+    tmp_path: Path, synthetic_rows: RowsFactory
+) -> None:
+    """Custom Scalars colours the run at list position i with POLYMER_PALETTE[i % 7]; Time
+    Series gives each colour group of the link's ``runColorGroup`` the next colour. Before
+    this ordering ``alm`` and ``none`` shared a blue."""
+    rows = with_no_leak(synthetic_rows())
+    mux = load(write_tensorboard(rows, tmp_path / "tb", epsilons=EPSILONS, draws=draws_of(rows)))
+    listed = listing(mux)
+    polymer = {run: POLYMER_PALETTE[k % 7] for k, run in enumerate(listed)}
+    coloured = coloured_runs(rows)
+    assert coloured == [
+        "alm [random-dp]",
+        "laplace [pure-dp]",
+        "dpsgd [approx-dp, add-remove]",
+        "none [none]",
+        NO_LEAK_RUN,
+    ]
+    assert [polymer[r] for r in coloured] == ["#ff7043", "#0077bb", "#009988", "#ee3377", "#bbbbbb"]
+    query = parse_qs(urlsplit(dashboard_urls()["time series"]).query)
+    group = re.compile(query["runColorGroup"][0].removeprefix("regex:"))
+    groups = list(dict.fromkeys(m.group(1) for r in listed if (m := group.search(r))))
+    assert sorted(groups) == sorted(coloured)  # the sessions and the root take no colour
+    series_colours = [TIME_SERIES_PALETTE[groups.index(r) % 7] for r in coloured]
+    assert len(set(series_colours)) == len(coloured)
+
+
+def test_run_order_falls_back_when_slots_run_out(synthetic_rows: RowsFactory) -> None:
+    rows = synthetic_rows(methods=("alm",), seeds=(0,), epsilons=(1.0, 10.0))
+    many = rows + [r.replace(method=f"m{k}") for k in range(6) for r in rows if r.method == "alm"]
+    coloured = coloured_runs(many)
+    assert len(coloured) == 8  # seven methods and none: in order, colours repeat after 7
+    assert run_order(many, ["."]) == [*coloured, "."]
+    # one method, the baseline and the reference need slots 0, 4 and 6: gaps to fill
+    few = with_no_leak(rows)
+    assert run_order(few, [".", "s1", "s2", "s3", "s4"]) == [
+        "alm [random-dp]",
+        ".",
+        "s1",
+        "s2",
+        "none [none]",
+        "s3",
+        NO_LEAK_RUN,
+        "s4",
+    ]
+    assert run_order(few, [".", "s1"]) == [*coloured_runs(few), ".", "s1"]  # too few to fill
+
+
+def test_dashboard_links_show_the_tradeoff_first(written: tuple[list[ResultRow], Path]) -> None:
+    """The links' filters are JavaScript regexes; these patterns mean the same in Python's
+    ``re`` (anchors, groups, a negative look-ahead, escaped metacharacters)."""
     rows, logdir = written
     mux = load(logdir)
     runs = list(mux.Runs())
     links = dashboard_urls("http://host:6006")
     query = parse_qs(urlsplit(links["time series"]).query)
     assert query["smoothing"] == ["0"]
+    assert json.loads(query["pinnedCards"][0]) == [{"plugin": "scalars", "tag": TRADEOFF_TAG}]
     shown = [r for r in runs if re.search(query["runFilter"][0], r)]
     assert sorted(shown) == sorted(label_of(rows, m) for m in ("none", *METHODS))
     tags = {t for r in shown for t in mux.Runs()[r]["tensors"]}
-    key = {t for t in tags if re.search(query["tagFilter"][0], t)}
-    assert {"utility_loss", "test_accuracy", "best/mia_auc", "best/tpr_at_fpr_0.01"} <= key
-    assert not any(t.startswith(("attack/", "grid/")) for t in key)
-    group = re.compile(query["runColorGroup"][0].removeprefix("regex:"))
-    groups = {r: group.match(r) for r in runs}
-    assert {m.group(1) for r, m in groups.items() if m} == set(shown)  # one colour each
-    assert all(groups[r] is None for r in runs if r.startswith("hparams/") or r == ".")
+    key = sorted(t for t in tags if re.search(query["tagFilter"][0], t))
+    assert key == [TRADEOFF_TAG, TRADEOFF_EPSILON_TAG]  # listed by name: the AUC first
     fragment = parse_qs(urlsplit(links["custom scalars"]).fragment.split("&", 1)[1])
     assert fragment == {"_smoothingWeight": ["0"], "regexInput": [query["runFilter"][0]]}
     root = parse_qs(urlsplit(links["read me"]).fragment.split("&", 1)[1])["regexInput"][0]
     assert [r for r in runs if re.search(root, r)] == ["."]
+
+
+def _render_script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "render_tensorboard", ROOT / "scripts" / "render_tensorboard.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_render_script_serves_the_folder_on_loopback(
+    tmp_path: Path, synthetic_rows: RowsFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The screenshot script's server: TensorBoard on 127.0.0.1 at a free port lists every
+    run in the written order (so the colours are as designed) and serves the layout with
+    the trade-off first; it is stopped afterwards. Then, where Chromium is installed, one
+    screenshot of the printed Custom Scalars link, once TensorBoard has drawn it."""
+    from urllib.request import urlopen
+
+    script = _render_script(monkeypatch)
+    rows = with_no_leak(synthetic_rows(methods=("alm", "dpsgd"), seeds=(0,)))
+    logdir = write_tensorboard(rows, tmp_path / "run" / "tb", epsilons=EPSILONS)
+    expected = script.expected_runs(logdir)
+    assert "." in expected and NO_LEAK_RUN in expected and len(expected) == 5 + 13
+    with script.serving(logdir, deadline_s=120) as (base, listed):
+        assert base.startswith("http://127.0.0.1:")
+        assert listed == listing(load(logdir))
+        assert [listed.index(r) for r in coloured_runs(rows)] == [0, 1, 4, 6]
+        with urlopen(f"{base}/data/plugin/custom_scalars/layout", timeout=10) as response:
+            layout = json.load(response)
+        first = layout["category"][0]["chart"][0]
+        assert first["title"].startswith("AUC of the strongest attack (y) vs test accuracy")
+        if shutil.which("chromium") is not None:
+            url = dashboard_urls(base)["custom scalars"]
+            with script.Browser(tmp_path / "profile") as browser:
+                shot = script.screenshot(browser, url, tmp_path / "cs.png", width=1200, height=820)
+            from PIL import Image
+
+            with Image.open(shot) as image:
+                assert image.size == (1200, 820)
+                pixels = np.asarray(image.convert("RGB"), dtype=int).reshape(-1, 3)
+            # alm's line, markers and checkbox are drawn in its palette colour, #ff7043
+            assert (np.abs(pixels - [0xFF, 0x70, 0x43]).sum(axis=1) < 24).sum() > 50
+    with pytest.raises(OSError):
+        urlopen(f"{base}/data/runs", timeout=2)  # stopped
