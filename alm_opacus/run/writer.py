@@ -212,7 +212,7 @@ class RunWriter:
         """Rewrite ``tb/`` from all rows (built aside, then swapped in): it always holds
         exactly this run's rows, resumed ones included."""
         write_tensorboard(self.rows, self.out / "tb", epsilons=self.settings["epsilons"],
-                          hparams=self.hparams, draws=self.draws,
+                          hparams=self.hparams, draws=self.draws, members=self.facts.members,
                           images=self.out / "plots" if images else None)  # fmt: skip
         self._board_written = time.monotonic()
 
