@@ -121,21 +121,6 @@ def help_cost(repeats: int = 3) -> dict[str, Any]:
             "ratio": helped / torch_import, "target_seconds": 2.0}  # fmt: skip
 
 
-def export_cost(run: Path, repeats: int = 3) -> dict[str, Any]:
-    """Wall time of ``compare.py export RUN DEST`` in a fresh process (the fastest of
-    ``repeats``, each into a new folder), for a finished run folder ``run`` (issue 35: <= 2 s
-    for the default run; it must not import torch)."""
-    times = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(repeats):
-            dest = Path(tmp) / f"shared-{i}"
-            cmd = [sys.executable, str(ROOT / "scripts" / "compare.py"), "export"]
-            t0 = time.perf_counter()
-            subprocess.run([*cmd, str(run), str(dest)], check=True, capture_output=True)
-            times.append(time.perf_counter() - t0)
-    return {"export_seconds": min(times), "target_seconds": 2.0}
-
-
 def attack_cost(work: Path) -> dict[str, Any]:
     """All attacks on one release of the unprotected head, once prepared."""
     data = prepare(RunConfig(out=str(work / "attack"), cache_dir=str(work / "full" / "cache"),
