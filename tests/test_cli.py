@@ -60,13 +60,14 @@ def test_lazy_names_resolve_to_their_modules() -> None:
 
 def test_catalogue_names_what_the_registries_hold() -> None:
     from alm_opacus.data import available_datasets
-    from alm_opacus.methods import available_methods, default_methods
+    from alm_opacus.methods import available_methods, default_methods, reference_methods
     from alm_opacus.run.harness import load_plugins
 
     load_plugins()
     assert list(catalogue.METHODS) == available_methods()
+    assert list(catalogue.REFERENCE_METHODS) == reference_methods()
     assert list(catalogue.OPT_IN_METHODS) == sorted(
-        set(available_methods()) - set(default_methods())
+        set(available_methods()) - set(default_methods()) - set(reference_methods())
     )
     assert set(catalogue.DATASETS) <= set(available_datasets())
 

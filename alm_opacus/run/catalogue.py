@@ -17,14 +17,17 @@ __all__ = [
     "METHODS",
     "OPT_IN_METHODS",
     "PRIVATE_DIR",
+    "REFERENCE_METHODS",
 ]
 
 #: The methods this package and ``baselines`` register (``available_methods()``), sorted.
 METHODS: tuple[str, ...] = (
     "alm", "dperm", "dpsgd", "dpsgd-alm", "dpsgd-full", "dpsgd-laplace", "gaussian",
-    "gaussian-classic", "laplace", "lu", "none",
+    "gaussian-classic", "laplace", "lu", "no-leak", "none",
 )  # fmt: skip
-#: The methods ``all`` leaves out (``Method.in_all`` false).
+#: The reference releases every run that attacks adds (``Method.reference``).
+REFERENCE_METHODS: tuple[str, ...] = ("no-leak",)
+#: The methods ``all`` leaves out (``Method.in_all`` false), references aside.
 OPT_IN_METHODS: tuple[str, ...] = ("dpsgd-full",)
 #: The datasets this package registers (``available_datasets()``).
 DATASETS: tuple[str, ...] = ("digits", "mnist", "cifar10", "cifar100", "stl10")

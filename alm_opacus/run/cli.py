@@ -26,6 +26,7 @@ from alm_opacus.run.catalogue import (
     METHODS,
     OPT_IN_METHODS,
     PRIVATE_DIR,
+    REFERENCE_METHODS,
 )
 
 if TYPE_CHECKING:
@@ -144,9 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
     privacy.add_argument(
         "--methods",
         default="none",
-        help=f"comma list of {', '.join(METHODS)} (or a plugin's), or 'all' for every method"
+        help=f"comma list of {', '.join(m for m in METHODS if m not in REFERENCE_METHODS)} "
+        "(or a plugin's), or 'all' for every method"
         + (f" but the opt-in {', '.join(opt_in)} (e.g. all,{opt_in[0]})" if opt_in else "")
-        + "; the unprotected baseline none always runs",
+        + "; the unprotected baseline none always runs, and so does the no-leak reference (the "
+        "same recipe on public rows only: what the attacks read when nothing leaks) whenever "
+        "attacks run",
     )
     privacy.add_argument(
         "--epsilons",
