@@ -158,7 +158,8 @@ def test_two_nodes_give_the_in_process_table(  # type: ignore[no-untyped-def]
         result = harness.run(config, executor=executor)
         listening = _listening(set(list_ray_processes()) | {os.getpid()})
     _same_tables(in_process_small, tmp_path / "run" / "results.csv")
-    assert {r.method for r in result.rows} == {"none", "alm", "laplace", "dperm", "dpsgd"}
+    expected = {"none", "alm", "laplace", "dperm", "dpsgd", "no-leak"}  # and the reference
+    assert {r.method for r in result.rows} == expected
     assert all(math.isfinite(r.utility_loss) for r in result.rows)  # filled by the driver
     # every Ray endpoint (GCS, raylets, object managers, workers, this driver) on loopback
     assert listening and all(addr.startswith(LOOPBACK) for _, addr in listening), listening
