@@ -460,7 +460,7 @@ class NoProtection(Method[NoOptions, Any]):
 
 
 @register_method("no-leak")
-class NoLeakReference(Method[NoOptions, Any]):
+class NoLeakReference(NoProtection):
     """The no-leak reference: the unprotected recipe trained on as many public rows as there
     are members, so the release never saw a member or a non-member.
 
@@ -472,7 +472,7 @@ class NoLeakReference(Method[NoOptions, Any]):
     """
 
     name = "no-leak"
-    post_training = True
+    baseline = False
     reference = True
     in_all = False
 
@@ -485,35 +485,20 @@ class NoLeakReference(Method[NoOptions, Any]):
         # the seed picks which public rows: a fresh draw of a data set like the members'
         generator = torch.Generator().manual_seed(derive_seed("no-leak", seed))
         rows = torch.randperm(public, generator=generator)[: min(len(features), public)]
-        return train_head(
-            context.public_features[rows].to(context.device),
-            context.public_labels[rows].to(context.device),
-            num_classes=context.num_classes,
-            config=context.head,
+        return super().prepare(
+            features=context.public_features[rows],
+            labels=context.public_labels[rows],
             seed=seed,
+            context=context,
         )
 
-    def release(
-        self,
-        prepared: Any,
-        *,
-        features: Tensor,
-        labels: Tensor,
-        epsilon: float,
-        delta: float,
-        seed: int,
-        draw: int,
-        context: MethodContext,
-    ) -> Release:
-        head = prepared
+    def release(self, prepared: Any, **kwargs: Any) -> Release:
         statement = dataclasses.replace(
             PrivacyStatement.unprotected(),
-            notes=("reference, not a protection: trained on public rows only, it never saw "
-                   "the members; its attack figures are the no-leak floor",),
-        )  # fmt: skip
-        return Release(
-            method=self.name,
-            statement=statement,
-            predict_proba=lambda x: head.predict_proba(x.to(context.device)).float().cpu(),
-            module=head,
+            notes=(
+                "reference, not a protection: trained on public rows only, it never saw the "
+                "members; its attack figures are the no-leak floor",
+            ),
         )
+        unprotected = super().release(prepared, **kwargs)
+        return dataclasses.replace(unprotected, statement=statement, baseline=False)
