@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import importlib.util
@@ -92,7 +93,9 @@ def _byte_dtype() -> Any:
 
 def source_digest(paths: Iterable[Path], *, root: Path) -> str:
     """SHA-256 of files and folders (every ``*.py`` below a folder), by their path relative to
-    ``root`` and their bytes: it changes whenever one of them does.
+    ``root`` and their content: a Python file by its syntax tree (:func:`_python_content`),
+    any other file by its bytes. It changes whenever what the code does may change, and not
+    when only comments or layout do (a reformatting cannot change a measured number).
 
     Raises:
         FileNotFoundError: naming a path that does not exist.
@@ -108,8 +111,22 @@ def source_digest(paths: Iterable[Path], *, root: Path) -> str:
         for file in files:
             name = file.resolve().relative_to(root.resolve()).as_posix().encode()
             data = file.read_bytes()
+            if file.suffix == ".py":
+                data = _python_content(data)
             h.update(b"%d:%s%d:" % (len(name), name, len(data)) + data)
     return h.hexdigest()
+
+
+def _python_content(source: bytes) -> bytes:
+    """What a Python file computes, without comments and layout: its syntax tree as
+    :func:`ast.dump` prints it (no line numbers; docstrings and every name kept). A file
+    that does not parse counts by its bytes. The dump's format follows the interpreter's
+    ``ast`` module, so a digest holds for one Python minor version."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return source
+    return ast.dump(tree).encode()
 
 
 @functools.cache

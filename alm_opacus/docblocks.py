@@ -124,8 +124,8 @@ def relative(path: str | Path, *, root: Path = ROOT) -> str:
 def inputs_digest(
     *, script: str, args: Sequence[str], deps: Sequence[str], root: Path = ROOT
 ) -> str:
-    """Digest of what a block is generated from: the script's and the deps' bytes, and the
-    arguments.
+    """Digest of what a block is generated from: the script and the deps (Python files by
+    their syntax tree, see :func:`~alm_opacus._hashing.source_digest`), and the arguments.
 
     Raises:
         FileNotFoundError: naming a script or dep that does not exist.

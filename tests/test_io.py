@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import alm_opacus.io as io
-from alm_opacus._hashing import code_digest, content_digest
+from alm_opacus._hashing import code_digest, content_digest, source_digest
 from alm_opacus.io import StaleCacheWarning, atomic_open, atomic_torch_save, atomic_write_text
 
 
@@ -77,6 +77,29 @@ def test_code_digest_follows_the_source(tmp_path: Path, monkeypatch: pytest.Monk
     assert code_digest("pkg_for_digest") != first
     with pytest.raises(ModuleNotFoundError, match="no_such_module"):
         code_digest("no_such_module")
+
+
+def test_source_digest_ignores_layout_and_comments_but_not_code(tmp_path: Path) -> None:
+    # A reformatting cannot change what the code computes, so it must not stale a doc block
+    # or a cache; any change of a name, a value or a docstring must.
+    file = tmp_path / "mod.py"
+
+    def digest(source: str) -> str:
+        file.write_text(source)
+        return source_digest([file], root=tmp_path)
+
+    first = digest("def f(a, b):\n    return a + b  # sum\n")
+    assert digest("def f(\n    a,\n    b,\n):\n    # why\n    return (a + b)\n") == first
+    assert digest("def f(a, b):\n    return a - b\n") != first
+    assert digest("def f(a, c):\n    return a + c\n") != first
+    assert digest('def f(a, b):\n    """Sum."""\n    return a + b\n') != first
+    # Other files, and Python that does not parse, count by their bytes.
+    text = tmp_path / "constraints.txt"
+    text.write_text("torch==2.13.0\n")
+    pinned = source_digest([text], root=tmp_path)
+    text.write_text("torch==2.13.0 \n")
+    assert source_digest([text], root=tmp_path) != pinned
+    assert digest("def f(:\n") != digest("def f( :\n")
 
 
 def test_cached_recomputes_what_fails_a_check(tmp_path: Path) -> None:
