@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from alm_opacus.data import Dataset, load_dataset
+from alm_opacus.registry import Registry
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -91,3 +92,10 @@ def ray_processes() -> dict[int, str]:
 def list_ray_processes():  # type: ignore[no-untyped-def]
     """:func:`ray_processes`, for tests (``tests`` is not a package to import from)."""
     return ray_processes
+
+
+@pytest.fixture
+def isolated_registries() -> Iterator[None]:
+    """Every registration a test makes (methods, datasets, attacks, ...) vanishes after it."""
+    with Registry.isolated():
+        yield

@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 
 from alm_opacus import methods as method_registry
-from alm_opacus.attacks import registry as attack_registry
-from alm_opacus.data import registry as data_registry
-from alm_opacus.data import spec as spec_registry
+from alm_opacus.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,11 +39,8 @@ def _load(tmp_path: Path, first_line: str, name: str) -> None:
 def isolated(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     """Registrations made by the examples vanish after the test."""
     monkeypatch.setattr(method_registry, "_METHODS", dict(method_registry._METHODS))
-    monkeypatch.setattr(spec_registry, "_SPECS", dict(spec_registry._SPECS))
-    monkeypatch.setattr(data_registry, "_DATASETS", dict(data_registry._DATASETS))
-    for name in ("_ATTACKS", "_REGISTRY"):
-        if hasattr(attack_registry, name):
-            monkeypatch.setattr(attack_registry, name, dict(getattr(attack_registry, name)))
+    with Registry.isolated():
+        yield
 
 
 @pytest.mark.slow

@@ -19,7 +19,6 @@ from __future__ import annotations
 import abc
 import importlib.metadata
 import re
-import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, TypeVar
@@ -29,6 +28,7 @@ import numpy.typing as npt
 from torch import Tensor
 
 from alm_opacus.attacks.base import AttackConfig, AttackKind, BoolArray, FloatArray
+from alm_opacus.registry import Registry, load_entry_points
 
 if TYPE_CHECKING:
     from alm_opacus.attacks.context import ShadowContext
@@ -98,8 +98,7 @@ class Attack(abc.ABC):
 
 
 _A = TypeVar("_A", bound=type[Attack])
-_ATTACKS: dict[str, type[Attack]] = {}
-_plugins_loaded = False
+ATTACKS: Registry[type[Attack]] = Registry("attack", load=lambda: load_attack_plugins())
 
 
 def _check_name(name: str | AttackKind) -> str:
@@ -128,10 +127,8 @@ def register_attack(name: str | AttackKind, *, force: bool = False) -> Callable[
     def decorator(cls: _A) -> _A:
         if not (isinstance(cls, type) and issubclass(cls, Attack)):
             raise ValueError(f"register_attack({key!r}) expects an Attack subclass; got {cls!r}")
-        if key in _ATTACKS and _ATTACKS[key] is not cls and not force:
-            raise ValueError(f"attack {key!r} is already registered; pass force=True")
+        ATTACKS.add(key, cls, force=force)
         cls.name = key
-        _ATTACKS[key] = cls
         return cls
 
     return decorator
@@ -151,44 +148,30 @@ def load_attack_plugins() -> list[str]:
         AttackPluginError: naming the entry point that failed to import or that names an
             object which is neither a module nor an Attack subclass.
     """
-    global _plugins_loaded
-    if _plugins_loaded:
-        return []
-    _plugins_loaded = True  # before loading: a plugin's own imports must not recurse here
-    loaded = []
-    try:
-        for entry in importlib.metadata.entry_points(group=PLUGIN_GROUP):
-            _load_entry(entry)
-            loaded.append(entry.name)
-    except Exception:
-        _plugins_loaded = False  # a later call tries again and reports the same error
-        raise
-    return loaded
+    return load_entry_points(
+        PLUGIN_GROUP,
+        what="attack",
+        error=AttackPluginError,
+        accept=_accept_attack_class,
+        expected="a module or an Attack subclass",
+    )
 
 
-def _load_entry(entry: importlib.metadata.EntryPoint) -> None:
-    try:
-        obj = entry.load()
-    except Exception as exc:
-        raise AttackPluginError(
-            f"attack plugin {entry.name!r} ({entry.value}) failed to load: {exc}"
-        ) from exc
-    if isinstance(obj, type) and issubclass(obj, Attack):
-        if obj not in _ATTACKS.values():
-            register_attack(entry.name)(obj)
-    elif not isinstance(obj, types.ModuleType):
-        raise AttackPluginError(
-            f"attack plugin {entry.name!r} ({entry.value}) names {obj!r}: expected a module "
-            "or an Attack subclass"
-        )
+def _accept_attack_class(entry: importlib.metadata.EntryPoint, obj: object) -> bool:
+    if not (isinstance(obj, type) and issubclass(obj, Attack)):
+        return False
+    if obj not in ATTACKS.values():
+        register_attack(entry.name)(obj)
+    return True
 
 
 def available_attacks() -> list[str]:
     """Registered attack names: the built-ins in :class:`AttackKind` order, then the others
     in registration order (plugins are loaded first)."""
     load_attack_plugins()
-    builtin = [k.value for k in AttackKind if k.value in _ATTACKS]
-    return builtin + [name for name in _ATTACKS if name not in builtin]
+    names = ATTACKS.names(sort=False)
+    builtin = [k.value for k in AttackKind if k.value in names]
+    return builtin + [name for name in names if name not in builtin]
 
 
 def attack_class(name: str | AttackKind) -> type[Attack]:
@@ -198,10 +181,9 @@ def attack_class(name: str | AttackKind) -> type[Attack]:
         ValueError: naming the unknown attack and listing the registered ones.
     """
     key = name.value if isinstance(name, AttackKind) else name
-    if not (isinstance(key, str) and key in _ATTACKS):
-        load_attack_plugins()
-    if isinstance(key, str) and key in _ATTACKS:
-        return _ATTACKS[key]
+    found = ATTACKS.get(key)
+    if found is not None:
+        return found
     raise ValueError(f"attack={name!r} is unknown: expected one of {available_attacks()}")
 
 

@@ -8,13 +8,13 @@ is first asked for. Packages add datasets through the ``alm_opacus.datasets`` en
 
 from __future__ import annotations
 
-import importlib.metadata
-import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from alm_opacus.registry import Registry, load_entry_points
 
 
 class DataError(ValueError):
@@ -82,12 +82,11 @@ DatasetLoader = Callable[..., Dataset]
 #: ``resolve(name)`` registers the dataset ``name`` (``prefix:argument``) of a family, or
 #: raises a DataError naming what is wrong with the argument.
 FamilyResolver = Callable[[str], None]
-_DATASETS: dict[str, DatasetLoader] = {}
-_FAMILIES: dict[str, FamilyResolver] = {}
+DATASETS: Registry[DatasetLoader] = Registry("dataset")
+FAMILIES: Registry[FamilyResolver] = Registry("dataset family")
 #: Entry point group of dataset plugins: each names a module that registers its datasets
 #: (``register_dataset_spec``) when imported.
 PLUGIN_GROUP = "alm_opacus.datasets"
-_plugins_loaded = False
 
 
 def register_dataset(name: str, *, force: bool = False) -> Callable[[DatasetLoader], DatasetLoader]:
@@ -97,13 +96,7 @@ def register_dataset(name: str, *, force: bool = False) -> Callable[[DatasetLoad
         ValueError: if ``name`` is taken and ``force`` is false.
     """
 
-    def decorator(loader: DatasetLoader) -> DatasetLoader:
-        if name in _DATASETS and not force:
-            raise ValueError(f"dataset {name!r} is already registered; pass force=True")
-        _DATASETS[name] = loader
-        return loader
-
-    return decorator
+    return DATASETS.register(name, force=force)
 
 
 def register_dataset_family(
@@ -117,18 +110,12 @@ def register_dataset_family(
     if not prefix or ":" in prefix:
         raise ValueError(f"prefix={prefix!r} is invalid: expected a non-empty name without ':'")
 
-    def decorator(resolve: FamilyResolver) -> FamilyResolver:
-        if prefix in _FAMILIES and not force:
-            raise ValueError(f"dataset family {prefix!r} is already registered; pass force=True")
-        _FAMILIES[prefix] = resolve
-        return resolve
-
-    return decorator
+    return FAMILIES.register(prefix, force=force)
 
 
 def dataset_families() -> list[str]:
     """Sorted prefixes of the registered families (``features`` for ``features:PATH``)."""
-    return sorted(_FAMILIES)
+    return FAMILIES.names()
 
 
 def resolve_dataset(name: str) -> None:
@@ -139,9 +126,9 @@ def resolve_dataset(name: str) -> None:
         DataError: from the family, naming what is wrong with the argument.
     """
     prefix, sep, _ = str(name).partition(":")
-    if sep and prefix in _FAMILIES:
-        _FAMILIES[prefix](name)
-    elif name not in _DATASETS:
+    if sep and prefix in FAMILIES:
+        FAMILIES[prefix](name)
+    elif name not in DATASETS:
         load_dataset_plugins()
 
 
@@ -155,40 +142,25 @@ def load_dataset_plugins() -> list[str]:
     Raises:
         DataError: naming an entry point that fails to import or is not a module.
     """
-    global _plugins_loaded
-    if _plugins_loaded:
-        return []
-    _plugins_loaded = True  # before loading: a plugin's own imports must not recurse here
-    loaded = []
-    for entry in importlib.metadata.entry_points(group=PLUGIN_GROUP):
-        try:
-            obj = entry.load()
-        except Exception as exc:
-            _plugins_loaded = False  # a later call tries again and reports the same error
-            raise DataError(
-                f"dataset plugin {entry.name!r} ({entry.value}) failed to load: {exc}"
-            ) from exc
-        if not isinstance(obj, types.ModuleType):
-            _plugins_loaded = False
-            raise DataError(
-                f"dataset plugin {entry.name!r} ({entry.value}) names {obj!r}: expected a "
-                "module that registers its datasets on import"
-            )
-        loaded.append(entry.name)
-    return loaded
+    return load_entry_points(
+        PLUGIN_GROUP,
+        what="dataset",
+        error=DataError,
+        expected="a module that registers its datasets on import",
+    )
 
 
 def available_datasets() -> list[str]:
     """Sorted names of the registered datasets (plugins included); a family's members
     (``features:PATH`` once resolved) are not listed: the family is (:func:`dataset_families`)."""
     load_dataset_plugins()
-    return sorted(n for n in _DATASETS if not is_family_member(n))
+    return [n for n in DATASETS.names() if not is_family_member(n)]
 
 
 def is_family_member(name: str) -> bool:
     """Whether ``name`` is ``prefix:argument`` of a registered family."""
     prefix, sep, _ = str(name).partition(":")
-    return bool(sep) and prefix in _FAMILIES
+    return bool(sep) and prefix in FAMILIES
 
 
 def load_dataset(name: str, *, root: str | Path | None = None) -> Dataset:
@@ -198,11 +170,11 @@ def load_dataset(name: str, *, root: str | Path | None = None) -> Dataset:
         DataError: for an unknown name, or missing or corrupt files.
     """
     resolve_dataset(name)
-    if name not in _DATASETS:
+    if name not in DATASETS:
         families = "".join(f", or {p}:..." for p in dataset_families())
         known = ", ".join(available_datasets())
         raise DataError(f"unknown dataset {name!r}: expected one of {known}{families}")
-    return _DATASETS[name](root=None if root is None else Path(root))
+    return DATASETS[name](root=None if root is None else Path(root))
 
 
 def to_float(images: np.ndarray) -> np.ndarray:

@@ -26,9 +26,10 @@ from alm_opacus.data.registry import (
 )
 from alm_opacus.data.split import SplitSizes
 from alm_opacus.heads import HeadConfig
+from alm_opacus.registry import Registry
 from alm_opacus.ssl.config import SSLConfig
 
-_SPECS: dict[str, DatasetSpec] = {}
+SPECS: Registry[DatasetSpec] = Registry("dataset spec")
 
 #: The grid every dataset starts from; each spec may set its own.
 DEFAULT_EPSILON_GRID: tuple[float, ...] = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
@@ -158,10 +159,10 @@ def register_dataset_spec(spec: DatasetSpec, *, force: bool = False) -> DatasetS
                 f"DatasetSpec {spec.name!r}: unknown {part} {value!r} in its SSLConfig: "
                 f"expected one of {', '.join(known)}"
             )
-    if spec.name in _SPECS and not force:
+    if SPECS.get(spec.name) not in (None, spec) and not force:
         raise ValueError(f"dataset spec {spec.name!r} is already registered; pass force=True")
     register_dataset(spec.name, force=force)(spec.loader)
-    _SPECS[spec.name] = spec
+    SPECS.add(spec.name, spec, force=True)
     return spec
 
 
@@ -173,21 +174,21 @@ def dataset_spec(name: str) -> DatasetSpec:
             family's name whose argument is bad (``features:PATH`` with a bad file).
     """
     resolve_dataset(name)
-    if name not in _SPECS:
+    if name not in SPECS:
         families = "".join(f", or {p}:..." for p in dataset_families())
         raise DataError(
             f"no DatasetSpec for dataset {name!r}: expected one of "
             f"{', '.join(available_dataset_specs())}{families} (register one with "
             "register_dataset_spec)"
         )
-    return _SPECS[name]
+    return SPECS[name]
 
 
 def available_dataset_specs() -> list[str]:
     """Sorted names of the datasets that have a spec (plugins included; not a family's
     members, e.g. a resolved ``features:PATH``)."""
     load_dataset_plugins()
-    return sorted(n for n in _SPECS if not is_family_member(n))
+    return [n for n in SPECS.names() if not is_family_member(n)]
 
 
 _SPLIT_KEYS = tuple(f.name for f in fields(SplitSizes))

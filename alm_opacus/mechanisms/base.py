@@ -10,6 +10,7 @@ import torch
 from alm_opacus._validation import check_delta, check_epsilon, check_positive, check_sensitivity
 from alm_opacus.mechanisms import analysis
 from alm_opacus.mechanisms.sampling import NoiseGenerator, Shape
+from alm_opacus.registry import Registry
 
 __all__ = [
     "AdditiveNoiseMechanism",
@@ -208,7 +209,13 @@ class PureAdditiveNoiseMechanism(AdditiveNoiseMechanism):
     def _scalar_delta(self, *, epsilon: float, scale: float, sensitivity: float) -> float: ...
 
 
-_MECHANISMS: dict[str, type[AdditiveNoiseMechanism]] = {}
+def _check_mechanism(name: str, mechanism: type[AdditiveNoiseMechanism]) -> None:
+    if not (isinstance(mechanism, type) and issubclass(mechanism, AdditiveNoiseMechanism)):
+        raise TypeError(f"mechanism={mechanism!r} is not an AdditiveNoiseMechanism subclass")
+
+
+#: Mechanism classes by name (an alias may name an existing class).
+MECHANISMS: Registry[type[AdditiveNoiseMechanism]] = Registry("mechanism", check=_check_mechanism)
 
 
 def register_mechanism(
@@ -225,13 +232,7 @@ def register_mechanism(
         ValueError: if ``name`` is empty or already registered and ``force`` is false.
         TypeError: if ``mechanism`` is not an `AdditiveNoiseMechanism` subclass.
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name={name!r} is invalid: expected a non-empty string")
-    if not (isinstance(mechanism, type) and issubclass(mechanism, AdditiveNoiseMechanism)):
-        raise TypeError(f"mechanism={mechanism!r} is not an AdditiveNoiseMechanism subclass")
-    if name in _MECHANISMS and not force:
-        raise ValueError(f"mechanism {name!r} is already registered; pass force=True")
-    _MECHANISMS[name] = mechanism
+    MECHANISMS.add(name, mechanism, force=force)
 
 
 def create_mechanism(name: str) -> AdditiveNoiseMechanism:
@@ -240,15 +241,9 @@ def create_mechanism(name: str) -> AdditiveNoiseMechanism:
     Raises:
         ValueError: if ``name`` is not registered.
     """
-    try:
-        cls = _MECHANISMS[name]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"mechanism={name!r} is unknown: expected one of {available_mechanisms()}"
-        ) from None
-    return cls()
+    return MECHANISMS[name]()
 
 
 def available_mechanisms() -> list[str]:
     """Sorted registered names, aliases included."""
-    return sorted(_MECHANISMS)
+    return MECHANISMS.names()

@@ -7,8 +7,10 @@ from collections.abc import Callable
 import kornia.augmentation as K
 from torch import nn
 
+from alm_opacus.registry import Registry
+
 AugmentationFactory = Callable[[], nn.Module]
-_AUGMENTS: dict[str, AugmentationFactory] = {}
+AUGMENTATIONS: Registry[AugmentationFactory] = Registry("augmentation")
 
 
 def register_augmentation(
@@ -20,13 +22,7 @@ def register_augmentation(
         ValueError: if ``name`` is taken and ``force`` is false.
     """
 
-    def decorator(factory: AugmentationFactory) -> AugmentationFactory:
-        if name in _AUGMENTS and not force:
-            raise ValueError(f"augmentation {name!r} is already registered; pass force=True")
-        _AUGMENTS[name] = factory
-        return factory
-
-    return decorator
+    return AUGMENTATIONS.register(name, force=force)
 
 
 def _handwritten() -> nn.Module:
@@ -58,7 +54,7 @@ register_augmentation("stl10")(lambda: _natural(96))
 
 def available_augmentations() -> list[str]:
     """Sorted names of the registered augmentations."""
-    return sorted(_AUGMENTS)
+    return AUGMENTATIONS.names()
 
 
 def create_augmentation(name: str) -> nn.Module:
@@ -67,8 +63,4 @@ def create_augmentation(name: str) -> nn.Module:
     Raises:
         ValueError: for an unknown name.
     """
-    if name not in _AUGMENTS:
-        raise ValueError(
-            f"unknown augmentation {name!r}: expected one of {', '.join(available_augmentations())}"
-        )
-    return _AUGMENTS[name]()
+    return AUGMENTATIONS[name]()

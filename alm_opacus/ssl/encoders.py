@@ -6,22 +6,17 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
+from alm_opacus.registry import Registry
+
 EncoderFactory = Callable[[int], nn.Module]
-_ENCODERS: dict[str, EncoderFactory] = {}
+ENCODERS: Registry[EncoderFactory] = Registry("encoder")
 
 
 def register_encoder(
     name: str, *, force: bool = False
 ) -> Callable[[EncoderFactory], EncoderFactory]:
     """Register ``factory(in_channels) -> nn.Module`` (with an ``out_dim`` attribute)."""
-
-    def decorator(factory: EncoderFactory) -> EncoderFactory:
-        if name in _ENCODERS and not force:
-            raise ValueError(f"encoder {name!r} is already registered; pass force=True")
-        _ENCODERS[name] = factory
-        return factory
-
-    return decorator
+    return ENCODERS.register(name, force=force)
 
 
 def create_encoder(name: str, *, in_channels: int) -> nn.Module:
@@ -30,11 +25,7 @@ def create_encoder(name: str, *, in_channels: int) -> nn.Module:
     Raises:
         ValueError: for an unknown name, listing the registered ones.
     """
-    if name not in _ENCODERS:
-        raise ValueError(
-            f"unknown encoder {name!r}: expected one of {', '.join(sorted(_ENCODERS))}"
-        )
-    return _ENCODERS[name](in_channels)
+    return ENCODERS[name](in_channels)
 
 
 def _conv_block(cin: int, cout: int, *, pool: bool) -> list[nn.Module]:
@@ -142,4 +133,4 @@ register_encoder("resnet18")(lambda c: CifarResNet18(c))
 
 def available_encoders() -> list[str]:
     """Sorted names of the registered encoders."""
-    return sorted(_ENCODERS)
+    return ENCODERS.names()

@@ -32,6 +32,7 @@ from alm_opacus.attacks import (
     register_attack,
 )
 from alm_opacus.attacks import registry as registry_module
+from alm_opacus.registry import Registry
 
 BUILTIN = [
     "shadow", "loss", "confidence", "entropy", "modified-entropy", "correctness",
@@ -58,11 +59,10 @@ class MaxProbability(Attack):
 
 
 @pytest.fixture
-def clean_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A private copy of the registry, with plugins not yet loaded."""
-    monkeypatch.setattr(registry_module, "_ATTACKS", dict(registry_module._ATTACKS))
-    monkeypatch.setattr(registry_module, "_plugins_loaded", False)
-    yield
+def clean_registry() -> Iterator[None]:
+    """The registries restored afterwards, with attack plugins not yet loaded."""
+    with Registry.isolated(reload=[registry_module.PLUGIN_GROUP]):
+        yield
 
 
 def _fake_entry_points(*entries: importlib.metadata.EntryPoint):  # type: ignore[no-untyped-def]

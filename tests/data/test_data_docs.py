@@ -7,6 +7,7 @@ import importlib.metadata
 import importlib.util
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -15,9 +16,8 @@ import pytest
 
 from alm_opacus.data import DataError, available_datasets, dataset_spec
 from alm_opacus.data import registry as data_registry
-from alm_opacus.data import spec as spec_registry
 from alm_opacus.docblocks import find_blocks
-from alm_opacus.ssl import augment, encoders
+from alm_opacus.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[2]
 DATASETS, API = ROOT / "docs" / "datasets.md", ROOT / "docs" / "api.md"
@@ -39,13 +39,10 @@ def _script(name: str) -> ModuleType:
 
 
 @pytest.fixture
-def isolated(monkeypatch: pytest.MonkeyPatch) -> None:
+def isolated() -> Iterator[None]:
     """Registrations made by the examples (and plugins loaded) vanish after the test."""
-    monkeypatch.setattr(spec_registry, "_SPECS", dict(spec_registry._SPECS))
-    monkeypatch.setattr(data_registry, "_DATASETS", dict(data_registry._DATASETS))
-    monkeypatch.setattr(encoders, "_ENCODERS", dict(encoders._ENCODERS))
-    monkeypatch.setattr(augment, "_AUGMENTS", dict(augment._AUGMENTS))
-    monkeypatch.setattr(data_registry, "_plugins_loaded", False)
+    with Registry.isolated(reload=[data_registry.PLUGIN_GROUP]):
+        yield
 
 
 def test_the_table_is_generated_from_the_specs() -> None:
@@ -98,7 +95,7 @@ def test_a_plugin_registers_through_its_entry_point_group(
     def entry_points(*, group: str) -> list[importlib.metadata.EntryPoint]:
         return [entry] if group == data_registry.PLUGIN_GROUP else []
 
-    monkeypatch.setattr(data_registry.importlib.metadata, "entry_points", entry_points)
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
     assert "four-digits" in available_datasets()  # the group is loaded on first look-up
     spec = dataset_spec("four-digits")
     assert spec.head.solver == "newton" and spec.loader(root=None).num_classes == 4
@@ -108,7 +105,7 @@ def test_a_plugin_registers_through_its_entry_point_group(
 def test_a_broken_plugin_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     entry = importlib.metadata.EntryPoint(name="broken", value="no_such_module_at_all",
                                           group=data_registry.PLUGIN_GROUP)  # fmt: skip
-    monkeypatch.setattr(data_registry.importlib.metadata, "entry_points",
+    monkeypatch.setattr(importlib.metadata, "entry_points",
                         lambda *, group: [entry])  # fmt: skip
     with pytest.raises(DataError, match=r"dataset plugin 'broken' \(no_such_module_at_all\)"):
         available_datasets()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,9 +24,8 @@ from alm_opacus.data import (
     register_dataset,
     register_dataset_spec,
 )
-from alm_opacus.data import registry as registry_module
-from alm_opacus.data import spec as spec_module
 from alm_opacus.heads import HeadConfig
+from alm_opacus.registry import Registry
 from alm_opacus.ssl import SSLConfig
 
 # The values the four per-dataset dicts held before DatasetSpec (DEFAULT_SIZES in split.py,
@@ -44,10 +44,10 @@ LEGACY = {
 
 
 @pytest.fixture
-def isolated(monkeypatch: pytest.MonkeyPatch) -> None:
+def isolated() -> Iterator[None]:
     """Registrations made by a test vanish after it."""
-    monkeypatch.setattr(spec_module, "_SPECS", dict(spec_module._SPECS))
-    monkeypatch.setattr(registry_module, "_DATASETS", dict(registry_module._DATASETS))
+    with Registry.isolated():
+        yield
 
 
 def _loader(*, root: Path | None = None) -> Dataset:
