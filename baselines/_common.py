@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from alm_opacus._hashing import derive_seed, tensor_digest
 from alm_opacus.methods import MethodContext
+from alm_opacus.plugin import derive_seed, tensor_digest
 
 __all__ = [
     "TUNING_BUDGET",

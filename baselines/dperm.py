@@ -33,8 +33,6 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from alm_opacus._validation import check_positive
-from alm_opacus.heads import Head, HeadConfig, Params, batched_logits, flat_params
 from alm_opacus.ledger import LedgerRecord, compose_records
 from alm_opacus.mechanisms.sampling import make_generator
 from alm_opacus.methods import (
@@ -46,8 +44,18 @@ from alm_opacus.methods import (
     ShadowTrainer,
     register_method,
 )
-from alm_opacus.posthoc import clean_shadow_heads, convex_config
-from alm_opacus.protect import FLOAT_NOTE, Guarantee, PrivacyStatement, SensitivityInfo
+from alm_opacus.plugin import (
+    FLOAT_NOTE,
+    Head,
+    HeadConfig,
+    Params,
+    batched_logits,
+    check_positive,
+    clean_shadow_heads,
+    convex_config,
+    flat_params,
+)
+from alm_opacus.protect import Guarantee, PrivacyStatement, SensitivityInfo
 from alm_opacus.sensitivity import analytic_sensitivity, train_convex_heads
 from baselines._common import (
     TUNING_DRAWS,

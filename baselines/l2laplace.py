@@ -15,11 +15,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from alm_opacus._validation import check_epsilon, check_positive
-from alm_opacus.heads import Params
 from alm_opacus.mechanisms import NoiseGenerator, SecureGenerator, create_mechanism
 from alm_opacus.mechanisms.exact import ReleasePlan, exact_release, plan_release
-from alm_opacus.mechanisms.sampling import standard_normal, uniform_open
+from alm_opacus.mechanisms.sampling import uniform_open
+from alm_opacus.plugin import Params, check_epsilon, check_positive, standard_normal
 
 __all__ = [
     "FLOOR_DELTA",

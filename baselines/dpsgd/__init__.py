@@ -19,7 +19,7 @@ Modules:
 
 from __future__ import annotations
 
-from alm_opacus._validation import default_delta
+from alm_opacus.plugin import default_delta
 from baselines._common import single_thread
 from baselines.dpsgd.accounting import (
     SIGMA_CACHE_FILE,

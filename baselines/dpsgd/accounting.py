@@ -24,10 +24,9 @@ from opacus.accountants import create_accountant
 from opacus.accountants.utils import get_noise_multiplier
 
 import alm_opacus  # noqa: F401  (registers the "alm_pld" accountant into Opacus)
-from alm_opacus._hashing import code_digest, content_digest
 from alm_opacus.accounting import PipelineAccountant
-from alm_opacus.io import StaleCacheWarning, atomic_write_json
 from alm_opacus.methods import InfeasibleRelease, MethodContext
+from alm_opacus.plugin import StaleCacheWarning, atomic_write_json, code_digest, content_digest
 from alm_opacus.training import noise_multiplier_for, training_mechanism
 from baselines.dpsgd.config import check_accountant, steps_per_epoch
 

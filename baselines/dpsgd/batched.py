@@ -16,9 +16,9 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from alm_opacus.heads import HeadConfig, Params, clip_features
 from alm_opacus.mechanisms import AdditiveNoiseMechanism
 from alm_opacus.methods import Predict, ShadowTrainer
+from alm_opacus.plugin import HeadConfig, Params, clip_features
 from alm_opacus.training import training_mechanism
 from alm_opacus.training.optimizer import CLIP_NORM_ORDERS
 from baselines._common import derive_seed, single_thread

@@ -6,8 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from alm_opacus._validation import check_positive
 from alm_opacus.methods import MethodOptions
+from alm_opacus.plugin import check_positive
 
 __all__ = [
     "ACCOUNTANTS",

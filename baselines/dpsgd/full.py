@@ -24,8 +24,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from alm_opacus.heads import uniform_init
-from alm_opacus.methods import AttackerFactory, InputKind, MethodContext, Predict, register_method
+from alm_opacus.methods import InputKind, MethodContext, Predict, register_method
+from alm_opacus.plugin import AttackerFactory, uniform_init
 from baselines.dpsgd.accounting import SigmaCache
 from baselines.dpsgd.config import DEFAULT_ACCOUNTANT, DPSGDConfig
 from baselines.dpsgd.loop import ALM_TRAINING, OpacusRun, TrainingBackend, fit_private

@@ -8,8 +8,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from alm_opacus._validation import check_delta, check_epsilon, check_features_labels
-from alm_opacus.heads import Head, HeadConfig, Params, clip_features, linear_init
+from alm_opacus.plugin import (
+    Head,
+    HeadConfig,
+    Params,
+    check_delta,
+    check_epsilon,
+    check_features_labels,
+    clip_features,
+    linear_init,
+)
 from baselines.dpsgd.accounting import GAUSSIAN, SigmaCache
 from baselines.dpsgd.config import DEFAULT_ACCOUNTANT, DPSGDConfig, check_accountant
 from baselines.dpsgd.loop import ALM_TRAINING, OpacusRun, TrainingBackend, fit_private

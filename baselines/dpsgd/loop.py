@@ -30,9 +30,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from alm_opacus._hashing import derive_seed
-from alm_opacus._validation import check_delta, check_epsilon
 from alm_opacus.methods import TrainingNoise
+from alm_opacus.plugin import check_delta, check_epsilon, derive_seed
 from alm_opacus.training import PrivacyEngine as ExactPrivacyEngine
 from alm_opacus.training import training_mechanism
 from baselines._common import single_thread

@@ -12,14 +12,8 @@ from typing import Any, ClassVar, cast
 
 from torch import Tensor, nn
 
-from alm_opacus.methods import (
-    AttackerFactory,
-    Method,
-    MethodContext,
-    Predict,
-    Release,
-    register_method,
-)
+from alm_opacus.methods import Method, MethodContext, Predict, Release, register_method
+from alm_opacus.plugin import AttackerFactory
 from alm_opacus.protect import Guarantee, PrivacyStatement, SensitivityInfo, SensitivitySource
 from baselines._common import (
     TUNING_DRAWS,

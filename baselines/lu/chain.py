@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from alm_opacus._validation import check_delta, check_epsilon, check_positive
+from alm_opacus.plugin import check_delta, check_epsilon, check_positive
 
 __all__ = [
     "NOISES",

@@ -29,7 +29,6 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
-from alm_opacus.heads import Params
 from alm_opacus.mechanisms import create_mechanism, make_generator
 from alm_opacus.mechanisms.exact import inflated_sensitivity
 from alm_opacus.methods import (
@@ -41,7 +40,8 @@ from alm_opacus.methods import (
     ShadowTrainer,
     register_method,
 )
-from alm_opacus.protect import FLOAT_NOTE, Guarantee, PrivacyStatement
+from alm_opacus.plugin import FLOAT_NOTE, Params
+from alm_opacus.protect import Guarantee, PrivacyStatement
 from baselines._common import (
     TUNING_DRAWS,
     PreparedData,

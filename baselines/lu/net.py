@@ -9,11 +9,16 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from alm_opacus._validation import check_features_labels, check_positive
-from alm_opacus.heads import Params, clip_features, uniform_init
 from alm_opacus.mechanisms import NoiseGenerator, create_mechanism
 from alm_opacus.mechanisms.exact import Grid, dequantize, discrete_noise, grid_for, quantize
 from alm_opacus.mechanisms.sampling import SecureGenerator, uniform_open
+from alm_opacus.plugin import (
+    Params,
+    check_features_labels,
+    check_positive,
+    clip_features,
+    uniform_init,
+)
 from baselines._common import single_thread
 from baselines.lu.chain import (
     LuBudget,

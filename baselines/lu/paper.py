@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from alm_opacus._validation import check_positive
+from alm_opacus.plugin import check_positive
 from baselines.lu.chain import (
     LuSensitivity,
     _check_count,

@@ -1,0 +1,117 @@
+"""The public API for plugins: methods, datasets and attacks written outside ``alm_opacus``.
+
+A plugin package registers through an entry point group (``alm_opacus.methods``,
+``alm_opacus.datasets``, ``alm_opacus.attacks``; see ``docs/api.md``) and imports from this
+module, or from the ``__all__`` of a public module (``alm_opacus.mechanisms``,
+``alm_opacus.training``, ``alm_opacus.protect``, ...). It never imports a private module
+(``alm_opacus._*``) or a name outside an ``__all__``: those may change without notice. The
+``baselines`` package is held to this in CI (ruff's banned-api in ``baselines/ruff.toml`` and
+``tests/test_plugin_api.py``), so it is an honest example of what a plugin can do.
+
+What is here:
+
+- the base classes and registration of each extension point (``Method``, ``Attack``,
+  ``DatasetSpec`` and their ``register_*``), and the generic :class:`Registry`;
+- the input checks the core uses, so that a plugin's errors read like the core's;
+- seeds and digests: stable seeds from labels, digests of tensors, payloads and code (cache
+  keys that change with the code that produced them);
+- the head recipe's building blocks a method that releases a head needs, the statement
+  types, and atomic writes.
+"""
+
+from __future__ import annotations
+
+from alm_opacus._hashing import code_digest, content_digest, derive_seed, tensor_digest
+from alm_opacus._validation import (
+    check_delta,
+    check_epsilon,
+    check_features_labels,
+    check_positive,
+    default_delta,
+)
+from alm_opacus.attacks import Attack, AttackConfig, register_attack
+from alm_opacus.data import DatasetSpec, register_dataset, register_dataset_spec
+from alm_opacus.heads import (
+    Head,
+    HeadConfig,
+    Params,
+    batched_logits,
+    clip_features,
+    flat_params,
+    linear_init,
+    uniform_init,
+)
+from alm_opacus.io import StaleCacheWarning, atomic_write_json
+from alm_opacus.mechanisms.sampling import standard_normal
+from alm_opacus.methods import (
+    AttackerFactory,
+    InfeasibleRelease,
+    InputKind,
+    Method,
+    MethodContext,
+    MethodOptions,
+    Predict,
+    Release,
+    ShadowTrainer,
+    TrainingNoise,
+    register_method,
+)
+from alm_opacus.posthoc import clean_shadow_heads, convex_config
+from alm_opacus.protect import (
+    FLOAT_NOTE,
+    Guarantee,
+    PrivacyStatement,
+    SensitivityInfo,
+    SensitivitySource,
+)
+from alm_opacus.registry import Registry, UnknownName, load_entry_points
+
+__all__ = [
+    "FLOAT_NOTE",
+    "Attack",
+    "AttackConfig",
+    "AttackerFactory",
+    "DatasetSpec",
+    "Guarantee",
+    "Head",
+    "HeadConfig",
+    "InfeasibleRelease",
+    "InputKind",
+    "Method",
+    "MethodContext",
+    "MethodOptions",
+    "Params",
+    "Predict",
+    "PrivacyStatement",
+    "Registry",
+    "Release",
+    "SensitivityInfo",
+    "SensitivitySource",
+    "ShadowTrainer",
+    "StaleCacheWarning",
+    "TrainingNoise",
+    "UnknownName",
+    "atomic_write_json",
+    "batched_logits",
+    "check_delta",
+    "check_epsilon",
+    "check_features_labels",
+    "check_positive",
+    "clean_shadow_heads",
+    "clip_features",
+    "code_digest",
+    "content_digest",
+    "convex_config",
+    "default_delta",
+    "derive_seed",
+    "flat_params",
+    "linear_init",
+    "load_entry_points",
+    "register_attack",
+    "register_dataset",
+    "register_dataset_spec",
+    "register_method",
+    "standard_normal",
+    "tensor_digest",
+    "uniform_init",
+]
