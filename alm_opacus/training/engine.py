@@ -35,38 +35,38 @@ What differs from ``opacus.PrivacyEngine``:
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import IO, Any, BinaryIO
 
 import torch
 from opacus import PrivacyEngine as OpacusPrivacyEngine
 from opacus.accountants import create_accountant
-from opacus.accountants.utils import get_noise_multiplier
-from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
 from opacus.grad_sample import AbstractGradSampleModule
 from opacus.optimizers import DPOptimizer
 from opacus.optimizers.utils import params
-from torch import distributed as dist
 from torch import nn, optim
-from torch.distributed._composable.fsdp import FSDPModule
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
-from alm_opacus._validation import check_delta, check_epsilon
-from alm_opacus.accounting import PipelineAccountant, find_noise_multiplier
 from alm_opacus.io import atomic_torch_save
 from alm_opacus.mechanisms.sampling import NoiseGenerator
-from alm_opacus.training.distributed import DistributedMechanismDPOptimizer, distributed_world
-from alm_opacus.training.grad_sample import BufferedGradSampleModule
-from alm_opacus.training.optimizer import (
-    MechanismDPOptimizer,
-    _check_budgets,
-    _check_max_grad_norm,
-    training_mechanism,
+from alm_opacus.training.calibration import (
+    DEFAULT_ACCOUNTANT,
+    check_epochs,
+    l1_clip,
+    noise_multiplier_for,
 )
+from alm_opacus.training.checkpoint import (
+    CheckpointMismatch,
+    TrainingRecord,
+    check_same_mechanism,
+    saved_training,
+)
+from alm_opacus.training.distributed import DistributedMechanismDPOptimizer
+from alm_opacus.training.grad_sample import BufferedGradSampleModule
+from alm_opacus.training.optimizer import MechanismDPOptimizer
+from alm_opacus.training.requests import MAKE_PRIVATE_ARGUMENTS, check_request
 from alm_opacus.training.sampler import SecureDPDataLoader
 
 __all__ = [
@@ -78,198 +78,12 @@ __all__ = [
     "noise_multiplier_for",
 ]
 
-DEFAULT_ACCOUNTANT = "alm_pld"
-_UNSUPPORTED_GRAD_SAMPLE_MODES = ("ghost", "ghost_fsdp")
-
-#: Keyword arguments of ``opacus.PrivacyEngine.make_private`` that `PrivacyEngine` passes on;
-#: any other is refused (Opacus would hand it to the optimizer, which ignores it).
-_PASSED_ON = frozenset({"batch_first", "loss_reduction", "wrap_model", "rand_on_empty"})
 
 #: The optimizer of a single-process and of a distributed (DPDDP / DDP) module.
 _OPTIMIZERS: dict[bool, type[MechanismDPOptimizer]] = {
     False: MechanismDPOptimizer,
     True: DistributedMechanismDPOptimizer,
 }
-
-#: Refused modes, with the reason the message gives.
-_REFUSED_CLIPPING = {
-    "adaptive": (
-        "adaptive clipping (Andrew et al. 2021) spends part of the budget on a noisy count "
-        "of clipped examples, which Opacus accounts by splitting one Gaussian's budget "
-        "between two Gaussian queries; no such split is proven here for logistic or Laplace "
-        "noise, and the alm_pld accountant does not record the count query. For Gaussian "
-        "noise use opacus.PrivacyEngine, whose accountant knows it"
-    ),
-}
-
-# An L1 clip C cuts a dense p-coordinate gradient as an L2 clip of C / sqrt(p) does; below
-# this, that is smaller than the L2 clips DP-SGD is usually run with (0.1 to a few). Warned
-# only from this many parameters on (sqrt(p) >= 10), where the two scales differ much.
-_SMALLEST_L2_EQUIVALENT = 0.1
-_MANY_PARAMETERS = 100
-
-
-class CheckpointMismatch(ValueError):
-    """A checkpoint's noise mechanism differs from the engine's; the message names both."""
-
-
-@dataclass(frozen=True)
-class TrainingRecord:
-    """What a DP-SGD checkpoint records about how its steps were noised.
-
-    Attributes:
-        noise_mechanism: ``"alm"``, ``"laplace"`` or ``"gaussian"``.
-        clipping_norm: ``"l1"`` or ``"l2"``, the mechanism's sensitivity norm.
-        max_grad_norm: the clipping bound C of one example in that norm.
-        max_grad_norms: per-layer budgets, or ``None`` for flat clipping.
-        noise_multiplier: σ (the noise scale is σC).
-        distributed: whether the steps ran on several processes (noise once per step).
-        exact: whether the steps were exact on a grid (absent from older checkpoints, whose
-            steps were floating-point).
-    """
-
-    noise_mechanism: str
-    clipping_norm: str
-    max_grad_norm: float
-    max_grad_norms: list[float] | None
-    noise_multiplier: float
-    distributed: bool = False
-    exact: bool = False
-
-    @classmethod
-    def of(cls, optimizer: MechanismDPOptimizer) -> TrainingRecord:
-        """The record of ``optimizer``'s current settings."""
-        budgets = optimizer.max_grad_norms
-        return cls(
-            noise_mechanism=optimizer.noise_mechanism,
-            clipping_norm=optimizer.clipping_norm,
-            max_grad_norm=float(optimizer.max_grad_norm),
-            max_grad_norms=None if budgets is None else [float(c) for c in budgets],
-            noise_multiplier=float(optimizer.noise_multiplier),
-            distributed=isinstance(optimizer, DistributedMechanismDPOptimizer),
-            exact=bool(optimizer.exact),
-        )
-
-    def describe(self) -> str:
-        """``noise_mechanism='alm' (L1 clipping at C=18, sigma=1)``; a record inferred from
-        accountant entries knows no C or σ (NaN) and names the clipping norm only."""
-        settings = (
-            ""
-            if math.isnan(self.max_grad_norm)
-            else f" at C={self.max_grad_norm:g}, sigma={self.noise_multiplier:g}"
-        )
-        return (
-            f"noise_mechanism={self.noise_mechanism!r} "
-            f"({self.clipping_norm.upper()} clipping{settings})"
-        )
-
-
-def l1_clip(clip: float, *, params: int | nn.Module) -> float:
-    """An L2 clipping bound moved to the L1 scale of a ``params``-coordinate gradient.
-
-    A dense gradient of L2 norm c has L1 norm up to √p·c (Cauchy–Schwarz, equality when all
-    p coordinates have equal magnitude), so an L1 clip of √p·c cuts about as much of a
-    gradient as the L2 clip c does. Kept at c, an L1 clip shrinks every clipped example by
-    about √p more, as if the learning rate were divided by √p (`docs/dpsgd_noise.md`).
-
-    Args:
-        clip: the L2 clip c > 0 (e.g. the ``max_grad_norm`` of a Gaussian DP-SGD script).
-        params: p, or a module whose trainable parameters are counted.
-
-    Returns:
-        √p·c.
-
-    Raises:
-        ValueError: on a non-positive clip or a count below 1.
-    """
-    count = (
-        sum(p.numel() for p in params.parameters() if p.requires_grad)
-        if isinstance(params, nn.Module)
-        else params
-    )
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"params={params!r} is invalid: expected a module or an integer ≥ 1")
-    return _check_max_grad_norm(clip) * math.sqrt(count)
-
-
-def _check_epochs(epochs: Any) -> int:
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs={epochs!r} is invalid: expected an integer ≥ 1")
-    return epochs
-
-
-def noise_multiplier_for(
-    *,
-    accountant: Any,
-    target_epsilon: float,
-    target_delta: float,
-    sample_rate: float,
-    steps: int,
-    noise_mechanism: str = "gaussian",
-    dim: int | None = None,
-    epsilon_tolerance: float = 0.01,
-) -> float:
-    """The noise multiplier for ``steps`` more steps, given what ``accountant`` holds.
-
-    With a `PipelineAccountant` the search composes the new steps with everything already
-    recorded (DP-SGD steps and releases), via `find_noise_multiplier(prior=accountant)`.
-    Opacus's own accountants account for Gaussian noise only and cannot add a prior to
-    Opacus's search, so they are accepted only empty and only for ``gaussian``.
-
-    Args:
-        accountant: the engine's accountant.
-        target_epsilon: total ε after the new steps, > 0.
-        target_delta: δ in (0, 1).
-        sample_rate: Poisson rate the accountant will record.
-        steps: number of new steps ≥ 1.
-        noise_mechanism: the mechanism of the new steps.
-        dim: noised coordinates per step (the optimizer's ``noise_dim``), as the hook
-            records them.
-        epsilon_tolerance: how far below the target the search may stop.
-
-    Returns:
-        σ (noise scale over ``max_grad_norm``).
-
-    Raises:
-        InfeasibleBudget: if the recorded budget leaves no σ that meets the target.
-        ValueError: on an accountant that cannot account for the request, or bad input.
-    """
-    mechanism = training_mechanism(noise_mechanism).name
-    epsilon, delta = check_epsilon(target_epsilon), check_delta(target_delta)
-    if isinstance(accountant, PipelineAccountant):
-        return float(
-            find_noise_multiplier(
-                target_epsilon=epsilon,
-                target_delta=delta,
-                sample_rate=sample_rate,
-                steps=steps,
-                mechanism=mechanism,
-                prior=accountant,
-                epsilon_tolerance=epsilon_tolerance,
-                dim=dim,
-            )
-        )
-    name = accountant.mechanism()
-    if mechanism != "gaussian":
-        raise ValueError(
-            f"accountant={name!r} accounts for Gaussian noise only; noise_mechanism="
-            f"{noise_mechanism!r} needs accountant={DEFAULT_ACCOUNTANT!r}"
-        )
-    if len(accountant) > 0:
-        raise ValueError(
-            f"accountant={name!r} already holds {len(accountant)} steps, and Opacus's search "
-            f"cannot count them; use accountant={DEFAULT_ACCOUNTANT!r} to calibrate the total"
-        )
-    return float(
-        get_noise_multiplier(
-            target_epsilon=epsilon,
-            target_delta=delta,
-            sample_rate=sample_rate,
-            steps=steps,
-            accountant=name,
-            epsilon_tolerance=epsilon_tolerance,
-        )
-    )
 
 
 class PrivacyEngine(OpacusPrivacyEngine):
@@ -359,7 +173,9 @@ class PrivacyEngine(OpacusPrivacyEngine):
                 parameters (p ≥ 100 and C / √p < 0.1), and when ``torch.distributed`` runs several
                 processes but ``module`` is not wrapped for them.
         """
-        mechanism = self._check_request(
+        mechanism = check_request(
+            accountant=self.accountant,
+            training=self.training,
             module=module,
             optimizer=optimizer,
             noise_mechanism=noise_mechanism,
@@ -425,8 +241,10 @@ class PrivacyEngine(OpacusPrivacyEngine):
                 its message names the spent budget.
             ValueError: on bad input or an accountant that cannot count the prior budget.
         """
-        passed = {k: v for k, v in kwargs.items() if k not in _MAKE_PRIVATE_ARGUMENTS}
-        mechanism = self._check_request(
+        passed = {k: v for k, v in kwargs.items() if k not in MAKE_PRIVATE_ARGUMENTS}
+        mechanism = check_request(
+            accountant=self.accountant,
+            training=self.training,
             module=module,
             optimizer=optimizer,
             noise_mechanism=noise_mechanism,
@@ -443,7 +261,7 @@ class PrivacyEngine(OpacusPrivacyEngine):
             target_epsilon=target_epsilon,
             target_delta=target_delta,
             sample_rate=1 / steps_per_epoch,
-            steps=_check_epochs(epochs) * steps_per_epoch,
+            steps=check_epochs(epochs) * steps_per_epoch,
             noise_mechanism=mechanism,
             dim=sum(p.numel() for p in params(optimizer)),
             epsilon_tolerance=epsilon_tolerance,
@@ -532,10 +350,10 @@ class PrivacyEngine(OpacusPrivacyEngine):
         if "weights_only" in torch_load_kwargs:
             raise ValueError("torch_load_kwargs['weights_only'] is not allowed: it is always True")
         checkpoint: dict[str, Any] = torch.load(path, weights_only=True, **torch_load_kwargs)
-        saved = _saved_training(checkpoint)
+        saved = saved_training(checkpoint)
         current = self._training_of(optimizer)
         if saved is not None and current is not None:
-            _check_same_mechanism(saved=saved, current=current, what=f"checkpoint {path!r}")
+            check_same_mechanism(saved=saved, current=current, what=f"checkpoint {path!r}")
         accountant_state = checkpoint["privacy_accountant_state_dict"]
         type(self.accountant)().load_state_dict(accountant_state)  # validate before any change
         module.load_state_dict(
@@ -565,86 +383,6 @@ class PrivacyEngine(OpacusPrivacyEngine):
         if isinstance(optimizer, MechanismDPOptimizer):
             return TrainingRecord.of(optimizer)
         return self.training
-
-    def _check_request(
-        self,
-        *,
-        module: nn.Module,
-        optimizer: optim.Optimizer,
-        noise_mechanism: str,
-        max_grad_norm: Any,
-        poisson_sampling: bool,
-        clipping: str,
-        grad_sample_mode: str,
-        extra: dict[str, Any],
-        warn: bool = True,
-    ) -> str:
-        """Validate a request before anything is modified; return the canonical mechanism."""
-        unknown = sorted(set(extra) - _PASSED_ON)
-        if unknown:
-            raise ValueError(
-                f"make_private got unexpected keyword argument(s) {unknown}: Opacus would pass "
-                "them to the optimizer, which ignores them; expected only "
-                f"{sorted(_MAKE_PRIVATE_ARGUMENTS | _PASSED_ON)}"
-            )
-        mechanism = training_mechanism(noise_mechanism)
-        if mechanism.name != "gaussian" and not isinstance(self.accountant, PipelineAccountant):
-            raise ValueError(
-                f"accountant={self.accountant.mechanism()!r} accounts for Gaussian noise only; "
-                f"noise_mechanism={noise_mechanism!r} needs accountant={DEFAULT_ACCOUNTANT!r}"
-            )
-        if poisson_sampling is not True:
-            raise ValueError(
-                f"poisson_sampling={poisson_sampling!r} is invalid: the accounting assumes "
-                "Poisson sampling, so it must be True (shuffled fixed-size batches can be "
-                "far less private than a Poisson accountant says: Chua et al. 2024)"
-            )
-        if clipping in _REFUSED_CLIPPING:
-            raise ValueError(f"clipping={clipping!r} is refused: {_REFUSED_CLIPPING[clipping]}")
-        if clipping not in ("flat", "per_layer"):
-            raise ValueError(f"clipping={clipping!r} is invalid: expected 'flat' or 'per_layer'")
-        if clipping == "per_layer":
-            _check_budgets(max_grad_norm)
-        else:
-            _check_max_grad_norm(max_grad_norm)
-        if grad_sample_mode in _UNSUPPORTED_GRAD_SAMPLE_MODES:
-            raise ValueError(
-                f"grad_sample_mode={grad_sample_mode!r} is refused: ghost clipping never forms "
-                "per-sample gradients; it computes their L2 norms from activations and "
-                "backpropagated gradients and clips inside the loss (Opacus's "
-                "DPLossFastGradientClipping), so there is no L1 norm to clip and no step "
-                "where this engine's noise is added; expected 'hooks', 'ew' or 'functorch'"
-            )
-        if isinstance(module, FSDPModule):
-            raise ValueError(
-                f"module of type {type(module).__name__} is refused: FSDP shards every "
-                "parameter over the ranks, so no rank holds a whole per-sample gradient; its "
-                "norm needs an all-reduce of per-rank partial norms inside clipping (Opacus's "
-                "FSDPOptimizer does it for L2), which is not implemented here. Wrap the model "
-                "in DifferentiallyPrivateDistributedDataParallel or DistributedDataParallel"
-            )
-        if isinstance(module, DPDDP | DDP):
-            distributed_world()  # raises if torch.distributed is not initialised
-        elif warn and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            warnings.warn(
-                f"torch.distributed runs {dist.get_world_size()} processes but module of type "
-                f"{type(module).__name__} is not wrapped for them: each rank will train its "
-                "own model on the whole dataset with its own noise and accountant, and "
-                "wrapping the returned module in DPDDP afterwards does not synchronise the "
-                "steps. To train one model on all ranks, wrap the model in "
-                "DifferentiallyPrivateDistributedDataParallel (or DistributedDataParallel) "
-                "before make_private",
-                stacklevel=3,
-            )
-        if self.training is not None and self.training.noise_mechanism != mechanism.name:
-            raise CheckpointMismatch(
-                f"this engine holds a checkpoint trained with {self.training.describe()}, "
-                f"but make_private asks for noise_mechanism={mechanism.name!r}: pass "
-                f"noise_mechanism={self.training.noise_mechanism!r}, or start a new engine"
-            )
-        if warn and mechanism.norm == "l1" and clipping == "flat":
-            _warn_small_l1_clip(max_grad_norm, optimizer=optimizer)
-        return mechanism.name
 
     def _prepare_model(
         self,
@@ -735,54 +473,3 @@ class PrivacyEngine(OpacusPrivacyEngine):
 
 #: Opacus's grad sample modes whose ``GradSampleModule`` `BufferedGradSampleModule` extends.
 _BUFFERED_MODES = frozenset({"hooks", "functorch"})
-
-#: ``make_private_with_epsilon``'s keyword arguments that ``make_private`` takes by name.
-_MAKE_PRIVATE_ARGUMENTS = frozenset(
-    {"criterion", "poisson_sampling", "clipping", "noise_generator", "grad_sample_mode", "exact"}
-)
-
-
-def _saved_training(checkpoint: dict[str, Any]) -> TrainingRecord | None:
-    """The checkpoint's `TrainingRecord`; for one saved without it (older versions, Opacus's
-    engine), the only DP-SGD mechanism its accountant entries hold, else ``None``."""
-    record = checkpoint.get("training")
-    if record is not None:
-        try:
-            return TrainingRecord(**record)
-        except TypeError:
-            raise ValueError(f"checkpoint's 'training' record {record!r} is invalid") from None
-    state = checkpoint.get("privacy_accountant_state_dict") or {}
-    kinds = {s.get("mechanism") for s in state.get("noise_steps", [])}
-    if state.get("history"):
-        kinds.add("gaussian")
-    if len(kinds) != 1:
-        return None
-    (name,) = kinds
-    mechanism = training_mechanism(str(name))
-    return TrainingRecord(
-        noise_mechanism=mechanism.name, clipping_norm=mechanism.norm, max_grad_norm=math.nan,
-        max_grad_norms=None, noise_multiplier=math.nan,
-    )  # fmt: skip
-
-
-def _check_same_mechanism(*, saved: TrainingRecord, current: TrainingRecord, what: str) -> None:
-    if saved.noise_mechanism != current.noise_mechanism:
-        raise CheckpointMismatch(
-            f"{what} was trained with {saved.describe()}, but this engine's optimizer uses "
-            f"{current.describe()}: pass noise_mechanism={saved.noise_mechanism!r} to "
-            "make_private before loading it, or start a new engine"
-        )
-
-
-def _warn_small_l1_clip(max_grad_norm: float, *, optimizer: optim.Optimizer) -> None:
-    """Warn when an L1 clip is L2-sized for many parameters (p ≥ 100 and C / √p < 0.1)."""
-    count = sum(p.numel() for p in params(optimizer))
-    if count >= _MANY_PARAMETERS and max_grad_norm / math.sqrt(count) < _SMALLEST_L2_EQUIVALENT:
-        warnings.warn(
-            f"max_grad_norm={max_grad_norm:g} is an L1 clip over {count} parameters: it cuts a "
-            f"dense gradient as an L2 clip of {max_grad_norm / math.sqrt(count):.3g} would, "
-            "and training may barely move. An L2 clip c moves to the L1 scale as "
-            f"sqrt(p)*c: max_grad_norm=l1_clip(c, params=model) ({math.sqrt(count):.4g}*c "
-            "here; docs/dpsgd_noise.md)",
-            stacklevel=4,
-        )
