@@ -66,6 +66,7 @@ from alm_opacus.mechanisms.grid import (
     dequantize,
     grid_for,
     inflated_sensitivity,
+    max_exponent,
     quantize,
     step_grid,
 )
@@ -366,7 +367,8 @@ def plan_release(
 
     γ is the coarsest grid with inflation ≤ ``inflation``; if 40 noise scales would then
     exceed the dtype's free integer range (float32 at very small ε), γ is doubled until they
-    do not, or until the sensitivity has doubled, and the larger inflation is what the plan
+    do not, until the sensitivity has doubled, or until a coarser γ would put outputs beyond
+    the dtype's largest finite float (float16), and the larger inflation is what the plan
     (and statement) records. Outputs beyond the range are clamped (post-processing).
 
     Raises:
@@ -379,6 +381,8 @@ def plan_release(
         widened = inflated_sensitivity(sensitivity=sensitivity, norm=norm, dim=dim, grid=grid)
         scale = float(calibrate(epsilon=epsilon, delta=delta, sensitivity=widened))
         fits = scale / grid.gamma * 40 <= grid.limit - grid.bound
-        if fits or widened >= 2 * sensitivity:
+        # γ·limit must stay finite in dtype: a wider grid would ship ±inf
+        widest = grid.exponent >= max_exponent(dtype)
+        if fits or widened >= 2 * sensitivity or widest:
             return ReleasePlan(grid=grid, sensitivity=widened, scale=scale)
         grid = Grid(exponent=grid.exponent + 1, limit=grid.limit, bound=grid.bound)
