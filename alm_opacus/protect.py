@@ -27,7 +27,13 @@ from alm_opacus.mechanisms import (
     is_secure,
     make_generator,
 )
-from alm_opacus.mechanisms.exact import ReleasePlan, exact_release, plan_release
+from alm_opacus.mechanisms.exact import (
+    ReleasePlan,
+    exact_release,
+    is_narrow,
+    plan_release,
+    release_dtype,
+)
 from alm_opacus.mechanisms.gaussian import ClassicGaussianMechanism
 from alm_opacus.statement import (
     NEIGHBOURING,
@@ -114,8 +120,9 @@ class ProtectedModule(nn.Module):
         that would run code when unpickled is refused.
 
         Raises:
-            ValueError: if the file is not a release, holds anything but plain data, its
-                weights do not fit ``module``, or a weight is NaN or infinite.
+            ValueError: naming the file: if it is not a release, holds anything but plain
+                data, lacks a key, its weights do not fit ``module``, a weight is NaN or
+                infinite, or its statement is invalid.
         """
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -127,16 +134,44 @@ class ProtectedModule(nn.Module):
             ) from exc
         if not isinstance(state, dict) or state.get("kind") != RELEASE_KIND:
             raise ValueError(f"{path}: expected a file of kind {RELEASE_KIND!r}")
+        missing = [k for k in _RELEASE_KEYS if k not in state]
+        if missing:
+            raise ValueError(
+                f"{path}: the release lacks the keys {missing}: expected all of "
+                f"{list(_RELEASE_KEYS)} (a truncated or altered file)"
+            )
         expected = {k: list(v.shape) for k, v in module.state_dict().items()}
         if state["shapes"] != expected:
+            if not isinstance(state["shapes"], dict):
+                raise ValueError(f"{path}: expected 'shapes' to map names to shapes")
             diff = _shape_diff(state["shapes"], expected)
             raise ValueError(
                 f"{path}: the release does not fit this architecture; mismatched "
                 f"parameters (name: saved vs module): {'; '.join(diff)}"
             )
-        weights = state.get("state_dict")
-        if not isinstance(weights, dict):
+        weights = state["state_dict"]
+        if not isinstance(weights, dict) or not all(
+            isinstance(v, torch.Tensor) for v in weights.values()
+        ):
             raise ValueError(f"{path}: expected a state_dict of tensors in the release")
+        # the weights themselves must be what 'shapes' says (it is only a summary of them)
+        held = {k: list(v.shape) for k, v in weights.items()}
+        if held != expected:
+            diff = _shape_diff(held, expected)
+            raise ValueError(
+                f"{path}: the release's weights do not fit this architecture; mismatched "
+                f"parameters (name: saved vs module): {'; '.join(diff)}"
+            )
+        protected = state["protected"]
+        if not isinstance(protected, list) or not all(isinstance(n, str) for n in protected):
+            raise ValueError(f"{path}: expected 'protected' to be a list of parameter names")
+        unknown = [n for n in protected if n not in expected]
+        if unknown:
+            raise ValueError(f"{path}: protected parameters {unknown} are not in the module")
+        try:
+            statement = PrivacyStatement.from_dict(state["statement"])
+        except ValueError as exc:
+            raise ValueError(f"{path}: the release's statement is invalid: {exc}") from None
         broken = [k for k, v in weights.items()
                   if isinstance(v, torch.Tensor) and v.is_floating_point()
                   and not bool(torch.isfinite(v).all())]  # fmt: skip
@@ -146,9 +181,12 @@ class ProtectedModule(nn.Module):
                 "expected finite numbers (a corrupt or altered file)"
             )
         target = copy.deepcopy(module)
-        target.load_state_dict(state["state_dict"])
-        return cls(target, statement=PrivacyStatement.from_dict(state["statement"]),
-                   protected=tuple(state["protected"]))  # fmt: skip
+        target.load_state_dict(weights)
+        return cls(target, statement=statement, protected=tuple(protected))
+
+
+#: The keys of a saved release (`ProtectedModule.save`).
+_RELEASE_KEYS = ("kind", "statement", "protected", "shapes", "state_dict")
 
 
 def _shape_diff(saved: dict[str, list[int]], module: dict[str, list[int]]) -> list[str]:
@@ -258,13 +296,18 @@ class PostTrainingPrivacyEngine:
             plan = plan_release(
                 mechanism=mech, epsilon=epsilon, delta=delta, sensitivity=info.value,
                 dim=sum(named[n].numel() for n in names),
-                # the narrowest dtype bounds the grid's integer range
-                dtype=max((named[n].dtype for n in names), key=lambda d: torch.finfo(d).eps),
+                dtype=release_dtype([named[n].dtype for n in names]),
             )  # fmt: skip
             scale = plan.scale
+            _check_clamp(named, names, plan=plan)
         statement = statement_for(mechanism=mech, epsilon=epsilon, delta=delta, scale=scale,
                                   sensitivity=info, noise="secure" if is_secure(generator)
                                   else "seeded", plan=plan)  # fmt: skip
+        narrow = ", ".join(
+            sorted({str(named[n].dtype) for n in names if is_narrow(named[n].dtype)})
+        )
+        if plan is not None and narrow:
+            statement = replace(statement, notes=(*statement.notes, _NARROW_NOTE.format(narrow)))
         if accountant is not None:
             _record(accountant, statement, dim=sum(named[n].numel() for n in names))
         with torch.no_grad():
@@ -280,6 +323,29 @@ class PostTrainingPrivacyEngine:
         total = self.ledger.record(module, record)
         statement = replace(statement, **total.statement_fields(), unprotected_parameters=clean)
         return ProtectedModule(release, statement=statement, protected=names)
+
+
+#: What a statement adds for float16 or bfloat16 parameters (`release_dtype`).
+_NARROW_NOTE = (
+    "released in {}: the exact float32 release rounded to the nearest value of that dtype "
+    "(and clamped to its largest finite value), which is post-processing: the guarantee "
+    "holds, but shipped values need not be multiples of the grid"
+)
+
+
+def _check_clamp(
+    named: dict[str, nn.Parameter], names: Sequence[str], *, plan: ReleasePlan
+) -> None:
+    """Refuse clean values beyond the grid's clamp B = 2ᵖ⁻¹·γ: never clamp them silently."""
+    for name in (n for n in names if named[n].numel()):
+        top = float(named[name].detach().abs().max())
+        if top > plan.grid.clamp:
+            raise ValueError(
+                f"parameter {name!r} holds |value|={top:g} beyond the clamp "
+                f"B={plan.grid.clamp:g} of the exact grid 2^{plan.grid.exponent}: expected "
+                "|values| ≤ B (a float64 module, module.double(), has a range 2^29 times "
+                "that of float32)"
+            )
 
 
 def _record(accountant: PipelineAccountant, statement: PrivacyStatement, *, dim: int) -> None:
@@ -304,13 +370,25 @@ def _split_parameters(
     """(names to noise, names left clean); every clean name must be declared public."""
     named = dict(module.named_parameters())
     everything = [*named, *(n for n, _ in module.named_buffers())]
+    if isinstance(parameters, str):
+        raise ValueError(f"parameters={parameters!r} is invalid: expected a list of names")
     names = tuple(named) if parameters is None else tuple(parameters)
+    if not names:
+        what = "the module has no parameters" if parameters is None else "parameters=[]"
+        raise ValueError(f"{what}: expected at least one parameter to protect")
     unknown = [n for n in [*names, *public] if n not in everything]
     if unknown:
         raise ValueError(f"parameters {unknown} are not in the module; it has {everything}")
     not_parameters = [n for n in names if n not in named]
     if not_parameters:
         raise ValueError(f"{not_parameters} are buffers, not parameters: noise goes on parameters")
+    not_float = [f"{n} ({named[n].dtype})" for n in names if not named[n].dtype.is_floating_point]
+    if not_float:
+        raise ValueError(
+            f"parameters {not_float} are not floating-point: expected float16, bfloat16, "
+            "float32 or float64 (noise is added to floats); declare integer ones public=[...] "
+            "if they were not computed from private data"
+        )
     clean = tuple(n for n in everything if n not in names)
     undeclared = [n for n in clean if n not in public]
     if undeclared:

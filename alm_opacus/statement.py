@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from alm_opacus.mechanisms import analysis
 
@@ -64,6 +65,34 @@ _RELATION = {"replace-one": "replace-one", "remove-one": "add-remove"}
 NOISE_SOURCES = ("secure", "seeded")
 
 
+def _is_real(value: object) -> bool:
+    """Whether ``value`` is a real number (a bool or a string is not)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+_E = TypeVar("_E", bound=enum.Enum)
+
+
+def _enum(kind: type[_E], value: object, *, name: str) -> _E:
+    """``kind(value)``, with a message that names the field and the values expected."""
+    try:
+        return kind(value)
+    except ValueError:
+        expected = [member.value for member in kind]
+        raise ValueError(f"{name}={value!r} is invalid: expected one of {expected}") from None
+
+
+def _fields_of(kind: type, data: object, *, what: str) -> dict[str, Any]:
+    """``data`` as a dict of ``kind``'s fields, refusing anything else by name."""
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise ValueError(f"{what}={data!r} is invalid: expected a mapping of field names to values")
+    known = {f.name for f in fields(kind)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{what} has unknown fields {unknown}; expected some of {sorted(known)}")
+    return dict(data)
+
+
 @dataclass(frozen=True)
 class SensitivityInfo:
     """Where a sensitivity came from.
@@ -97,24 +126,38 @@ class SensitivityInfo:
         return _RELATION[self.adjacency]
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.value) and self.value > 0):
+        if not (_is_real(self.value) and math.isfinite(self.value) and self.value > 0):
             raise ValueError(f"sensitivity={self.value!r} is invalid: expected a finite number > 0")
         if self.norm not in ("l1", "l2"):
             raise ValueError(f"norm={self.norm!r} is invalid: expected 'l1' or 'l2'")
-        object.__setattr__(self, "source", SensitivitySource(self.source))
-        if self.adjacency not in _RELATION:
+        object.__setattr__(self, "source", _enum(SensitivitySource, self.source, name="source"))
+        if not isinstance(self.adjacency, str) or self.adjacency not in _RELATION:
             raise ValueError(
                 f"adjacency={self.adjacency!r} is invalid: expected one of {sorted(_RELATION)}"
             )
-        if self.source in (SensitivitySource.SAMPLED, SensitivitySource.SAMPLED_MEMBERS):
-            for name in ("m", "gamma", "confidence"):
-                if getattr(self, name) is None:
-                    raise ValueError(f"a sampled sensitivity needs {name}; got None")
-            assert self.gamma is not None and self.confidence is not None
-            if not (0 < self.gamma < 1 and 0 < self.confidence < 1):
+        if self.population is not None and not isinstance(self.population, str):
+            raise ValueError(f"population={self.population!r} is invalid: expected a string")
+        if self.source not in (SensitivitySource.SAMPLED, SensitivitySource.SAMPLED_MEMBERS):
+            # m, gamma and confidence qualify a sampled bound; on any other source they mean
+            # an edited or inconsistent record, which must not pass as a proven bound
+            extra = [n for n in ("m", "gamma", "confidence") if getattr(self, n) is not None]
+            if extra:
                 raise ValueError(
-                    f"gamma={self.gamma!r}, confidence={self.confidence!r}: expected both in (0, 1)"
+                    f"{', '.join(f'{n}={getattr(self, n)!r}' for n in extra)} given for a "
+                    f"sensitivity of source {self.source.value!r}: expected None (only sampled "
+                    "sensitivities have m, gamma and confidence)"
                 )
+            return
+        for name in ("m", "gamma", "confidence"):
+            if getattr(self, name) is None:
+                raise ValueError(f"a sampled sensitivity needs {name}; got None")
+        m = self.m
+        if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 1:
+            raise ValueError(f"m={m!r} is invalid: expected an integer ≥ 1 (sampled pairs)")
+        for name in ("gamma", "confidence"):
+            value = getattr(self, name)
+            if not (_is_real(value) and 0 < value < 1):
+                raise ValueError(f"{name}={value!r} is invalid: expected a number in (0, 1)")
 
 
 @dataclass(frozen=True)
@@ -175,12 +218,14 @@ class PrivacyStatement:
     grid_sensitivity: float | None = None
 
     def __post_init__(self) -> None:
+        self._check_types()
         self._check_grid()
-        object.__setattr__(self, "guarantee", Guarantee(self.guarantee))
+        object.__setattr__(self, "guarantee", _enum(Guarantee, self.guarantee, name="guarantee"))
         object.__setattr__(self, "notes", tuple(self.notes))
         object.__setattr__(self, "unprotected_parameters", tuple(self.unprotected_parameters))
         if self.guarantee_spent is not None:
-            object.__setattr__(self, "guarantee_spent", Guarantee(self.guarantee_spent))
+            total = _enum(Guarantee, self.guarantee_spent, name="guarantee_spent")
+            object.__setattr__(self, "guarantee_spent", total)
         self._check_spent()
         if self.noise not in ("", *NOISE_SOURCES):
             raise ValueError(f"noise={self.noise!r} is invalid: expected one of {NOISE_SOURCES}")
@@ -235,6 +280,50 @@ class PrivacyStatement:
                     delta=self.delta, scale=self.noise_scale,
                     sensitivity=None if info is None else info.value,
                     norm=None if info is None else info.norm)  # fmt: skip
+
+    def _check_types(self) -> None:
+        """Every field has its type: a number where a number belongs (never a string or a
+        bool), strings where strings belong, so that the checks after it compare like with
+        like and an edited field is refused by name."""
+        for name in ("epsilon", "delta"):
+            if not _is_real(getattr(self, name)):
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: expected a number")
+        optional = (
+            "noise_scale",
+            "nominal_epsilon",
+            "epsilon_spent",
+            "delta_spent",
+            "gamma_spent",
+            "confidence_spent",
+            "grid",
+            "clamp",
+            "grid_sensitivity",
+        )
+        for name in optional:
+            value = getattr(self, name)
+            if value is not None and not _is_real(value):
+                raise ValueError(f"{name}={value!r} is invalid: expected a number or None")
+        for name in ("noise_scale", "nominal_epsilon", "epsilon_spent"):
+            value = getattr(self, name)
+            if value is not None and (math.isnan(value) or value <= 0):
+                raise ValueError(f"{name}={value!r} is invalid: expected a number > 0")
+        if self.delta_spent is not None and not self.delta_spent >= 0:
+            raise ValueError(f"delta_spent={self.delta_spent!r} is invalid: expected a number ≥ 0")
+        for name in ("mechanism", "neighbouring", "noise", "neighbouring_spent"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: expected a string")
+        for name in ("notes", "unprotected_parameters"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, str)
+                or not isinstance(value, (tuple, list))
+                or not all(isinstance(item, str) for item in value)
+            ):
+                raise ValueError(f"{name}={value!r} is invalid: expected a list of strings")
+        if self.sensitivity is not None and not isinstance(self.sensitivity, SensitivityInfo):
+            raise ValueError(
+                f"sensitivity={self.sensitivity!r} is invalid: expected a SensitivityInfo or None"
+            )
 
     def _check_spent(self) -> None:
         total = self.guarantee_spent
@@ -310,19 +399,31 @@ class PrivacyStatement:
     def from_dict(cls, data: dict[str, Any]) -> PrivacyStatement:
         """Inverse of :meth:`to_dict`; statements saved before a field existed still load.
 
+        Every field is checked as the constructor checks it, so an edited statement is
+        refused rather than loaded as a stronger claim.
+
         Raises:
-            ValueError: for an unknown field or a statement that claims too much.
+            ValueError: for data that is not a mapping, an unknown or missing field, a field
+                of the wrong type, or a statement that claims too much.
         """
-        data = dict(data)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"statement has unknown fields {unknown}; expected some of {known}")
+        data = _fields_of(cls, data, what="statement")
+        missing = sorted({"epsilon", "delta", "guarantee", "mechanism"} - set(data))
+        if missing:
+            raise ValueError(f"statement lacks the fields {missing}: expected them all")
         sens = data.get("sensitivity")
-        data["sensitivity"] = None if sens is None else SensitivityInfo(**sens)
-        data["notes"] = tuple(data.get("notes", ()))
-        data["unprotected_parameters"] = tuple(data.get("unprotected_parameters", ()))
-        if Guarantee(data["guarantee"]) is Guarantee.NONE:
+        if sens is not None:
+            what = "statement's sensitivity"
+            sens = _fields_of(SensitivityInfo, sens, what=what)
+            lacking = sorted({"value", "norm", "source"} - set(sens))
+            if lacking:
+                raise ValueError(f"{what} lacks the fields {lacking}: expected them all")
+            data["sensitivity"] = SensitivityInfo(**sens)
+        for name in ("notes", "unprotected_parameters"):
+            value = data.get(name, ())
+            if not isinstance(value, (list, tuple)):
+                raise ValueError(f"{name}={value!r} is invalid: expected a list of strings")
+            data[name] = tuple(value)
+        if _enum(Guarantee, data["guarantee"], name="guarantee") is Guarantee.NONE:
             data.setdefault("neighbouring", "")
         return cls(**data)
 

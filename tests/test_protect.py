@@ -319,3 +319,117 @@ def test_a_release_with_non_finite_weights_is_refused(head, tmp_path: Path, bad:
     atomic_torch_save(state, path)
     with pytest.raises(ValueError, match=r"non-finite weights in fc\.weight"):
         ProtectedModule.load(path, module=head)
+
+
+# --- hostile input (issue 36, item 8) --------------------------------------------------------
+
+
+def _linear(dtype: torch.dtype, value: float, shape: tuple[int, int] = (3, 20)) -> torch.nn.Module:
+    module = torch.nn.Linear(shape[1], shape[0]).to(dtype)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.fill_(value)
+    return module
+
+
+def test_integer_or_no_parameters_are_refused_by_name() -> None:
+    engine = PostTrainingPrivacyEngine(mechanism="laplace")
+    module = _linear(torch.float64, 0.1)
+    module.steps = torch.nn.Parameter(torch.zeros(3, dtype=torch.int8), requires_grad=False)
+    with pytest.raises(ValueError, match=r"\['steps \(torch\.int8\)'\] are not floating-point"):
+        engine.make_private(module, epsilon=1.0, sensitivity=1.0, seed=0)
+    with pytest.raises(ValueError, match=r"parameters=\[\]: expected at least one parameter"):
+        engine.make_private(module, epsilon=1.0, sensitivity=1.0, seed=0, parameters=[])
+    with pytest.raises(ValueError, match=r"parameters='weight' is invalid: expected a list"):
+        engine.make_private(module, epsilon=1.0, sensitivity=1.0, seed=0, parameters="weight")
+    with pytest.raises(ValueError, match="the module has no parameters"):
+        engine.make_private(torch.nn.ReLU(), epsilon=1.0, sensitivity=1.0, seed=0)
+    # declared public, the integer parameter is left as it is
+    release = engine.make_private(
+        module,
+        epsilon=1.0,
+        sensitivity=1.0,
+        seed=0,
+        parameters=["weight", "bias"],
+        public=["steps"],
+    )
+    assert torch.equal(release.module.steps, module.steps)
+
+
+def test_a_bfloat16_head_is_released_in_float32_and_rounded_not_clamped(tmp_path: Path) -> None:
+    # Issue 36: bfloat16 holds 2^8 exact grid steps; planned in its own range, the noise
+    # did not fit and every weight came back clamped to ±2^8·γ.
+    engine = PostTrainingPrivacyEngine(mechanism="laplace")
+    module = _linear(torch.bfloat16, 10.0, shape=(50, 40))
+    release = engine.make_private(module, epsilon=1.0, sensitivity=1.0, seed=0)
+    noisy = torch.cat([p.detach().flatten() for p in release.parameters()]).double()
+    assert release.module.weight.dtype == torch.bfloat16
+    scale = release.statement.noise_scale
+    assert scale is not None and 1.0 < scale < 1.02  # Δ'/ε: Δ plus its grid inflation
+    # Laplace noise of scale b around 10: mean 10, mean absolute deviation b (2050 draws)
+    assert abs(float(noisy.mean()) - 10.0) < 0.15
+    assert float((noisy - 10.0).abs().mean()) == pytest.approx(scale, rel=0.1)
+    assert "released in torch.bfloat16" in " ".join(release.statement.notes)
+    release.save(tmp_path / "bf16.pt", allow_seeded=True)
+    assert torch.equal(
+        ProtectedModule.load(tmp_path / "bf16.pt", module=module).module.weight,
+        release.module.weight,
+    )
+
+
+def test_a_float16_release_never_ships_inf(tmp_path: Path) -> None:
+    # Issue 36: a widened float16 grid passed float16's range and shipped ±inf.
+    engine = PostTrainingPrivacyEngine(mechanism="laplace")
+    module = _linear(torch.float16, 1.0, shape=(10, 40))
+    release = engine.make_private(module, epsilon=0.01, sensitivity=100.0, seed=0)
+    weights = release.module.weight.detach()
+    assert bool(torch.isfinite(weights).all())
+    assert float(weights.abs().max()) == float(torch.finfo(torch.float16).max)  # clamped there
+    release.save(tmp_path / "f16.pt", allow_seeded=True)
+    loaded = ProtectedModule.load(tmp_path / "f16.pt", module=module)
+    assert torch.equal(loaded.module.weight, weights)
+
+
+def test_clean_values_beyond_the_grid_clamp_are_refused_not_clamped() -> None:
+    engine = PostTrainingPrivacyEngine(mechanism="laplace")
+    with pytest.raises(ValueError, match=r"parameter 'weight' holds \|value\|=1e\+30 beyond"):
+        engine.make_private(_linear(torch.float32, 1e30), epsilon=1.0, sensitivity=1.0, seed=0)
+
+
+def _saved(head, tmp_path: Path) -> tuple[Path, dict]:  # type: ignore[no-untyped-def]
+    release = PostTrainingPrivacyEngine(mechanism="laplace").make_private(
+        head, epsilon=1.0, sensitivity=0.2, seed=0
+    )
+    path = tmp_path / "release.pt"
+    release.save(path, allow_seeded=True)
+    return path, torch.load(path, weights_only=True)
+
+
+@pytest.mark.parametrize("key", ["statement", "protected", "shapes", "state_dict"])
+def test_a_release_missing_a_key_is_refused_by_name(head, tmp_path: Path, key: str) -> None:  # type: ignore[no-untyped-def]
+    path, state = _saved(head, tmp_path)
+    del state[key]
+    atomic_torch_save(state, path)
+    with pytest.raises(ValueError, match=rf"release\.pt: the release lacks the keys \['{key}'\]"):
+        ProtectedModule.load(path, module=head)
+
+
+def test_a_mismatched_release_is_refused_naming_the_file(head, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    path, state = _saved(head, tmp_path)
+    # 'shapes' fits, but the weights under it do not
+    edited = dict(state, state_dict={**state["state_dict"], "fc.bias": torch.zeros(3)})
+    atomic_torch_save(edited, path)
+    with pytest.raises(
+        ValueError, match=r"release's weights do not fit.*fc\.bias: \[3\] vs \[10\]"
+    ):
+        ProtectedModule.load(path, module=head)
+    atomic_torch_save(dict(state, protected=["fc.nosuch"]), path)
+    with pytest.raises(ValueError, match=r"protected parameters \['fc\.nosuch'\] are not in"):
+        ProtectedModule.load(path, module=head)
+    atomic_torch_save(dict(state, statement=[1, 2]), path)
+    with pytest.raises(ValueError, match=r"release\.pt: the release's statement is invalid"):
+        ProtectedModule.load(path, module=head)
+    flipped = dict(state, statement={**state["statement"], "epsilon": 0.1})
+    atomic_torch_save(flipped, path)
+    with pytest.raises(ValueError, match=r"release\.pt: the release's statement is invalid"):
+        ProtectedModule.load(path, module=head)

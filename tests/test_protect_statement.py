@@ -179,3 +179,146 @@ def test_describe_says_random_dp_is_not_dp_and_why() -> None:
     text = describe(s)
     assert text.startswith("random DP (epsilon=1, gamma=0.02, replace-one): not a DP guarantee")
     assert "sampled from the public split" in text and "exchangeable" in text
+
+
+# --- hostile input (issue 36, item 8) --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (dict(source="sampled", m=-5, gamma=0.02, confidence=0.98), r"m=-5 is invalid"),
+        (dict(source="sampled", m=0, gamma=0.02, confidence=0.98), r"m=0 is invalid"),
+        (dict(source="sampled", m=2.5, gamma=0.02, confidence=0.98), r"m=2\.5 is invalid"),
+        (dict(source="sampled", m=True, gamma=0.02, confidence=0.98), r"m=True is invalid"),
+        (dict(source="sampled", m=10, gamma="0.02", confidence=0.98), r"gamma='0\.02'"),
+        (dict(source="sampled", m=10, gamma=0.02, confidence=1.0), r"confidence=1\.0"),
+        (dict(m=-5), r"m=-5 given for a sensitivity of source 'analytic'"),
+        (dict(gamma=0.02, confidence=0.98), r"gamma=0\.02, confidence=0\.98 given"),
+        (dict(value="1.0"), r"sensitivity='1\.0' is invalid"),
+        (dict(value=True), r"sensitivity=True is invalid"),
+        (dict(source="proven"), r"source='proven' is invalid: expected one of \['analytic'"),
+        (dict(adjacency=["replace-one"]), r"adjacency=\['replace-one'\] is invalid"),
+        (dict(population=3), r"population=3 is invalid"),
+    ],
+)
+def test_every_sensitivity_info_field_is_checked(bad: dict, message: str) -> None:
+    kwargs = dict(value=1.0, norm="l2", source="analytic") | bad
+    with pytest.raises(ValueError, match=message):
+        SensitivityInfo(**kwargs)
+
+
+def test_a_valid_sampled_sensitivity_still_builds() -> None:
+    import numpy as np
+
+    info = SensitivityInfo(
+        value=np.float64(0.3),
+        norm="l1",
+        source="sampled",
+        m=np.int64(200),
+        gamma=0.02,
+        confidence=0.98,
+    )
+    assert info.m == 200 and info.source.value == "sampled"
+
+
+PURE = PrivacyStatement(
+    epsilon=1.0,
+    delta=0.0,
+    guarantee="pure-dp",
+    mechanism="laplace",
+    noise_scale=0.3,
+    sensitivity=ANALYTIC,
+    noise="secure",
+    epsilon_spent=1.0,
+    delta_spent=0.0,
+    guarantee_spent="pure-dp",
+    neighbouring_spent="replace-one",
+)
+RANDOM = PrivacyStatement(
+    epsilon=1.0,
+    delta=0.0,
+    guarantee="random-dp",
+    mechanism="alm",
+    noise_scale=0.3,
+    sensitivity=SAMPLED,
+)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([1, 2], r"statement=\[1, 2\] is invalid: expected a mapping"),
+        ("pure-dp", r"statement='pure-dp' is invalid: expected a mapping"),
+        (None, r"statement=None is invalid"),
+        ({1: 2}, r"expected a mapping of field names"),
+    ],
+)
+def test_from_dict_refuses_what_is_not_a_statement(data: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PrivacyStatement.from_dict(data)  # type: ignore[arg-type]
+
+
+def _edited(statement: PrivacyStatement, path: tuple[str, ...], value: object) -> dict:
+    data = statement.to_dict()
+    target = data
+    for key in path[:-1]:
+        target = target[key]
+    if value is _DELETE:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return data
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize(
+    ("statement", "path", "value", "message"),
+    [
+        (PURE, ("epsilon",), "1.0", r"epsilon='1\.0' is invalid: expected a number"),
+        (PURE, ("epsilon",), True, r"epsilon=True is invalid"),
+        (PURE, ("epsilon",), 0.5, r"pure claim|below|epsilon"),  # stronger than the noise
+        (PURE, ("epsilon",), _DELETE, r"lacks the fields \['epsilon'\]"),
+        (PURE, ("delta",), None, r"delta=None is invalid"),
+        (PURE, ("guarantee",), "pure_dp", r"guarantee='pure_dp' is invalid: expected one of"),
+        (PURE, ("guarantee",), ["pure-dp"], r"guarantee=\['pure-dp'\] is invalid"),
+        (PURE, ("mechanism",), 7, r"mechanism=7 is invalid: expected a string"),
+        (PURE, ("noise_scale",), "0.3", r"noise_scale='0\.3' is invalid"),
+        (PURE, ("noise_scale",), 0.03, r"epsilon"),  # less noise than the claim needs
+        (PURE, ("noise_scale",), -0.3, r"noise_scale=-0\.3 is invalid"),
+        (PURE, ("notes",), "a note", r"notes='a note' is invalid: expected a list of strings"),
+        (PURE, ("notes",), [1], r"notes=\(1,\) is invalid"),
+        (PURE, ("unprotected_parameters",), {"a": 1}, r"unprotected_parameters="),
+        (PURE, ("epsilon_spent",), 0.0, r"epsilon_spent=0\.0 is invalid"),
+        (PURE, ("delta_spent",), -1e-5, r"delta_spent=-1e-05 is invalid"),
+        (PURE, ("guarantee_spent",), "pure", r"guarantee_spent='pure' is invalid"),
+        (PURE, ("neighbouring",), "add-remove", r"neighbouring='add-remove' but"),
+        (PURE, ("sensitivity",), [0.3], r"statement's sensitivity=\[0\.3\] is invalid"),
+        (PURE, ("sensitivity", "norm"), "l2", r"L2 sensitivity does not bound it"),
+        (PURE, ("sensitivity", "value"), "0.3", r"sensitivity='0\.3' is invalid"),
+        (PURE, ("sensitivity", "source"), _DELETE, r"sensitivity lacks the fields \['source'\]"),
+        (PURE, ("sensitivity", "extra"), 1, r"sensitivity has unknown fields \['extra'\]"),
+        (PURE, ("grid",), "2^-10", r"grid='2\^-10' is invalid"),
+        # a random-DP statement flipped to a stronger kind is refused
+        (RANDOM, ("guarantee",), "pure-dp", r"random-dp"),
+        (
+            RANDOM,
+            ("sensitivity", "source"),
+            "analytic",
+            r"given for a sensitivity of source 'analytic'",
+        ),
+        (RANDOM, ("sensitivity", "m"), -5, r"m=-5 is invalid"),
+    ],
+)
+def test_from_dict_refuses_every_edited_field(
+    statement: PrivacyStatement, path: tuple[str, ...], value: object, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        PrivacyStatement.from_dict(_edited(statement, path, value))
+
+
+def test_valid_statements_still_round_trip() -> None:
+    for statement in (PURE, RANDOM, PrivacyStatement.unprotected()):
+        assert PrivacyStatement.from_dict(statement.to_dict()) == statement

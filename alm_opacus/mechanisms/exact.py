@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -66,6 +67,7 @@ from alm_opacus.mechanisms.grid import (
     dequantize,
     grid_for,
     inflated_sensitivity,
+    max_exponent,
     quantize,
     step_grid,
 )
@@ -96,8 +98,10 @@ __all__ = [
     "fused_cell_sums",
     "grid_for",
     "inflated_sensitivity",
+    "is_narrow",
     "plan_release",
     "quantize",
+    "release_dtype",
     "scaled_cells",
     "step_grid",
 ]
@@ -330,11 +334,19 @@ def exact_release(
     grid: Grid,
     generator: NoiseGenerator,
 ) -> torch.Tensor:
-    """γ·(round(clamp_B(value)/γ) + K) in ``value``'s dtype and device, K exact cell noise."""
+    """γ·(round(clamp_B(value)/γ) + K) in ``value``'s dtype and device, K exact cell noise.
+
+    A float16 or bfloat16 ``value`` is released in float32, then rounded to its dtype and
+    clamped to its largest finite float (post-processing; see `release_dtype`).
+    """
     cells = quantize(value, grid=grid)
     noise = discrete_noise(tuple(value.shape), mechanism=mechanism, scale=scale, grid=grid,
                            generator=generator)  # fmt: skip
-    return dequantize(cells + noise, grid=grid, dtype=value.dtype).to(value.device)
+    if not is_narrow(value.dtype):
+        return dequantize(cells + noise, grid=grid, dtype=value.dtype).to(value.device)
+    top = torch.finfo(value.dtype).max
+    wide = dequantize(cells + noise, grid=grid, dtype=torch.float32).clamp_(-top, top)
+    return wide.to(device=value.device, dtype=value.dtype)
 
 
 @dataclass(frozen=True)
@@ -366,7 +378,8 @@ def plan_release(
 
     γ is the coarsest grid with inflation ≤ ``inflation``; if 40 noise scales would then
     exceed the dtype's free integer range (float32 at very small ε), γ is doubled until they
-    do not, or until the sensitivity has doubled, and the larger inflation is what the plan
+    do not, until the sensitivity has doubled, or until a coarser γ would put outputs beyond
+    the dtype's largest finite float (float16), and the larger inflation is what the plan
     (and statement) records. Outputs beyond the range are clamped (post-processing).
 
     Raises:
@@ -379,6 +392,26 @@ def plan_release(
         widened = inflated_sensitivity(sensitivity=sensitivity, norm=norm, dim=dim, grid=grid)
         scale = float(calibrate(epsilon=epsilon, delta=delta, sensitivity=widened))
         fits = scale / grid.gamma * 40 <= grid.limit - grid.bound
-        if fits or widened >= 2 * sensitivity:
+        # γ·limit must stay finite in dtype: a wider grid would ship ±inf
+        widest = grid.exponent >= max_exponent(dtype)
+        if fits or widened >= 2 * sensitivity or widest:
             return ReleasePlan(grid=grid, sensitivity=widened, scale=scale)
         grid = Grid(exponent=grid.exponent + 1, limit=grid.limit, bound=grid.bound)
+
+
+def is_narrow(dtype: torch.dtype) -> bool:
+    """Whether ``dtype`` has fewer significand bits than float32 (float16, bfloat16)."""
+    return torch.finfo(dtype).eps > torch.finfo(torch.float32).eps
+
+
+def release_dtype(dtypes: Sequence[torch.dtype]) -> torch.dtype:
+    """The dtype whose exact integer range a release of tensors in ``dtypes`` is planned
+    for: the narrowest of them, but never narrower than float32.
+
+    float16 and bfloat16 hold only 2¹¹ and 2⁸ exact grid steps, far too few for the noise:
+    planned in their own range, nearly every output was clamped to ±2ᵖ·γ (±0.25 for a
+    bfloat16 head). Tensors in them are released in float32 and rounded to their dtype,
+    which is post-processing.
+    """
+    narrowest = max(dtypes, key=lambda d: torch.finfo(d).eps)
+    return torch.float32 if is_narrow(narrowest) else narrowest

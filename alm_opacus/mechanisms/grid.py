@@ -21,6 +21,8 @@ __all__ = [
     "dequantize",
     "grid_for",
     "inflated_sensitivity",
+    "max_exponent",
+    "min_exponent",
     "quantize",
     "step_grid",
 ]
@@ -109,13 +111,28 @@ def grid_for(
     while weight * math.ldexp(1.0, exponent) > inflation * delta:  # float safety
         exponent -= 1
     bits = _significand_bits(dtype)
-    info = torch.finfo(dtype)
-    if math.ldexp(1.0, exponent) < info.tiny or math.ldexp(1.0, exponent + bits) > info.max:
+    if not min_exponent(dtype) <= exponent <= max_exponent(dtype):
         raise ValueError(
             f"sensitivity={sensitivity!r} over dim={dim} needs a grid step 2^{exponent}, "
-            f"outside what {dtype} represents exactly"
+            f"outside what {dtype} represents exactly: expected a step in "
+            f"[2^{min_exponent(dtype)}, 2^{max_exponent(dtype)}]"
         )
     return Grid(exponent=exponent, limit=1 << bits, bound=1 << (bits - 1))
+
+
+def min_exponent(dtype: torch.dtype) -> int:
+    """The smallest e with 2^e a normal float of ``dtype`` (finer grids lose precision)."""
+    _significand_bits(dtype)
+    return math.frexp(torch.finfo(dtype).tiny)[1] - 1
+
+
+def max_exponent(dtype: torch.dtype) -> int:
+    """The largest e whose grid 2^e keeps every output γ·m, |m| ≤ 2ᵖ, finite in ``dtype``.
+
+    Compared as exponents (never as floats, which overflow near float64's range).
+    """
+    bits = _significand_bits(dtype)
+    return math.frexp(torch.finfo(dtype).max)[1] - 1 - bits
 
 
 def step_grid(*, max_grad_norm: float, norm: str, dim: int, inflation: float = INFLATION) -> Grid:

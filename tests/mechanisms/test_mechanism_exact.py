@@ -40,6 +40,7 @@ from alm_opacus.mechanisms.exact import (
     plan_release,
     quantize,
 )
+from alm_opacus.mechanisms.grid import max_exponent, min_exponent
 from alm_opacus.mechanisms.sampling import bernoulli
 
 MECHANISMS = ("alm", "laplace", "gaussian")
@@ -352,6 +353,45 @@ def test_plan_release_widens_the_grid_when_float32_cannot_hold_the_noise() -> No
     assert narrow.scale / narrow.grid.gamma * 40 <= narrow.grid.limit - narrow.grid.bound
     assert wide.sensitivity <= 1.0 * (1 + INFLATION)
     assert narrow.scale == pytest.approx(narrow.sensitivity / 1e-3)
+
+
+def test_plan_release_never_widens_the_grid_past_the_dtype_range() -> None:
+    # Issue 36: float16's noise did not fit, γ was doubled past 2^4, and γ·2^11 = 2^16 is
+    # beyond float16's largest float: the release shipped ±inf.
+    mech = create_mechanism("laplace")
+    plan = plan_release(
+        mechanism=mech, epsilon=0.01, delta=0.0, sensitivity=100.0, dim=4, dtype=torch.float16
+    )
+    assert plan.grid.exponent == max_exponent(torch.float16) == 4
+    assert plan.grid.gamma * plan.grid.limit <= torch.finfo(torch.float16).max
+    released = exact.exact_release(
+        torch.zeros(1000, dtype=torch.float16),
+        mechanism=mech,
+        scale=plan.scale,
+        grid=plan.grid,
+        generator=make_generator(seed=0),
+    )
+    assert bool(torch.isfinite(released).all())
+    assert float(released.abs().max()) == 2.0**15  # clamped at γ·2^11 (post-processing)
+
+
+def test_grid_for_refuses_a_step_no_dtype_holds_instead_of_overflowing() -> None:
+    # Issue 36: grid_for(sensitivity=1e300) raised OverflowError comparing 2^(e + p) as a float.
+    with pytest.raises(
+        ValueError,
+        match=r"sensitivity=1e\+300 over dim=1 needs a grid step "
+        r"2\^989, outside what torch.float64",
+    ):
+        grid_for(sensitivity=1e300, norm="l1", dim=1)
+    with pytest.raises(ValueError, match=r"expected a step in \[2\^-14, 2\^4\]"):
+        grid_for(sensitivity=1e4, norm="l1", dim=1, dtype=torch.float16)
+    big = grid_for(sensitivity=1e290, norm="l1", dim=1)  # still representable: a valid grid
+    assert big.exponent == max_exponent(torch.float64) - 14
+    assert math.isfinite(big.gamma * big.limit)
+    tiny = grid_for(sensitivity=1e-300, norm="l1", dim=1)
+    assert tiny.exponent >= min_exponent(torch.float64)
+    with pytest.raises(ValueError, match=r"outside what torch\.float64"):
+        grid_for(sensitivity=1e-307, norm="l1", dim=1)
 
 
 @pytest.mark.parametrize("norm", ["l1", "l2"])
