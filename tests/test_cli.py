@@ -170,3 +170,35 @@ def test_the_verdict_is_printed_under_the_table(tmp_path: Path, monkeypatch, cap
     assert verdict.startswith("Verdict: At a meaningful guarantee (ε′ ≤ 10, δ′ ≤ 1/150) no")
     assert max(len(line) for line in verdict.splitlines()) <= 100
     assert rest.split("\n\n", 1)[1].startswith("results: ")
+
+
+def _features_file(path: Path) -> Path:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    y = np.arange(60) % 3
+    x = rng.standard_normal((60, 6)) + 2 * np.eye(3, 6)[y]
+    np.savez(path, x=x.astype(np.float32), y=y)
+    return path
+
+
+@pytest.mark.parametrize("epsilons", ["1e-300", "1,1e-14"])
+def test_an_epsilon_too_small_to_draw_exits_2_before_writing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], epsilons: str
+) -> None:
+    from alm_opacus.mechanisms.grid import smallest_epsilon
+    from alm_opacus.run.cli import main
+
+    data = _features_file(tmp_path / "f.npz")
+    out = tmp_path / "run"
+    argv = ["--dataset", f"features:{data}", "--methods", "laplace,gaussian-classic"]
+    argv += ["--epsilons", epsilons, "--out", str(out), "--no-progress"]
+    code = main([*argv, "--cache-dir", str(tmp_path / "cache")])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    # a linear head on 6-d features, 3 classes: 21 parameters; 12 members, delta = 1e-5
+    floor = smallest_epsilon(dim=21, delta=1e-5)
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert f"epsilon={float(epsilons.split(',')[-1])!r} is below {floor:.3g}" in err
+    assert "21 parameters" in err and f"expected epsilons >= {floor:.3g}" in err
+    assert not out.exists()

@@ -272,6 +272,47 @@ def preflight(config: RunConfig) -> None:
     except ValueError as exc:
         raise ValueError(f"--split: {exc}") from exc
     _check_split(config, split.sizes())
+    _check_epsilons(config, dataset, members=split.sizes()["members"])
+
+
+def _check_epsilons(config: RunConfig, dataset: Dataset, *, members: int) -> None:
+    """An epsilon too small for an exact release to draw its noise fails here, not in a cell.
+
+    The floor grows with the released coordinates (:func:`smallest_epsilon`); below 1e-3 it
+    could only bind for a release of over 10^10 parameters, so larger grids skip the count.
+
+    Raises:
+        ValueError: naming the epsilon, the floor and the release's size.
+    """
+    low = min(config.grid)
+    if low >= 1e-3:
+        return
+    from alm_opacus.mechanisms.grid import smallest_epsilon
+    from alm_opacus.ssl.encoders import create_encoder
+
+    encoder = None
+    if dataset.features is not None:
+        dim = int(dataset.features.shape[1])
+    else:
+        assert dataset.images is not None
+        in_channels = int(dataset.images.shape[1])
+        encoder = create_encoder(config.ssl_config.encoder, in_channels=in_channels)
+        dim = int(encoder.out_dim)  # type: ignore[arg-type]
+    classes, head = dataset.num_classes, config.recipe
+    if head.kind == "linear":
+        size = classes * (dim + 1)
+    else:
+        size = head.hidden * (dim + 1) + classes * (head.hidden + 1)
+    if encoder is not None and any(method_class(m).inputs == "images" for m in config.methods):
+        size += sum(p.numel() for p in encoder.parameters())  # the encoder is released too
+    delta = config.delta if config.delta is not None else default_delta(members)
+    floor = smallest_epsilon(dim=size, delta=delta)
+    if low < floor:
+        raise ValueError(
+            f"--epsilons: epsilon={low!r} is below {floor:.3g}, the smallest for which an exact "
+            f"release of this run's {size:,} parameters (delta={delta:.3g}) can draw its noise "
+            f"(at most 2^52 grid steps per scale unit); expected epsilons >= {floor:.3g}"
+        )
 
 
 def _check_split(config: RunConfig, sizes: dict[str, int]) -> None:
