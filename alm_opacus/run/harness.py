@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import importlib.metadata
 import math
+import os
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -273,6 +274,55 @@ def preflight(config: RunConfig) -> None:
         raise ValueError(f"--split: {exc}") from exc
     _check_split(config, split.sizes())
     _check_epsilons(config, dataset, members=split.sizes()["members"])
+    _check_newton_memory(config, dataset)
+
+
+def _machine_memory(device: str) -> int | None:
+    """Bytes of memory on ``device`` (``None`` where the platform does not say)."""
+    if device.startswith("cuda"):
+        index = int(device.partition(":")[2] or 0)
+        return int(torch.cuda.get_device_properties(index).total_memory)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):  # e.g. Windows
+        return None
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
+
+
+def _check_newton_memory(config: RunConfig, dataset: Dataset) -> None:
+    """Features too wide for the Newton solver's dense (d+1)^2 basis fail here, not after
+    minutes of work (a 30,000-d file needs about 36 GB).
+
+    Raises:
+        ValueError: naming the dimension, the memory needed and the machine's.
+    """
+    if dataset.features is None:  # image datasets: the encoder's output, a few hundred wide
+        return
+    analytic = [
+        m
+        for m in config.methods
+        if getattr(method_options(m, config.options), "sensitivity", None) == "analytic"
+    ]
+    if config.recipe.solver != "newton" and not analytic:
+        return
+    from alm_opacus.sensitivity.convex import basis_peak_bytes
+
+    dim = int(dataset.features.shape[1])
+    need, limit = basis_peak_bytes(dim), _machine_memory(config.device)
+    if limit is not None and need > limit:
+        who = "the head's Newton solver"
+        if config.recipe.solver != "newton":
+            who = f"the Newton fit of {', '.join(analytic)}'s analytic sensitivity"
+        raise ValueError(
+            f"{config.dataset}: features of {dim:,} dimensions need a dense ({dim + 1:,})^2 "
+            f"eigendecomposition for {who}: about {_gib(need)} at its peak, more than the "
+            f"{_gib(limit)} of memory on {config.device}; reduce the "
+            "dimension (e.g. PCA), or train the head with Adam (--l2 0 or --head mlp) with "
+            "--sensitivity sampled"
+        )
 
 
 def _check_epsilons(config: RunConfig, dataset: Dataset, *, members: int) -> None:
@@ -287,6 +337,7 @@ def _check_epsilons(config: RunConfig, dataset: Dataset, *, members: int) -> Non
     low = min(config.grid)
     if low >= 1e-3:
         return
+    from alm_opacus.mechanisms.analysis import LARGEST_EPSILON
     from alm_opacus.mechanisms.grid import smallest_epsilon
     from alm_opacus.ssl.encoders import create_encoder
 
@@ -311,7 +362,8 @@ def _check_epsilons(config: RunConfig, dataset: Dataset, *, members: int) -> Non
         raise ValueError(
             f"--epsilons: epsilon={low!r} is below {floor:.3g}, the smallest for which an exact "
             f"release of this run's {size:,} parameters (delta={delta:.3g}) can draw its noise "
-            f"(at most 2^52 grid steps per scale unit); expected epsilons >= {floor:.3g}"
+            f"(at most 2^52 grid steps per scale unit); expected epsilons in "
+            f"[{floor:.3g}, {LARGEST_EPSILON:g}]"
         )
 
 
