@@ -230,13 +230,13 @@ def test_features_too_wide_for_the_newton_basis_exit_2_before_writing(
 ) -> None:
     import numpy as np
 
-    from alm_opacus.run import harness
+    from alm_opacus.run import harness, limits
     from alm_opacus.run.cli import main, parse_command
     from alm_opacus.sensitivity.convex import basis_peak_bytes
 
     # 400 x 30,000 (the honest file of issue 36) needs about 34 GiB: five (d+1)^2 float64
     assert basis_peak_bytes(30_000) == 5 * 8 * 30_001**2
-    monkeypatch.setattr(harness, "_machine_memory", lambda device: 10 * 2**20)  # 10 MiB
+    monkeypatch.setattr(limits, "_machine_memory", lambda device: 10 * 2**20)  # 10 MiB
     rng = np.random.default_rng(0)
     y = np.arange(60) % 3
     np.savez(tmp_path / "wide.npz", x=rng.standard_normal((60, 600)).astype(np.float32), y=y)
