@@ -14,7 +14,7 @@ import torch
 
 from alm_opacus._validation import default_delta
 from alm_opacus.data import Dataset
-from alm_opacus.methods import method_class, method_options
+from alm_opacus.methods import method_options
 from alm_opacus.run.config import RunConfig
 
 __all__ = ["check_epsilons", "check_newton_memory"]
@@ -71,8 +71,10 @@ def check_newton_memory(config: RunConfig, dataset: Dataset) -> None:
 def check_epsilons(config: RunConfig, dataset: Dataset, *, members: int) -> None:
     """An epsilon too small for an exact release to draw its noise fails here, not in a cell.
 
-    The floor grows with the released coordinates (:func:`smallest_epsilon`); at 1e-3 it
-    would take a release of over 10^12 parameters, so grids from 1e-3 up skip the count.
+    The floor grows with the released coordinates (:func:`smallest_epsilon`): the head's
+    parameters, which the post-training methods release with noise of scale ~1/epsilon
+    (DP-SGD's noise stays bounded as epsilon -> 0, with delta > 0). At 1e-3 it would take a
+    head of over 10^12 parameters, so grids from 1e-3 up skip the count.
 
     Raises:
         ValueError: naming the epsilon, the floor and the release's size.
@@ -84,10 +86,9 @@ def check_epsilons(config: RunConfig, dataset: Dataset, *, members: int) -> None
     from alm_opacus.mechanisms.grid import smallest_epsilon
     from alm_opacus.ssl.encoders import create_encoder
 
-    encoder = None
     if dataset.features is not None:
         dim = int(dataset.features.shape[1])
-    else:
+    else:  # the features are the encoder's output
         assert dataset.images is not None
         in_channels = int(dataset.images.shape[1])
         encoder = create_encoder(config.ssl_config.encoder, in_channels=in_channels)
@@ -97,14 +98,12 @@ def check_epsilons(config: RunConfig, dataset: Dataset, *, members: int) -> None
         size = classes * (dim + 1)
     else:
         size = head.hidden * (dim + 1) + classes * (head.hidden + 1)
-    if encoder is not None and any(method_class(m).inputs == "images" for m in config.methods):
-        size += sum(p.numel() for p in encoder.parameters())  # the encoder is released too
     delta = config.delta if config.delta is not None else default_delta(members)
     floor = smallest_epsilon(dim=size, delta=delta)
     if low < floor:
         raise ValueError(
             f"--epsilons: epsilon={low!r} is below {floor:.3g}, the smallest for which an exact "
-            f"release of this run's {size:,} parameters (delta={delta:.3g}) can draw its noise "
-            f"(at most 2^52 grid steps per scale unit); expected epsilons in "
+            f"release of this run's head ({size:,} parameters, delta={delta:.3g}) can draw its "
+            f"noise (at most 2^52 grid steps per scale unit); expected epsilons in "
             f"[{floor:.3g}, {LARGEST_EPSILON:g}]"
         )
