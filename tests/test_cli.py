@@ -170,3 +170,86 @@ def test_the_verdict_is_printed_under_the_table(tmp_path: Path, monkeypatch, cap
     assert verdict.startswith("Verdict: At a meaningful guarantee (ε′ ≤ 10, δ′ ≤ 1/150) no")
     assert max(len(line) for line in verdict.splitlines()) <= 100
     assert rest.split("\n\n", 1)[1].startswith("results: ")
+
+
+def _features_file(path: Path) -> Path:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    y = np.arange(60) % 3
+    x = rng.standard_normal((60, 6)) + 2 * np.eye(3, 6)[y]
+    np.savez(path, x=x.astype(np.float32), y=y)
+    return path
+
+
+@pytest.mark.parametrize("epsilons", ["1e-300", "1,1e-14"])
+def test_an_epsilon_too_small_to_draw_exits_2_before_writing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], epsilons: str
+) -> None:
+    from alm_opacus.mechanisms.grid import smallest_epsilon
+    from alm_opacus.run.cli import main
+
+    data = _features_file(tmp_path / "f.npz")
+    out = tmp_path / "run"
+    argv = ["--dataset", f"features:{data}", "--methods", "laplace,gaussian-classic"]
+    argv += ["--epsilons", epsilons, "--out", str(out), "--no-progress"]
+    code = main([*argv, "--cache-dir", str(tmp_path / "cache")])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    # a linear head on 6-d features, 3 classes: 21 parameters; 12 members, delta = 1e-5
+    floor = smallest_epsilon(dim=21, delta=1e-5)
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert f"epsilon={float(epsilons.split(',')[-1])!r} is below {floor:.3g}" in err
+    assert "21 parameters" in err and f"expected epsilons in [{floor:.3g}, 1e+86]" in err
+    assert not out.exists()
+
+
+def test_an_epsilon_too_large_to_calibrate_exits_2_before_writing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from alm_opacus.mechanisms.analysis import LARGEST_EPSILON, analytic_gaussian_scale
+    from alm_opacus.run.cli import main
+
+    for delta in (1e-300, 1e-5, 0.99):  # the cap calibrates at every delta ...
+        assert analytic_gaussian_scale(epsilon=LARGEST_EPSILON, delta=delta, sensitivity=1) > 0
+    with pytest.raises(ValueError, match="no Gaussian scale"):  # ... and 1e88 does not
+        analytic_gaussian_scale(epsilon=1e88, delta=0.5, sensitivity=1.0)
+    data = _features_file(tmp_path / "f.npz")
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as info:
+        main(["--dataset", f"features:{data}", "--epsilons", "1,1e300", "--out", str(out)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "epsilon=1e+300 is too large: expected epsilons in (0, 1e+86]" in err
+    assert not out.exists()
+
+
+def test_features_too_wide_for_the_newton_basis_exit_2_before_writing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numpy as np
+
+    from alm_opacus.run import harness, limits
+    from alm_opacus.run.cli import main, parse_command
+    from alm_opacus.sensitivity.convex import basis_peak_bytes
+
+    # 400 x 30,000 (the honest file of issue 36) needs about 34 GiB: five (d+1)^2 float64
+    assert basis_peak_bytes(30_000) == 5 * 8 * 30_001**2
+    monkeypatch.setattr(limits, "_machine_memory", lambda device: 10 * 2**20)  # 10 MiB
+    rng = np.random.default_rng(0)
+    y = np.arange(60) % 3
+    np.savez(tmp_path / "wide.npz", x=rng.standard_normal((60, 600)).astype(np.float32), y=y)
+    out = tmp_path / "run"
+    argv = ["--dataset", f"features:{tmp_path / 'wide.npz'}", "--methods", "laplace"]
+    argv += ["--epsilons", "1", "--out", str(out), "--no-progress"]
+    argv += ["--cache-dir", str(tmp_path / "cache")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    need = 40 * 601**2 / 2**20
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "features of 600 dimensions need a dense (601)^2 eigendecomposition" in err
+    assert f"about {need:.0f} MiB at its peak, more than the 10 MiB of memory on cpu" in err
+    assert not out.exists()
+    # Adam needs no basis: the same file passes every check before the run
+    harness.preflight(parse_command([*argv, "--l2", "0", "--sensitivity", "sampled"]).config)

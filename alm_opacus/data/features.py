@@ -5,10 +5,14 @@ holding:
 
 * ``x``: ``(n, d)`` float32 or float64, finite, no all-zero row;
 * ``y``: ``(n,)`` integer labels in ``[0, num_classes)``, every class present;
-* ``role`` (optional): ``(n,)`` strings, each ``member``, ``non-member``, ``attacker`` or
+* ``role`` (optional): ``(n,)`` ASCII strings, each ``member``, ``non-member``, ``attacker`` or
   ``public`` (:data:`~alm_opacus.data.split.ROLES`): the split, row by row. Without it the
-  split is drawn, class-stratified, in the proportions of :func:`default_split`;
-* ``num_classes`` (optional): a scalar integer (default ``max(y) + 1``).
+  split is drawn, class-stratified, in the proportions of :func:`default_split`. With it,
+  as many non-members as members and an attacker's pool of at least twice the members;
+* ``num_classes`` (optional): a scalar integer, at most ``n`` (default ``max(y) + 1``).
+
+No other field (:data:`FIELDS`): a misspelt ``role`` would leave the split to chance. Each
+``.npy`` header is checked against the bytes the file holds before anything is mapped.
 
 An uncompressed ``.npz`` is a zip archive whose members are ``.npy`` files stored byte for
 byte, so ``x`` is mapped in place (``np.memmap`` at the member's offset): a 50,000 x 2,048
@@ -24,7 +28,9 @@ field. See docs/own_features.md.
 
 from __future__ import annotations
 
+import difflib
 import functools
+import math
 import struct
 import zipfile
 from pathlib import Path
@@ -40,6 +46,7 @@ __all__ = [
     "FAMILY",
     "FEATURES_EPSILONS",
     "FEATURES_HEAD",
+    "FIELDS",
     "UNIT_NORM_TOLERANCE",
     "default_split",
     "features_spec",
@@ -60,6 +67,8 @@ FEATURES_HEAD = HeadConfig(l2=3e-4, solver="newton")
 _ROWS_PER_CHUNK = 8192  # rows checked at a time: bounded memory on a mapped file
 _LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")  # a zip local file header (APPNOTE 4.3.7)
 _LOCAL_SIGNATURE = 0x04034B50
+#: The fields a features file may hold (module docstring); any other member is refused.
+FIELDS = ("x", "y", "role", "num_classes")
 
 
 def default_split(rows: int) -> SplitSizes:
@@ -74,11 +83,69 @@ def _fail(path: Path, field: str, problem: str) -> DataError:
     return DataError(f"features file {path}: field {field!r}: {problem}")
 
 
+def _fields(path: Path, archive: zipfile.ZipFile) -> None:
+    """Refuse members that are not fields of a features file, by name.
+
+    A misspelt ``role`` (``roles``) would otherwise leave the split to chance, which can put
+    the rows that built the features among the members.
+
+    Raises:
+        DataError: naming the unknown member (with the likely field it misspells) and the
+            expected ones, or a member stored twice.
+    """
+    names = archive.namelist()
+    expected = {f"{f}.npy" for f in FIELDS}
+    for name in names:
+        if names.count(name) > 1:
+            raise _fail(
+                path,
+                name.removesuffix(".npy"),
+                "is stored twice in the archive; expected each field once (write the file with "
+                "np.savez)",
+            )
+        if name in expected:
+            continue
+        field = name.removesuffix(".npy")
+        close = difflib.get_close_matches(field, FIELDS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise _fail(
+            path,
+            field,
+            f"is not a field of a features file: expected x, y and optionally role, "
+            f"num_classes{hint}",
+        )
+
+
+def _member_data(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> tuple[int, int]:
+    """``(header_offset, end)``: where the member's local header starts, and the offset its
+    data may not pass, read from the file itself.
+
+    The central directory's sizes are not trusted: a member's data ends at the next member's
+    local header (or the central directory), and never beyond the end of the file.
+    """
+    size = path.stat().st_size
+    stored = getattr(archive, "start_dir", size)  # where the central directory starts
+    later = [i.header_offset for i in archive.infolist() if i.header_offset > info.header_offset]
+    end = min([size, stored, *later])
+    if info.header_offset < 0 or info.header_offset + _LOCAL_HEADER.size > end:
+        raise _fail(
+            path,
+            info.filename.removesuffix(".npy"),
+            "has a corrupt zip header; write the file with np.savez",
+        )
+    return info.header_offset, end
+
+
 def _member(path: Path, archive: zipfile.ZipFile, field: str) -> np.ndarray | None:
     """The ``.npy`` member ``field`` of the archive, memory-mapped in place (``None`` if absent).
 
+    The ``.npy`` header is read and checked before anything is mapped or allocated: its shape
+    (non-negative), its dtype (no objects, no empty elements) and its byte count (exact
+    integers, so a forged shape cannot overflow), against the bytes the file really holds.
+
     Raises:
-        DataError: for a compressed member, an object array or a truncated one.
+        DataError: for a compressed member, a corrupt or forged header, an object array or a
+            truncated one.
     """
     try:
         info = archive.getinfo(f"{field}.npy")
@@ -87,13 +154,15 @@ def _member(path: Path, archive: zipfile.ZipFile, field: str) -> np.ndarray | No
     if info.compress_type != zipfile.ZIP_STORED:
         raise _fail(path, field, "is compressed (np.savez_compressed), so it cannot be "
                     "memory-mapped; write the file with np.savez")  # fmt: skip
+    header_offset, end = _member_data(path, archive, info)
     with path.open("rb") as handle:
-        handle.seek(info.header_offset)
+        handle.seek(header_offset)
         header = handle.read(_LOCAL_HEADER.size)
         if len(header) != _LOCAL_HEADER.size or _LOCAL_HEADER.unpack(header)[0] != _LOCAL_SIGNATURE:
             raise _fail(path, field, "has a corrupt zip header; write the file with np.savez")
         name_length, extra_length = _LOCAL_HEADER.unpack(header)[-2:]
-        start = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+        start = header_offset + _LOCAL_HEADER.size + name_length + extra_length
+        end = min(end, start + max(info.file_size, 0))  # neither the directory nor the file
         handle.seek(start)
         try:
             version = np.lib.format.read_magic(handle)
@@ -103,15 +172,26 @@ def _member(path: Path, archive: zipfile.ZipFile, field: str) -> np.ndarray | No
                 shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
             else:
                 raise ValueError(f"npy format version {version} (expected 1.0 or 2.0)")
-        except ValueError as exc:
-            raise _fail(path, field, f"is not a readable .npy array ({exc})") from exc
+        except Exception as exc:  # numpy's parser of a hostile header raises many types
+            reason = " ".join(str(exc).split())[:200]  # numpy's text may span lines
+            raise _fail(path, field, f"is not a readable .npy array ({reason})") from exc
         offset = handle.tell()
+    if any(d < 0 for d in shape):
+        raise _fail(path, field, f"has shape {shape} in its header; expected dimensions >= 0")
     if dtype.hasobject:
         raise _fail(path, field, "holds Python objects; expected numbers or strings")
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if offset - start + nbytes > info.file_size:
-        raise _fail(path, field, f"is truncated: {info.file_size} bytes stored, header says "
-                    f"{offset - start + nbytes}")  # fmt: skip
+    if dtype.itemsize == 0:
+        raise _fail(
+            path, field, f"has dtype {dtype} of 0-byte elements; expected numbers or strings"
+        )
+    nbytes = math.prod(shape) * dtype.itemsize  # exact: Python integers do not overflow
+    if offset + nbytes > end:
+        raise _fail(
+            path,
+            field,
+            f"is truncated or forged: its header (shape {shape}, dtype {dtype}) needs {nbytes} "
+            f"bytes of data, the archive holds {max(end - offset, 0)}",
+        )
     if nbytes == 0:
         return np.zeros(shape, dtype=dtype)
     # copy-on-write: writable for torch.from_numpy, pages shared until (never) written
@@ -152,7 +232,21 @@ def _check_y(path: Path, y: np.ndarray | None, n: int, num_classes: int | None) 
     if not np.issubdtype(y.dtype, np.integer):
         raise _fail(path, "y", f"has dtype {y.dtype}; expected integer labels")
     labels = np.asarray(y, dtype=np.int64)
+    if y.dtype == np.uint64 and (np.asarray(y) > np.iinfo(np.int64).max).any():
+        raise _fail(path, "y", "holds labels above 2^63 - 1; expected 0 ... num_classes - 1")
     high = int(labels.max()) + 1 if num_classes is None else num_classes
+    if labels.min() >= 0 and high > n:  # bincount would allocate `high` counts
+        field, where = (
+            ("y", f"labels up to {high - 1} make {high} classes,")
+            if num_classes is None
+            else ("num_classes", f"is {high},")
+        )
+        raise _fail(
+            path,
+            field,
+            f"{where} more than the {n} rows; expected at most {n} "
+            "classes (every class needs a row)",
+        )
     if labels.min() < 0 or labels.max() >= high:
         raise _fail(path, "y", f"holds labels from {labels.min()} to {labels.max()}; expected "
                     f"0 ... {high - 1} (num_classes={high})")  # fmt: skip
@@ -173,6 +267,17 @@ def _check_role(path: Path, role: np.ndarray | None, n: int) -> np.ndarray | Non
     if role.dtype.kind not in "US":
         raise _fail(path, "role", f"has dtype {role.dtype}; expected strings, one of "
                     f"{', '.join(ROLES)}")  # fmt: skip
+    if role.dtype.kind == "S":
+        raw = np.asarray(role).view(np.uint8).reshape(n, role.dtype.itemsize)
+        high = np.flatnonzero((raw >= 0x80).any(axis=1))
+        if len(high):  # np.char.decode would raise, naming neither the row nor the file
+            raise _fail(
+                path,
+                "role",
+                f"row {int(high[0])} holds non-ASCII bytes "
+                f"{bytes(raw[high[0]]).rstrip(bytes(1))!r}; expected one of "
+                f"{', '.join(ROLES)}",
+            )
     text = np.char.decode(role, "ascii") if role.dtype.kind == "S" else np.asarray(role)
     values, codes = np.unique(text, return_inverse=True)
     unknown = [str(v) for v in values if v not in ROLES]
@@ -182,7 +287,37 @@ def _check_role(path: Path, role: np.ndarray | None, n: int) -> np.ndarray | Non
     for k, name in enumerate(ROLES):
         if not (index == k).any():
             raise _fail(path, "role", f"leaves role {name!r} empty; every role needs a row")
+    _check_role_counts(path, role_sizes(index))
     return index
+
+
+def _check_role_counts(path: Path, sizes: SplitSizes) -> None:
+    """The proportions the harness needs, which a role column fixes (no ``--split``).
+
+    Members and non-members are the balanced evaluation set the attacks score; the attacker's
+    pool is split into halves that each train a shadow head on the members' count
+    (docs/own_features.md), so it needs at least twice the members.
+
+    Raises:
+        DataError: naming both counts.
+    """
+    members, nonmembers, attacker = sizes.members, sizes.nonmembers, sizes.attacker
+    if nonmembers != members:
+        raise _fail(
+            path,
+            "role",
+            f"has {members} 'member' rows but {nonmembers} 'non-member' "
+            "rows; expected as many of each (the attacks score a balanced "
+            "evaluation set)",
+        )
+    if attacker < 2 * members:
+        raise _fail(
+            path,
+            "role",
+            f"has {attacker} 'attacker' rows for {members} 'member' "
+            f"rows; expected at least {2 * members} (twice the members: each half of "
+            "the pool trains a shadow head on as many rows as the victim)",
+        )
 
 
 def _check_num_classes(path: Path, value: np.ndarray | None) -> int | None:
@@ -199,7 +334,8 @@ def _read(path: Path, mtime_ns: int, size: int) -> Dataset:
     del mtime_ns, size  # the cache key: a rewritten file is read again
     try:
         with zipfile.ZipFile(path) as archive:
-            fields = {f: _member(path, archive, f) for f in ("x", "y", "role", "num_classes")}
+            _fields(path, archive)
+            fields = {f: _member(path, archive, f) for f in FIELDS}
     except (zipfile.BadZipFile, OSError) as exc:
         raise DataError(f"features file {path}: not a readable .npz ({exc}); expected "
                         "np.savez(path, x=..., y=...)") from exc  # fmt: skip
@@ -228,8 +364,10 @@ def read_features(path: str | Path) -> Dataset:
 
     Raises:
         DataError: naming the file and the field: a missing file, a compressed or corrupt
-            archive, a missing field, wrong shapes or dtypes, non-finite or all-zero rows,
-            labels out of range, a class without rows, an unknown role or an empty one.
+            archive, a forged ``.npy`` header, an unknown field, a missing field, wrong shapes
+            or dtypes, non-finite or all-zero rows, labels out of range, a class without rows,
+            more classes than rows, an unknown role, an empty one or role counts the harness
+            cannot use.
     """
     file = Path(path)
     if not file.is_file():

@@ -24,6 +24,7 @@ __all__ = [
     "max_exponent",
     "min_exponent",
     "quantize",
+    "smallest_epsilon",
     "step_grid",
 ]
 
@@ -166,6 +167,33 @@ def cells_per_scale(scale: float, grid: Grid) -> float:
             "beyond the int64 range of an exact draw; use a coarser grid"
         )
     return t
+
+
+def smallest_epsilon(*, dim: int, delta: float = 0.0) -> float:
+    """The smallest ε at which an exact release of ``dim`` coordinates can draw its noise.
+
+    The draw counts noise in grid steps, at most 2⁵² per scale unit (int64 arithmetic). At
+    small ε the release widens its grid (``exact.plan_release``) up to γ ∈ [Δ/w, 2Δ/w), with
+    w = d (L1) or √d (L2), so the sensitivity becomes Δ' < 3Δ and a scale of k·Δ'/ε spans
+    fewer than 3·k·w/ε steps, whatever Δ. The laws whose scale grows as 1/ε bind: Laplace and
+    logistic noise (L1, k = 1) and the classic Gaussian (L2, k = sqrt(2 ln(1.25/δ))); the
+    analytic Gaussian and DP-SGD's accountant give a bounded scale as ε → 0.
+
+    Args:
+        dim: the number of released coordinates d (a head's parameters), ≥ 1.
+        delta: the run's δ (0 for pure DP, where no Gaussian law runs).
+
+    Returns:
+        ``3·max(d, sqrt(2 ln(1.25/δ))·√d) / 2⁵²``, rounded up: every ε at or above it can
+        be drawn.
+
+    Raises:
+        ValueError: for ``dim`` < 1.
+    """
+    steps = _weight("l1", dim)
+    if delta > 0:
+        steps = max(steps, math.sqrt(2.0 * math.log(1.25 / delta)) * _weight("l2", dim))
+    return math.nextafter(3.0 * steps / _MAX_CELLS, math.inf)
 
 
 def quantize(value: torch.Tensor, *, grid: Grid) -> torch.Tensor:

@@ -14,6 +14,7 @@ from alm_opacus.attacks import DEFAULT_ATTACKS, AttackConfig, available_attacks
 from alm_opacus.data import DatasetSpec, dataset_spec
 from alm_opacus.data.split import SplitSizes
 from alm_opacus.heads import HeadConfig
+from alm_opacus.mechanisms.analysis import LARGEST_EPSILON
 from alm_opacus.methods import create_method, method_class, method_options, validate_options
 from alm_opacus.ssl.pretrain import SSLConfig
 
@@ -95,6 +96,11 @@ class RunConfig:
             if not self.epsilons:
                 raise ValueError("epsilons is empty: expected at least one epsilon")
             eps = tuple(check_epsilon(e) for e in self.epsilons)
+            if max(eps) > LARGEST_EPSILON:  # a Gaussian release would fail inside a cell
+                raise ValueError(
+                    f"epsilons: epsilon={max(eps)!r} is too large: expected epsilons in "
+                    f"(0, {LARGEST_EPSILON:g}], the range the Gaussian mechanisms calibrate"
+                )
             object.__setattr__(self, "epsilons", dedupe(eps))
         if self.delta is not None:
             check_delta(self.delta)

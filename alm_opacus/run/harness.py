@@ -48,6 +48,7 @@ from alm_opacus.run.config import RunConfig
 from alm_opacus.run.estimate import forecast
 from alm_opacus.run.evaluation import Evaluation, torch_threads, with_reference
 from alm_opacus.run.executors import Executor, create_executor
+from alm_opacus.run.limits import check_epsilons, check_newton_memory
 from alm_opacus.run.rundir import SPLIT_FILE, RunFolder, check_can_create
 from alm_opacus.run.units import (
     Infeasible,
@@ -253,8 +254,10 @@ def preflight(config: RunConfig) -> None:
     """Every check that can fail before the run writes anything (it writes nothing).
 
     Raises:
-        ValueError: for an unusable device or cache folder, or split sizes the data or the
-            run cannot use (naming ``--split``); DataError for missing data.
+        ValueError: for an unusable device or cache folder, split sizes the data or the run
+            cannot use (naming ``--split``), an epsilon below what an exact release can
+            draw, or features too wide for the Newton basis (``run.limits``); DataError for
+            missing data.
     """
     if config.device.startswith("cuda"):
         index = int(config.device.partition(":")[2] or 0)
@@ -272,6 +275,8 @@ def preflight(config: RunConfig) -> None:
     except ValueError as exc:
         raise ValueError(f"--split: {exc}") from exc
     _check_split(config, split.sizes())
+    check_epsilons(config, dataset, members=split.sizes()["members"])
+    check_newton_memory(config, dataset)
 
 
 def _check_split(config: RunConfig, sizes: dict[str, int]) -> None:

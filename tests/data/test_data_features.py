@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import re
+import struct
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -12,10 +15,12 @@ import torch
 
 from alm_opacus.data import DataError, dataset_spec, load_dataset
 from alm_opacus.data.features import UNIT_NORM_TOLERANCE, default_split, read_features
-from alm_opacus.data.split import ROLES, SplitSizes, make_split
+from alm_opacus.data.split import SplitSizes, make_split
 
 
-def _mixture(rows: int, dim: int = 6, classes: int = 3, seed: int = 0):  # type: ignore[no-untyped-def]
+def _mixture(
+    rows: int, dim: int = 6, classes: int = 3, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     y = np.arange(rows) % classes
     x = rng.standard_normal((rows, dim)) + 2 * np.eye(classes, dim)[y]
@@ -51,11 +56,11 @@ def test_a_file_written_by_numpy_is_read_mapped_and_unit_norm(tmp_path: Path) ->
 
 
 def test_the_map_reads_the_member_at_its_offset(tmp_path: Path) -> None:
-    # fortran order, float64, a field the harness does not know: the bytes are where the
-    # zip's local header says, whatever else the archive holds
+    # fortran order, float64, another field stored first: the bytes are where the zip's
+    # local header says, whatever else the archive holds
     x, y = _mixture(40)
     x = np.asfortranarray(x.astype(np.float64) / np.linalg.norm(x, axis=1, keepdims=True))
-    path = _write(tmp_path / "f.npz", notes=np.arange(7), x=x, y=y)
+    path = _write(tmp_path / "f.npz", num_classes=np.int64(3), x=x, y=y)
     got = read_features(path).features
     assert isinstance(got, np.memmap) and got.dtype == np.float64
     np.testing.assert_array_equal(np.asarray(got), x)
@@ -63,16 +68,29 @@ def test_the_map_reads_the_member_at_its_offset(tmp_path: Path) -> None:
         np.testing.assert_array_equal(np.load(archive.open("x.npy")), np.asarray(got))
 
 
+#: Row i's role: members, non-members, an attacker's pool of twice the members, public.
+_CYCLE = ("member", "non-member", "attacker", "attacker", "public")
+
+
+def _roles(rows: int) -> np.ndarray:
+    return np.array([_CYCLE[i % 5] for i in range(rows)])
+
+
 def test_roles_fix_the_split(tmp_path: Path) -> None:
     x, y = _mixture(60)
-    role = np.array([ROLES[i % 4] for i in range(60)])
-    path = _write(tmp_path / "roles.npz", x=x, y=y, role=role)
+    path = _write(tmp_path / "roles.npz", x=x, y=y, role=_roles(60))
     dataset = load_dataset(f"features:{path}")
     spec = dataset_spec(f"features:{path}")
-    assert spec.split == SplitSizes(members=15, nonmembers=15, attacker=15, public=15)
+    assert spec.split == SplitSizes(members=12, nonmembers=12, attacker=24, public=12)
     split = make_split(dataset, sizes=spec.split, seed=4)
-    for k, part in enumerate(("members", "nonmembers", "attacker", "public")):
-        np.testing.assert_array_equal(getattr(split, part), np.arange(k, 60, 4))
+    rows = np.arange(60)
+    for part, kept in (
+        ("members", rows % 5 == 0),
+        ("nonmembers", rows % 5 == 1),
+        ("attacker", np.isin(rows % 5, (2, 3))),
+        ("public", rows % 5 == 4),
+    ):
+        np.testing.assert_array_equal(getattr(split, part), rows[kept])
     with pytest.raises(DataError, match=r"field 'role' fixes the split.*drop --split"):
         make_split(dataset, sizes=SplitSizes(members=10), seed=0)
 
@@ -96,11 +114,15 @@ def _bad_cases(tmp: Path) -> list[tuple[Path, str, str]]:
     rare = y.copy()
     rare[rare == 2] = 1
     rare[:2] = 2  # class 2 has 2 rows: too few for four parts
-    role = np.array([ROLES[i % 4] for i in range(60)])
+    role = _roles(60)
     no_public = np.where(role == "public", "attacker", role)
     class_role = role.copy()
     class_role[(y == 1) & (role == "public")] = "attacker"
-    cases = [
+    uneven = np.where((role == "non-member") & (np.arange(60) < 10), "public", role)
+    few_attackers = np.where((role == "attacker") & (np.arange(60) < 10), "public", role)
+    non_ascii = role.astype("S10")
+    non_ascii[7] = b"m\xe9mber"
+    cases: list[tuple[str, dict[str, object], str, str]] = [
         ("x-missing", {"y": y}, "x", "is missing"),
         ("x-1d", {"x": x[:, 0], "y": y}, "x", r"has shape \(60,\); expected \(n, d\)"),
         ("x-int", {"x": x.astype(np.int64), "y": y}, "x", "dtype int64; expected float32"),
@@ -122,6 +144,21 @@ def _bad_cases(tmp: Path) -> list[tuple[Path, str, str]]:
         ("role-class", {"x": x, "y": y, "role": class_role}, "role",
          "no row of class 1 has role 'public'"),
         ("role-int", {"x": x, "y": y, "role": np.arange(60) % 4}, "role", "expected strings"),
+        ("roles-key", {"x": x, "y": y, "roles": role}, "roles",
+         r"not a field of a features file: expected x, y and optionally role, num_classes; "
+         r"did you mean 'role'\?"),
+        ("extra-key", {"x": x, "y": y, "notes": np.arange(3)}, "notes",
+         "not a field of a features file"),
+        ("role-uneven", {"x": x, "y": y, "role": uneven}, "role",
+         "has 12 'member' rows but 10 'non-member' rows; expected as many of each"),
+        ("role-attacker", {"x": x, "y": y, "role": few_attackers}, "role",
+         r"has 20 'attacker' rows for 12 'member' rows; expected at least 24 \(twice"),
+        ("role-bytes", {"x": x, "y": y, "role": non_ascii}, "role",
+         r"row 7 holds non-ASCII bytes b'm\\xe9mber'"),
+        ("num-classes-huge", {"x": x, "y": y, "num_classes": np.int64(10**15)}, "num_classes",
+         "is 1000000000000000, more than the 60 rows; expected at most 60 classes"),
+        ("y-huge", {"x": x, "y": y * 10**14}, "y",
+         "labels up to 200000000000000 make 200000000000001 classes, more than the 60 rows"),
     ]  # fmt: skip
     out = []
     for name, fields, field, message in cases:
@@ -132,7 +169,7 @@ def _bad_cases(tmp: Path) -> list[tuple[Path, str, str]]:
     return out
 
 
-@pytest.mark.parametrize("case", range(20))
+@pytest.mark.parametrize("case", range(27))
 def test_a_bad_file_is_one_line_naming_the_file_and_the_field(tmp_path: Path, case: int) -> None:
     path, field, message = _bad_cases(tmp_path)[case]
     with pytest.raises(DataError) as info:
@@ -144,6 +181,114 @@ def test_a_bad_file_is_one_line_naming_the_file_and_the_field(tmp_path: Path, ca
     assert f"features:{path}" in text or f"features file {path}" in text
     assert f"field {field!r}" in text
     assert re.search(message, text), text
+
+
+def _npy(header: dict[str, object], data: bytes = b"") -> bytes:
+    """A ``.npy`` member with a hand-written (possibly forged) version 1.0 header."""
+    text = repr(header).encode("latin1")
+    text += b" " * (-(10 + len(text) + 1) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text + data
+
+
+def _zip(path: Path, members: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as archive:  # stored, as np.savez writes
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return path
+
+
+def _saved(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def _forged_cases(tmp: Path) -> list[tuple[Path, str, str]]:
+    x, y = _mixture(60, dim=4)
+    good = {"y.npy": _saved(y)}
+    f4 = {"descr": "<f4", "fortran_order": False}
+    cases = [
+        (
+            "negative",
+            {"x.npy": _npy({**f4, "shape": (-1, 4)})},
+            "x",
+            r"has shape \(-1, 4\) in its header; expected dimensions >= 0",
+        ),
+        # 2^62 x 2^62 x 8 bytes: int64 arithmetic would wrap to 0
+        (
+            "overflow",
+            {"x.npy": _npy({**f4, "descr": "<f8", "shape": (2**62, 2**62)}, b"0" * 64)},
+            "x",
+            r"is truncated or forged: .* needs 170141183460469231731687303715884105728 bytes "
+            r"of data, the archive holds 64",
+        ),
+        (
+            "more-rows",
+            {"x.npy": _npy({**f4, "shape": (600, 4)}, x.tobytes())},
+            "x",
+            r"needs 9600 bytes of data, the archive holds 960",
+        ),
+        (
+            "empty-elements",
+            {"x.npy": _saved(x), "role.npy": _npy({**f4, "descr": "<U0", "shape": (60,)})},
+            "role",
+            "dtype <U0 of 0-byte elements",
+        ),
+        (
+            "garbled",
+            {"x.npy": b"\x93NUMPY\x01\x00" + struct.pack("<H", 20) + b"{'descr': [[[[[["},
+            "x",
+            r"is not a readable .npy array \(",
+        ),
+        (
+            "descr",
+            {"x.npy": _npy({**f4, "descr": "<U99999999999999", "shape": (1,)})},
+            "x",
+            "is not a readable .npy array .*descr",
+        ),
+    ]
+    out = [
+        (_zip(tmp / f"{name}.npz", {**good, **members}), field, message)
+        for name, members, field, message in cases
+    ]
+    twice = _zip(tmp / "twice.npz", {"x.npy": _saved(x), **good})
+    with warnings.catch_warnings(), zipfile.ZipFile(twice, "a") as archive:
+        warnings.simplefilter("ignore")  # zipfile warns of the duplicate name, and writes it
+        archive.writestr("y.npy", _saved(y))
+    out.append((twice, "y", "is stored twice"))
+    return out
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_a_forged_header_is_one_line_before_anything_is_mapped(tmp_path: Path, case: int) -> None:
+    path, field, message = _forged_cases(tmp_path)[case]
+    with pytest.raises(DataError) as info:
+        read_features(path)
+    text = str(info.value)
+    assert "\n" not in text and f"features file {path}: field {field!r}" in text
+    assert re.search(message, text), text
+
+
+def test_a_central_directory_that_lies_about_sizes_is_refused(tmp_path: Path) -> None:
+    # x's header claims 99 rows, the central directory claims the bytes to match: the data
+    # would run into y's local header and past the end of the file
+    x, y = _mixture(60, dim=4)
+    header = {"descr": "<f4", "fortran_order": False, "shape": (99, 4)}
+    member = _npy(header, x.tobytes())
+    path = _zip(tmp_path / "lying.npz", {"x.npy": member, "y.npy": _saved(y)})
+    data = bytearray(path.read_bytes())
+    central = data.find(b"PK\x01\x02")  # x's central directory record comes first
+    claimed = len(member) + 99 * 4 * 4 - 60 * 4 * 4
+    struct.pack_into("<II", data, central + 20, claimed, claimed)  # compressed, uncompressed
+    path.write_bytes(bytes(data))
+    with zipfile.ZipFile(path) as archive:  # the lie is what zipfile reports
+        assert archive.getinfo("x.npy").file_size == claimed
+    with pytest.raises(
+        DataError,
+        match=r"field 'x': is truncated or forged: .*needs 1584 bytes "
+        r"of data, the archive holds 960",
+    ):
+        read_features(path)
 
 
 def test_not_a_file_or_not_a_zip(tmp_path: Path) -> None:
@@ -191,4 +336,34 @@ def test_cli_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
     assert info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "field 'x'" in err and "nan" in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name", ["roles-key", "role-attacker", "role-bytes", "num-classes-huge"])
+def test_cli_refuses_a_hostile_file_before_writing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    from alm_opacus.run.cli import main
+
+    cases = {p.stem: (p, field) for p, field, _ in _bad_cases(tmp_path)}
+    path, field = cases[name]
+    with pytest.raises(SystemExit) as info:
+        main(["--dataset", f"features:{path}", "--out", str(tmp_path / "run")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"field {field!r}" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_refuses_a_forged_header_before_writing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from alm_opacus.run.cli import main
+
+    path, _, _ = _forged_cases(tmp_path)[1]  # a shape whose byte count overflows int64
+    with pytest.raises(SystemExit) as info:
+        main(["--dataset", f"features:{path}", "--out", str(tmp_path / "run")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "field 'x': is truncated or forged" in err
     assert not (tmp_path / "run").exists()

@@ -492,3 +492,30 @@ def test_special_erfc_reference_sanity() -> None:
     u = np.linspace(0, 8, 17)
     np.testing.assert_allclose(SCIPY_TAIL["gaussian"](u), special.erfc(u / np.sqrt(2)),
                                rtol=1e-13)  # fmt: skip
+
+
+@pytest.mark.parametrize("mechanism", ["laplace", "gaussian", "gaussian-classic"])
+@pytest.mark.parametrize("dim", [1, 21, 5130, 10**6])
+@pytest.mark.parametrize("sensitivity", [1e-6, 0.37, 1e6])
+def test_smallest_epsilon_is_where_the_exact_draw_stops(
+    mechanism: str, dim: int, sensitivity: float
+) -> None:
+    from alm_opacus.mechanisms import create_mechanism
+    from alm_opacus.mechanisms.exact import plan_release
+    from alm_opacus.mechanisms.grid import cells_per_scale, smallest_epsilon
+
+    delta = 0.0 if mechanism == "laplace" else 1e-9
+    floor = smallest_epsilon(dim=dim, delta=delta)
+    law = create_mechanism(mechanism)
+
+    def steps(epsilon: float) -> float:
+        plan = plan_release(
+            mechanism=law, epsilon=epsilon, delta=delta, sensitivity=sensitivity, dim=dim
+        )
+        return cells_per_scale(plan.scale, plan.grid)
+
+    assert steps(floor) <= 2.0**52  # at the floor: drawable
+    if mechanism == "laplace" or (mechanism == "gaussian-classic" and dim < 42):
+        # the binding law: within a factor 3 of the floor, the draw leaves the int64 range
+        with pytest.raises(ValueError, match="beyond the int64 range"):
+            steps(floor / 4)
