@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import matplotlib
 
@@ -58,7 +58,7 @@ __all__ = [
     "utility_figure",
 ]
 
-RocMap = Mapping[tuple[str, float, str], tuple[Sequence[float], Sequence[float]]]
+#: Reads one statistic (with its bar) off a point.
 Getter = Callable[[Point], Stat]
 #: (field, name, FPR) of the TPR panels.
 _TPR_PANELS = (

@@ -10,10 +10,6 @@ import textwrap
 from collections import defaultdict
 from collections.abc import Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")  # headless: plots are files, never windows
-
 import numpy as np
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes

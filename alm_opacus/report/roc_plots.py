@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import matplotlib
 
@@ -30,8 +30,6 @@ from alm_opacus.report.series import (
     BASELINE,
     CHANCE_COLOUR,
     NO_LEAK,
-    Point,
-    Stat,
     format_epsilon,
     method_colours,
     points,
@@ -45,8 +43,8 @@ __all__ = [
     "roc_grid_figure",
 ]
 
+#: The ROC curves of ``rocs.json``: (method, ε, attack) -> (FPRs, TPRs).
 RocMap = Mapping[tuple[str, float, str], tuple[Sequence[float], Sequence[float]]]
-Getter = Callable[[Point], Stat]
 
 
 def roc_floor(rocs: RocMap) -> float:
