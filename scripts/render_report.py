@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,13 +25,15 @@ from pathlib import Path
 
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+from chromium_shots import FLAGS, chromium, print_written, save_png, show_in_doc  # noqa: E402
+
 DOC = ROOT / "docs" / "reading_results.md"
 IMAGES = ROOT / "docs" / "img" / "report"
 BLOCK = "report-shots"
 #: What the images depend on besides this script (and the run folder rendered).
-DEPS = ("alm_opacus/report",)
+DEPS = ("alm_opacus/report", "scripts/chromium_shots.py")
 CAPTIONS = {
     "top": "the page's head: what ran, and the warning that it holds private risk",
     "verdict": "the verdict: the recommendation, its caveats, and per method the best "
@@ -46,17 +47,6 @@ CAPTIONS = {
     "attacks": "how strong the attacks were",
     "settings": "the settings of the run, with resolved values",
 }
-#: Chromium flags for a headless, offline, throw-away profile.
-FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--hide-scrollbars",
-)
 SECTIONS = ("verdict", "tradeoff", "table", "guarantees", "figures", "risk", "attacks", "settings")
 #: Section positions, measured in the page itself (CSS pixels from the top).
 _MEASURE = """<script>
@@ -69,18 +59,6 @@ window.addEventListener('load', () => {
   document.title = 'SECTIONS=' + JSON.stringify(out);
 });
 </script>"""
-
-
-def chromium() -> str:
-    """The Chromium executable.
-
-    Raises:
-        SystemExit: when it is not installed (naming the package).
-    """
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        raise SystemExit("chromium not found: install it with `apt-get install -y chromium`")
-    return found
 
 
 def _run(args: list[str], profile: Path) -> str:
@@ -124,12 +102,15 @@ def render(page: Path, out: Path, *, width: int = 1100, max_height: int = 1400) 
         bottom = tops[k + 1][1] if k + 1 < len(tops) else image.height
         crop = image.crop((0, max(top - 10, 0), width, min(bottom, top + max_height)))
         path = out / f"report_{k + 1}_{name}.png"
-        crop.quantize(colors=64).save(path, optimize=True)
-        written.append(path)
+        written.append(save_png(crop, path, colors=64))
     head = image.crop((0, 0, width, min(tops[0][1] if tops else 600, 600)))
-    path = out / "report_0_top.png"
-    head.quantize(colors=64).save(path, optimize=True)
-    return [path, *written]
+    return [save_png(head, out / "report_0_top.png", colors=64), *written]
+
+
+def _caption(path: Path) -> str:
+    """The caption of a section's image (``report_3_table.png``: the table's)."""
+    name = path.stem.split("_", 2)[-1]
+    return CAPTIONS.get(name, name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,22 +126,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{page} does not exist: expected a finished run folder")
     out = Path(args.out) if args.out else IMAGES
     written = render(page, out, width=args.width)
-    for path in written:
-        print(f"written: {path} ({path.stat().st_size // 1024} KiB)")
+    print_written(written)
     if args.update_docs:
-        from alm_opacus.docblocks import relative, write_block
-
-        lines = [f"Rendered by `scripts/render_report.py` (Chromium, {args.width} px wide):", ""]
-        for path in written:
-            name = path.stem.split("_", 2)[-1]
-            rel = path.resolve().relative_to(DOC.parent.resolve()).as_posix()
-            lines += [f"![{CAPTIONS.get(name, name)}]({rel})", ""]
-        # The images also depend on the run folder, which no digest covers: re-run after
-        # re-running the default run.
-        shown = [relative(args.run), "--width", str(args.width), "--update-docs"]
-        write_block(DOC, name=BLOCK, script=__file__, args=shown, deps=DEPS,
-                    body="\n".join(lines))  # fmt: skip
-        print(f"written: {DOC}")
+        show_in_doc(
+            DOC,
+            block=BLOCK,
+            script=__file__,
+            run=args.run,
+            args=["--width", str(args.width)],
+            intro=f"Rendered by `scripts/render_report.py` (Chromium, {args.width} px wide):",
+            images=[(p, _caption(p)) for p in written],
+            deps=DEPS,
+        )
     return 0
 
 

@@ -30,7 +30,6 @@ import io
 import json
 import os
 import select
-import shutil
 import socket
 import subprocess
 import sys
@@ -44,15 +43,24 @@ from typing import Any
 
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from alm_opacus.report.tensorboard import dashboard_urls
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+from chromium_shots import FLAGS, chromium, print_written, save_png, show_in_doc  # noqa: E402
+
+from alm_opacus.report.tensorboard import dashboard_urls  # noqa: E402
+
 DOC = ROOT / "docs" / "reading_results.md"
 IMAGES = ROOT / "docs" / "img" / "tensorboard"
 BLOCK = "tensorboard-shots"
 #: What the images depend on besides this script (and the run folder rendered).
-DEPS = ("alm_opacus/report/tensorboard.py", "alm_opacus/report/events.py")
+DEPS = (
+    "alm_opacus/report/tensorboard.py",
+    "alm_opacus/report/tb_runs.py",
+    "alm_opacus/report/tb_hparams.py",
+    "alm_opacus/report/tb_views.py",
+    "alm_opacus/report/events.py",
+    "scripts/chromium_shots.py",
+)
 HOST = "127.0.0.1"
 
 
@@ -96,17 +104,6 @@ VIEWS = (
         "guarantee, the method and the weak flag, then the strongest attack's AUC",
     ),
 )
-#: Chromium flags for a headless, offline, throw-away profile.
-FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--hide-scrollbars",
-)
 #: A page is drawn once no request has been in flight for this long (seconds), and it has
 #: had at least MIN_WAIT_S since the navigation; at most PAGE_DEADLINE_S in all.
 QUIET_S = 2.5
@@ -129,18 +126,6 @@ for fd in ends:
     os.close(fd)
 os.execv(sys.argv[3], sys.argv[3:])
 """
-
-
-def chromium() -> str:
-    """The Chromium executable.
-
-    Raises:
-        SystemExit: when it is not installed (naming the package).
-    """
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        raise SystemExit("chromium not found: install it with `apt-get install -y chromium`")
-    return found
 
 
 def free_port() -> int:
@@ -394,8 +379,7 @@ def screenshot(browser: Browser, url: str, path: Path, *, width: int, height: in
     ``path`` palette-quantised (to stay small)."""
     image = Image.open(io.BytesIO(browser.screenshot(url, width=width, height=height)))
     path.parent.mkdir(parents=True, exist_ok=True)
-    image.convert("RGB").quantize(colors=256).save(path, optimize=True)
-    return path
+    return save_png(image, path, colors=256)
 
 
 def render(run: Path, out: Path, *, deadline_s: float = 90.0) -> list[Path]:
@@ -436,24 +420,19 @@ def main(argv: list[str] | None = None) -> int:
     chromium()  # fail before starting TensorBoard
     out = Path(args.out) if args.out else IMAGES
     written = render(Path(args.run), out, deadline_s=args.deadline)
-    for path in written:
-        print(f"written: {path} ({path.stat().st_size // 1024} KiB)")
+    print_written(written)
     if args.update_docs:
-        from alm_opacus.docblocks import relative, write_block
-
-        lines = [
-            "Rendered by `scripts/render_tensorboard.py` (TensorBoard on 127.0.0.1, headless "
-            "Chromium), each from its printed link with no clicking:",
-            "",
-        ]
-        for path, view in zip(written, VIEWS, strict=True):
-            rel = path.resolve().relative_to(DOC.parent.resolve()).as_posix()
-            lines += [f"![{view.caption}]({rel})", ""]
-        # The images also depend on the run folder, which no digest covers: re-run after
-        # re-running the default run.
-        shown = [relative(args.run), "--update-docs"]
-        write_block(DOC, name=BLOCK, script=__file__, args=shown, deps=DEPS, body="\n".join(lines))
-        print(f"written: {DOC}")
+        show_in_doc(
+            DOC,
+            block=BLOCK,
+            script=__file__,
+            run=args.run,
+            args=[],
+            intro="Rendered by `scripts/render_tensorboard.py` (TensorBoard on 127.0.0.1, "
+            "headless Chromium), each from its printed link with no clicking:",
+            images=[(p, view.caption) for p, view in zip(written, VIEWS, strict=True)],
+            deps=DEPS,
+        )
     return 0
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,33 @@ import torch
 
 from alm_opacus.data import Dataset, load_dataset
 from alm_opacus.registry import Registry
+from alm_opacus.report.results import ResultRow
+
+#: The required fields of a results row, as the unprotected head's (method ``none``) at seed 0.
+ROW_DEFAULTS: dict[str, object] = {
+    "dataset": "digits",
+    "method": "none",
+    "epsilon": math.inf,
+    "delta": 0.0,
+    "guarantee": "none",
+    "sensitivity": math.nan,
+    "noise_scale": math.nan,
+    "seed": 0,
+    "test_accuracy": 0.9,
+    "utility_loss": 0.0,
+}
+
+
+def make_row(**fields: object) -> ResultRow:
+    """A results row: :data:`ROW_DEFAULTS` with ``fields`` set (any ``ResultRow`` field)."""
+    return ResultRow(**(ROW_DEFAULTS | fields))  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def result_row() -> Callable[..., ResultRow]:
+    """:func:`make_row`, as a fixture (tests cannot import conftest in importlib mode): the
+    one builder of hand-made results rows."""
+    return make_row
 
 
 @pytest.fixture(scope="session", autouse=True)

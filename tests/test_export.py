@@ -5,8 +5,8 @@ being written or half-written; private parts of a run folder are owner-only."""
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
-import math
 import os
 import stat
 import subprocess
@@ -53,39 +53,30 @@ def _png() -> bytes:
     return buffer.getvalue()
 
 
-def _rows(*, dataset: str, epsilons: tuple[float, ...]) -> list[ResultRow]:
-    base = ResultRow(
-        dataset=dataset,
-        method="none",
-        epsilon=math.inf,
-        delta=0.0,
-        guarantee="none",
-        sensitivity=math.nan,
-        noise_scale=math.nan,
-        seed=0,
-        test_accuracy=0.9,
-        utility_loss=0.0,
-        attack="loss",
-        mia_auc=0.6,
+def _rows(
+    row: Callable[..., ResultRow], *, dataset: str, epsilons: tuple[float, ...]
+) -> list[ResultRow]:
+    base = row(dataset=dataset, attack="loss", mia_auc=0.6)
+    alm = base.replace(
+        method="alm",
+        delta=1e-5,
+        guarantee="random-dp",
+        test_accuracy=0.5,
+        utility_loss=1 - 0.5 / 0.9,
     )
-    rows = [base]
-    for e in epsilons:
-        rows.append(
-            base.replace(
-                method="alm",
-                epsilon=e,
-                delta=1e-5,
-                guarantee="random-dp",
-                test_accuracy=0.5,
-                utility_loss=1 - 0.5 / 0.9,
-            )
-        )
-    return rows
+    return [base, *(alm.replace(epsilon=e) for e in epsilons)]
 
 
-def make_run(
+@pytest.fixture
+def make_run(result_row: Callable[..., ResultRow]) -> Callable[..., Path]:
+    """:func:`_make_run` with the shared row builder."""
+    return functools.partial(_make_run, row=result_row)
+
+
+def _make_run(
     folder: Path,
     *,
+    row: Callable[..., ResultRow],
     split_seed: int = 0,
     epsilons: tuple[float, ...] = (1.0, 10.0),
     rows: list[ResultRow] | None = None,
@@ -107,7 +98,7 @@ def make_run(
     (folder / "config.json").write_text(json.dumps(config))
     write_results(
         folder / "results.csv",
-        rows if rows is not None else _rows(dataset=str(config["dataset"]), epsilons=epsilons),
+        rows if rows is not None else _rows(row, dataset=str(config["dataset"]), epsilons=epsilons),
     )
     (folder / "rocs.json").write_text("[]")
     (folder / "draws.csv").write_text("method,epsilon\n")
@@ -147,7 +138,9 @@ def _export(run: Path, dest: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_export_copies_what_the_run_shares_without_torch(tmp_path: Path) -> None:
+def test_export_copies_what_the_run_shares_without_torch(
+    tmp_path: Path, make_run: Callable[..., Path]
+) -> None:
     run = make_run(tmp_path / "run")
     dest = tmp_path / "out" / "shared"
     done = _export(run, dest)
@@ -199,7 +192,9 @@ def test_export_copies_what_the_run_shares_without_torch(tmp_path: Path) -> None
     assert not list(dest.parent.glob(".shared.new-*"))
 
 
-def test_the_default_split_seed_is_said_plainly(tmp_path: Path) -> None:
+def test_the_default_split_seed_is_said_plainly(
+    tmp_path: Path, make_run: Callable[..., Path]
+) -> None:
     done = _export(make_run(tmp_path / "run"), tmp_path / "shared")
     assert done.returncode == 0, done.stderr
     note = [line for line in done.stderr.splitlines() if "split seed" in line]
@@ -214,7 +209,9 @@ def test_the_default_split_seed_is_said_plainly(tmp_path: Path) -> None:
     assert "918273" not in (tmp_path / "shared2" / "config.json").read_text()
 
 
-def test_an_export_while_the_run_writes_is_refused(tmp_path: Path) -> None:
+def test_an_export_while_the_run_writes_is_refused(
+    tmp_path: Path, make_run: Callable[..., Path]
+) -> None:
     run = make_run(tmp_path / "run")
     fd = os.open(run / LOCK_FILE, os.O_RDWR)
     try:
@@ -266,7 +263,10 @@ def _no_results(run: Path) -> Path:
     ],
 )
 def test_a_half_written_run_folder_is_refused(
-    tmp_path: Path, damage: Callable[[Path], Path], needle: str
+    tmp_path: Path,
+    make_run: Callable[..., Path],
+    damage: Callable[[Path], Path],
+    needle: str,
 ) -> None:
     run = make_run(tmp_path / "run")
     named = damage(run)
@@ -277,7 +277,9 @@ def test_a_half_written_run_folder_is_refused(
     assert not list(tmp_path.glob(".shared.new-*"))
 
 
-def test_a_shared_file_naming_an_owner_path_is_left_out(tmp_path: Path) -> None:
+def test_a_shared_file_naming_an_owner_path_is_left_out(
+    tmp_path: Path, make_run: Callable[..., Path]
+) -> None:
     run = make_run(tmp_path / "run")
     events = run / "tb" / "alm [random-dp]" / "events.out.tfevents.1.alm_opacus"
     events.write_bytes(b"\x00hparams dataset features:" + FEATURES.encode())

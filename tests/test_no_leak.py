@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -68,27 +69,18 @@ def test_it_uses_every_public_row_when_there_are_fewer_than_members(make_context
     assert torch.allclose(head.predict_proba(x), expected.predict_proba(x), atol=1e-6)
 
 
-def _row(method: str, epsilon: float, auc: float) -> ResultRow:
-    return ResultRow(
-        dataset="digits",
-        method=method,
-        epsilon=epsilon,
-        delta=0.0,
-        guarantee="none",
-        sensitivity=math.nan,
-        noise_scale=math.nan,
-        seed=0,
-        test_accuracy=0.9,
-        utility_loss=0.0,
-        attack="loss",
-        mia_auc=auc,
-        mia_auc_ci_low=auc - 0.05,
-        mia_auc_ci_high=auc + 0.05,
-    )
+def test_views_read_it_apart_from_the_methods(result_row: Callable[..., ResultRow]) -> None:
+    def row(method: str, epsilon: float, auc: float) -> ResultRow:
+        return result_row(
+            method=method,
+            epsilon=epsilon,
+            attack="loss",
+            mia_auc=auc,
+            mia_auc_ci_low=auc - 0.05,
+            mia_auc_ci_high=auc + 0.05,
+        )
 
-
-def test_views_read_it_apart_from_the_methods() -> None:
-    rows = [_row("none", math.inf, 0.6), _row("alm", 1.0, 0.52), _row(NO_LEAK, math.inf, 0.53)]
+    rows = [row("none", math.inf, 0.6), row("alm", 1.0, 0.52), row(NO_LEAK, math.inf, 0.53)]
     assert [p.method for p in points(rows)] == ["alm", "none"]
     assert methods(rows) == ["none", "alm"]
     reference = no_leak(rows)

@@ -334,3 +334,24 @@ def guarantee_style(kind: str) -> tuple[str, object]:
 def format_epsilon(epsilon: float) -> str:
     """Epsilon as every view prints it: ``inf``, ``0.1``, ``1000``, ``1e+04``."""
     return "inf" if math.isinf(epsilon) else f"{epsilon:g}"
+
+
+def format_stat(stat: Stat, *, digits: int = 3, interval_digits: int = 2, sep: str = ", ") -> str:
+    """A mean with its error bar as every view prints it: ``0.612 [0.55, 0.67]`` (a 95%
+    interval), ``0.612 ±0.031`` (one std) or ``0.612`` (no bar); ``-`` for a missing mean.
+
+    Args:
+        stat: the statistic (:class:`Stat`).
+        digits: decimals of the mean and of the ± spread.
+        interval_digits: decimals of the interval's bounds.
+        sep: between the bounds (the narrow table uses ``","``).
+
+    Returns:
+        The text.
+    """
+    mean = "-" if math.isnan(stat.mean) else f"{stat.mean:.{digits}f}"
+    if stat.kind == "ci95":
+        return f"{mean} [{stat.low:.{interval_digits}f}{sep}{stat.high:.{interval_digits}f}]"
+    if stat.kind == "std":
+        return f"{mean} ±{stat.high - stat.mean:.{digits}f}"
+    return mean

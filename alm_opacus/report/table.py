@@ -31,6 +31,7 @@ from alm_opacus.report.series import (
     Point,
     Stat,
     format_epsilon,
+    format_stat,
     infeasible_rows,
     methods,
     points,
@@ -65,11 +66,7 @@ def _lower_bound(value: float) -> str:
 
 
 def _with_bar(stat: Stat) -> str:
-    if stat.kind == "ci95":
-        return f"{_num(stat.mean)} [{stat.low:.2f},{stat.high:.2f}]"
-    if stat.kind == "std":
-        return f"{_num(stat.mean)} ±{stat.high - stat.mean:.3f}"
-    return _num(stat.mean)
+    return format_stat(stat, sep=",")
 
 
 def _resolved(rows: Sequence[ResultRow], field: str, fpr: float, nonmembers: int | None) -> bool:

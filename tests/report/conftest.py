@@ -3,6 +3,7 @@ seed, attack), so a point lost or overwritten on the way to a view cannot go unn
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 from collections.abc import Callable, Sequence
@@ -56,27 +57,18 @@ def _attack_rows(base: ResultRow, *, level: float, code: float) -> list[ResultRo
 
 def make_rows(
     *,
+    row: Callable[..., ResultRow],
     methods: Sequence[str] = tuple(METHODS),
     seeds: Sequence[int] = SEEDS,
     epsilons: Sequence[float] = EPSILONS,
     infeasible: Sequence[tuple[str, float]] = (),
 ) -> list[ResultRow]:
-    """The rows of a run: the baseline ``none`` per seed, then each method x epsilon x seed,
-    one row per attack; ``infeasible`` (method, epsilon) cells get one infeasible row."""
+    """The rows of a run, built with ``row`` (the ``result_row`` fixture): the baseline
+    ``none`` per seed, then each method x epsilon x seed, one row per attack; ``infeasible``
+    (method, epsilon) cells get one infeasible row."""
     rows: list[ResultRow] = []
     for seed in seeds:
-        base = ResultRow(
-            dataset="digits",
-            method="none",
-            epsilon=math.inf,
-            delta=0.0,
-            guarantee="none",
-            sensitivity=math.nan,
-            noise_scale=math.nan,
-            seed=seed,
-            test_accuracy=0.93 - 0.01 * seed,
-            utility_loss=0.0,
-        )
+        base = row(seed=seed, test_accuracy=0.93 - 0.01 * seed)
         rows += _attack_rows(base, level=1.0, code=0.001 * seed)
     for m_index, method in enumerate(methods):
         guarantee, relation, factor = METHODS[method]
@@ -85,8 +77,7 @@ def make_rows(
                 level = e_index / (len(epsilons) - 1)  # 0 at the smallest epsilon, 1 at the largest
                 code = 0.0001 * (1 + m_index) + 0.001 * seed + 0.00001 * e_index
                 accuracy = 0.1 + 0.8 * level + code
-                base = ResultRow(
-                    dataset="digits",
+                base = row(
                     method=method,
                     epsilon=epsilon,
                     delta=DELTA,
@@ -132,9 +123,9 @@ def make_rows(
 
 
 @pytest.fixture
-def synthetic_rows() -> Callable[..., list[ResultRow]]:
+def synthetic_rows(result_row: Callable[..., ResultRow]) -> Callable[..., list[ResultRow]]:
     """:func:`make_rows`, as a fixture (tests cannot import conftest in importlib mode)."""
-    return make_rows
+    return functools.partial(make_rows, row=result_row)
 
 
 def smallest_text(fig: Figure, *, dpi: float, page_width: float = 1100.0) -> tuple[float, str]:

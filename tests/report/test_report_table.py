@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from alm_opacus.report.results import ResultRow
-from alm_opacus.report.series import is_weak, replace_one, to_replace_one
+from alm_opacus.report.series import Stat, format_stat, is_weak, replace_one, to_replace_one
 from alm_opacus.report.table import CITED, MAX_WIDTH, format_tradeoff_table, tradeoff_cells
 from alm_opacus.report.verdict import decide
 
@@ -235,3 +235,17 @@ def test_replace_one_reads_the_rows_own_columns() -> None:
     assert replace_one(row.replace(neighbouring="replace-one")) == (1.0, 1e-5)
     with pytest.raises(ValueError, match="epsilon=-1"):
         to_replace_one(epsilon=-1.0, delta=0.0)
+
+
+def test_every_view_prints_a_mean_with_its_bar_one_way() -> None:
+    """The table, report.html and the verdict print an AUC with :func:`format_stat`: the
+    interval's bounds at two decimals, the mean and a ± spread at ``digits``."""
+    interval = Stat(0.6123, 0.5512, 0.6749, "ci95")
+    assert format_stat(interval) == "0.612 [0.55, 0.67]"  # report.html
+    assert format_stat(interval, sep=",") == "0.612 [0.55,0.67]"  # the narrow table
+    assert format_stat(interval, digits=2) == "0.61 [0.55, 0.67]"  # the verdict's words
+    spread = Stat(0.6, 0.5, 0.7, "std")
+    assert format_stat(spread) == "0.600 ±0.100"
+    assert format_stat(spread, digits=2) == "0.60 ±0.10"
+    assert format_stat(Stat(0.6, 0.6, 0.6, "")) == "0.600"
+    assert format_stat(Stat.of([])) == "-"  # no value: a dash, never "nan"
