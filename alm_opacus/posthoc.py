@@ -199,7 +199,7 @@ def _prepare_payload(
                    "population": result.population or "the members (Algorithm 2)"}  # fmt: skip
         sample = {"l1": torch.from_numpy(result.l1), "l2": torch.from_numpy(result.l2),
                   "pairs": torch.from_numpy(result.pairs)}  # fmt: skip
-        solver = "adam"
+        solver = config.solver  # the recipe's (newton for a convex one), as train_heads ran it
     head = Head.from_params(params, num_classes=context.num_classes, config=config)
     return {
         "config": dataclasses.asdict(config),
