@@ -708,3 +708,14 @@ def test_resume_refuses_features_that_changed_under_the_same_path(tmp_path, caps
     for path in dest.rglob("*"):
         if path.is_file():
             assert str(tmp_path).encode() not in path.read_bytes(), path
+
+
+@pytest.mark.slow
+def test_a_resume_with_fewer_methods_reports_only_its_own(finished, tmp_path, shared_cache):  # type: ignore[no-untyped-def]
+    out = _copy(finished, tmp_path / "run")
+    assert _run(out, shared_cache, "--resume", "--methods", "none", "--seeds", "0,1") == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["methods_kept"] == ["alm"] and "alm" in config["methods"]
+    page = (out / "report.html").read_text()
+    settings = page[page.index("kept from an earlier run") - 400 :]
+    assert re.search(r"methods</t[hd]>\s*<td>none, no-leak<", settings), settings[:600]
