@@ -230,8 +230,11 @@ def _sample(
             f"n={len(y)} from the public split, which has {have} rows (2 needed); use "
             "'analytic', or 'sampled-members' (no guarantee)"
         )
+    # the data set by name, never by the owner's path (features:PATH): statements are shared
+    family, sep, argument = (context.dataset or "the dataset").partition(":")
+    name = f"{family}:{Path(argument).name or argument}" if sep else family
     population = (f"the public split's empirical distribution ({len(px)} rows of "
-                  f"{context.dataset or 'the dataset'}, drawn with replacement)")  # fmt: skip
+                  f"{name}, drawn with replacement)")  # fmt: skip
     return sample_population_sensitivity(px.to(x.device), py.to(x.device), n=len(y),
                                          population=population, **common)  # fmt: skip
 

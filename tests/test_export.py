@@ -465,3 +465,25 @@ def test_the_copy_holds_manifest_entries_only_and_its_own_manifest(tmp_path: Pat
         if p.is_file()
     } - {MANIFEST_FILE}
     assert copy.complete and set(copy.files) == files
+
+
+def test_the_owners_data_path_in_a_statement_is_cut_to_its_name(tmp_path: Path) -> None:
+    dataset = f"features:{FEATURES}"
+    rows = [
+        r.replace(statement=f"random-dp; population: 120 rows of {dataset}")
+        for r in _rows(dataset=dataset, epsilons=(1.0, 10.0))
+    ]
+    run = make_run(tmp_path / "run", rows=rows)
+    events = run / "tb" / "alm [random-dp]" / "events.out.tfevents.1.alm_opacus"
+    events.write_bytes(b"\x00statement " + FEATURES.encode())
+    rewritten(run, events)
+    done = export_run(run, tmp_path / "shared")
+    shared = read_results(tmp_path / "shared" / "results.csv")
+    assert {r.statement for r in shared if r.method == "alm"} == {
+        "random-dp; population: 120 rows of features:my_features.npz"
+    }
+    # the left-out events are named without the path (the README is shared too)
+    readme = (tmp_path / "shared" / "README.txt").read_text()
+    assert "tb/alm [random-dp]/events.out.tfevents.1.alm_opacus" in readme
+    assert "…/my_features.npz" in readme and "/home/owner" not in readme
+    assert any("events.out.tfevents.1.alm_opacus" in item for item in done.left_out)

@@ -298,8 +298,16 @@ def _copy(run: Path, dest: Path, config: dict[str, Any], manifest: Manifest) -> 
             if rel == "results.csv":
                 data = _shareable_results(data, str(config.get("dataset", "")))
             named = [p for p in owner_paths if p.encode() in data]
+            if named and rel == "results.csv":  # the copy means nothing without it
+                raise ValueError(
+                    f"export: {run / rel} names the path {named[0]} of the owner's machine: "
+                    "cannot share it"
+                )
             if named:
-                left_out.append(f"{rel} (names the path {named[0]})")
+                # the README is shared: it names the path by its last part only
+                left_out.append(
+                    f"{rel} (names the path …/{Path(named[0]).name} of the owner's machine)"
+                )
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
@@ -408,6 +416,8 @@ def _shareable_results(data: bytes, dataset: str) -> bytes:
     for row in rows[1:]:
         if len(row) > column and row[column] == dataset:
             row[column] = label
+        # the name may recur in a cell's words (a statement's population)
+        row[:] = [cell.replace(dataset, label) for cell in row]
     out = io.StringIO(newline="")
     csv.writer(out, lineterminator="\n").writerows(rows)
     return out.getvalue().encode()
