@@ -178,7 +178,9 @@ def mismatch(run: Path, name: str, expected: FileDigest) -> str | None:
     path = run / name
     if not os.path.lexists(path):
         return "is missing"
-    if path.is_symlink() or not path.is_file():
+    if path.is_symlink():
+        return "is a symlink (the run writes plain files)"
+    if not path.is_file():
         return "is not a plain file"
     size = path.stat().st_size
     if size != expected.size:
