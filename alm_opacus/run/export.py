@@ -164,7 +164,7 @@ def export_run(run: Path, dest: Path) -> Export:
 def _check_manifest(run: Path) -> Manifest:
     """The run's manifest, once it marks the run complete and every file matches it."""
     hint = f"finish or re-run it (alm-opacus --out {run} --resume, with its other flags)"
-    manifest = read_manifest(run, prefix="export: ", hint=hint)
+    manifest = read_manifest(run, prefix="export: ", hint="re-run it with --overwrite")
     if not manifest.complete:
         raise ValueError(
             f"export: {run / MANIFEST_FILE} does not mark the run complete: it is still running, "
