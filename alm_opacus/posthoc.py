@@ -199,7 +199,7 @@ def _prepare_payload(
                    "population": result.population or "the members (Algorithm 2)"}  # fmt: skip
         sample = {"l1": torch.from_numpy(result.l1), "l2": torch.from_numpy(result.l2),
                   "pairs": torch.from_numpy(result.pairs)}  # fmt: skip
-        solver = "adam"
+        solver = config.solver  # the recipe's (newton for a convex one), as train_heads ran it
     head = Head.from_params(params, num_classes=context.num_classes, config=config)
     return {
         "config": dataclasses.asdict(config),
@@ -230,8 +230,11 @@ def _sample(
             f"n={len(y)} from the public split, which has {have} rows (2 needed); use "
             "'analytic', or 'sampled-members' (no guarantee)"
         )
+    # the data set by name, never by the owner's path (features:PATH): statements are shared
+    family, sep, argument = (context.dataset or "the dataset").partition(":")
+    name = f"{family}:{Path(argument).name or argument}" if sep else family
     population = (f"the public split's empirical distribution ({len(px)} rows of "
-                  f"{context.dataset or 'the dataset'}, drawn with replacement)")  # fmt: skip
+                  f"{name}, drawn with replacement)")  # fmt: skip
     return sample_population_sensitivity(px.to(x.device), py.to(x.device), n=len(y),
                                          population=population, **common)  # fmt: skip
 

@@ -21,6 +21,13 @@ from alm_opacus.report.folders import replace_folder
 from alm_opacus.report.results import ResultRow, read_results, write_results
 from alm_opacus.run.export import default_seed_note, export_run, shareable_dataset
 from alm_opacus.run.layout import LOCK_FILE, SPLIT_FILE
+from alm_opacus.run.manifest import (
+    MANIFEST_FILE,
+    Manifest,
+    read_manifest,
+    recorded,
+    write_manifest,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The owner's absolute paths a run folder records (none may reach the copy).
@@ -82,8 +89,9 @@ def _make_run(
     rows: list[ResultRow] | None = None,
 ) -> Path:
     """A finished run folder as a run leaves it (``none`` and ``alm`` at ``epsilons``, one
-    seed), on a ``features:PATH`` data set, with the owner's paths in ``config.json`` and a
-    few files the run did not write under ``plots/`` and ``tb/``."""
+    seed), on a ``features:PATH`` data set, with the owner's paths in ``config.json``, its
+    complete ``manifest.json``, and a few files the run did not write under ``plots/`` and
+    ``tb/`` (placed after the run: not in the manifest)."""
     folder.mkdir(parents=True)
     config = {
         "dataset": f"features:{FEATURES}",
@@ -106,18 +114,29 @@ def _make_run(
     for name in ("fig1_utility_loss.png", "tradeoff.png"):
         (folder / "plots" / name).write_bytes(_png())
     (folder / "plots" / "fig1_utility_loss.pdf").write_bytes(b"%PDF-1.4 figure")
-    (folder / "plots" / "notes.txt").write_text(f"members {MEMBERS}")  # not the run's
-    (folder / "plots" / "old").mkdir()
-    (folder / "plots" / "old" / "draft.png").write_bytes(_png())  # not the run's
     for run in ("", "alm [random-dp]", "hparams/alm/eps=1/seed=0/draw=0"):
         (folder / "tb" / run).mkdir(parents=True, exist_ok=True)
         (folder / "tb" / run / "events.out.tfevents.1.alm_opacus").write_bytes(b"\x00events")
-    (folder / "tb" / "split.json").write_text(json.dumps({"members": MEMBERS}))  # not the run's
     (folder / "private").mkdir()
     (folder / SPLIT_FILE).write_text(json.dumps({"members": MEMBERS}))
     (folder / "report.html").write_text(f"<p>most exposed: {MEMBERS}</p>")
+    written = [p for p in folder.rglob("*") if p.is_file()]
+    write_manifest(folder, recorded(Manifest(complete=True), run=folder, paths=written))
+    # placed after the run: not the run's, and not in its manifest
+    (folder / "plots" / "notes.txt").write_text(f"members {MEMBERS}")
+    (folder / "plots" / "old").mkdir()
+    (folder / "plots" / "old" / "draft.png").write_bytes(_png())
+    (folder / "plots" / "extra.png").write_bytes(_png())
+    (folder / "tb" / "split.json").write_text(json.dumps({"members": MEMBERS}))
+    (folder / "tb" / "events.out.tfevents.2.planted").write_bytes(b"\x00planted")
     (folder / LOCK_FILE).write_text("1\n")
     return folder
+
+
+def rewritten(run: Path, *paths: Path) -> None:
+    """Record ``paths`` in ``run``'s manifest as the run would after writing them."""
+    manifest = read_manifest(run, prefix="", hint="")
+    write_manifest(run, recorded(manifest, run=run, paths=paths))
 
 
 def _export(run: Path, dest: Path) -> subprocess.CompletedProcess[str]:
@@ -151,6 +170,7 @@ def test_export_copies_what_the_run_shares_without_torch(
         [
             "README.txt",
             "config.json",
+            "manifest.json",
             "draws.csv",
             "report.html",
             "results.csv",
@@ -166,9 +186,16 @@ def test_export_copies_what_the_run_shares_without_torch(
     assert (dest / "report.html").read_text().strip()
     # the files the run did not write are named, in the README and the printed line
     readme = (dest / "README.txt").read_text()
-    for stray in ("plots/notes.txt", "plots/old/draft.png", "tb/split.json"):
+    strays = (
+        "plots/notes.txt",
+        "plots/old/draft.png",
+        "plots/extra.png",
+        "tb/split.json",
+        "tb/events.out.tfevents.2.planted",
+    )
+    for stray in strays:
         assert stray in readme
-    assert "3 other files" in done.stdout
+    assert "5 other files" in done.stdout
     # no member index and no path of the owner's machine anywhere in the copy
     for path in dest.rglob("*"):
         if path.is_file():
@@ -283,6 +310,7 @@ def test_a_shared_file_naming_an_owner_path_is_left_out(
     run = make_run(tmp_path / "run")
     events = run / "tb" / "alm [random-dp]" / "events.out.tfevents.1.alm_opacus"
     events.write_bytes(b"\x00hparams dataset features:" + FEATURES.encode())
+    rewritten(run, events)  # as if the run had written it so
     done = export_run(run, tmp_path / "shared")
     assert "tb/alm [random-dp]/events.out.tfevents.1.alm_opacus" not in done.copied
     assert any(
@@ -356,3 +384,108 @@ def test_a_run_folder_keeps_its_private_parts_owner_only(tmp_path: Path) -> None
     with RunFolder(old, resume=False, overwrite=False, cache=tmp_path / "shared-cache") as f:
         f.commit()
     assert (_mode(old / "private"), _mode(tmp_path / "shared-cache")) == (0o700, 0o755)
+
+
+# -- issue 36, item 5: only what the manifest proves ---------------------------------------
+
+
+def _claims_pure_dp(run: Path) -> Path:
+    rows = read_results(run / "results.csv")
+    write_results(
+        run / "results.csv",
+        [r.replace(guarantee="pure-dp") if r.method == "alm" else r for r in rows],
+    )
+    return run / "results.csv"
+
+
+def _flipped_bit(run: Path) -> Path:
+    path = run / "results.csv"
+    data = bytearray(path.read_bytes())
+    data[data.index(b"random-dp")] ^= 0x01  # 'r' -> 's': same size
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _truncated_draws(run: Path) -> Path:
+    path = run / "draws.csv"
+    path.write_bytes(path.read_bytes()[:5])
+    return path
+
+
+def _planted_manifest_entry(run: Path) -> Path:
+    (run / "plots" / "fig1_utility_loss.png").write_bytes(_png() + b"\0")
+    return run / "plots" / "fig1_utility_loss.png"
+
+
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        (_claims_pure_dp, "where the manifest recorded"),
+        (_flipped_bit, "(edited or corrupt)"),
+        (_truncated_draws, "has 5 bytes where the manifest recorded 15 (truncated or edited)"),
+        (_planted_manifest_entry, "(truncated or edited)"),
+    ],
+    ids=["random-dp-as-pure-dp", "flipped-bit", "truncated-draws", "replaced-figure"],
+)
+def test_a_file_that_does_not_match_the_manifest_is_refused(
+    tmp_path: Path, damage: Callable[[Path], Path], needle: str
+) -> None:
+    run = make_run(tmp_path / "run")
+    named = damage(run)
+    done = _export(run, tmp_path / "shared")
+    assert done.returncode == 2, done.stdout
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert f"export: {named} " in done.stderr and needle in done.stderr, done.stderr
+    assert not (tmp_path / "shared").exists()
+
+
+def test_a_run_without_a_complete_manifest_is_refused(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run")
+    manifest = read_manifest(run, prefix="", hint="")
+    write_manifest(run, Manifest(files=manifest.files, complete=False))
+    done = _export(run, tmp_path / "shared")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert f"{run / MANIFEST_FILE} does not mark the run complete" in done.stderr
+    (run / MANIFEST_FILE).unlink()
+    done = _export(run, tmp_path / "shared")
+    assert done.returncode == 2 and f"{run / MANIFEST_FILE} is missing" in done.stderr
+    assert not (tmp_path / "shared").exists()
+
+
+def test_the_copy_holds_manifest_entries_only_and_its_own_manifest(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run")
+    # a clean head's cache planted under plots/ with a figure's name is not the run's
+    (run / "plots" / "posthoc-head.png").write_bytes(b"clean weights")
+    done = export_run(run, tmp_path / "shared")
+    recorded_files = set(read_manifest(run, prefix="", hint="").files)
+    assert set(done.copied) <= recorded_files
+    assert "plots/posthoc-head.png (not written by the run)" in done.left_out
+    copy = read_manifest(tmp_path / "shared", prefix="", hint="")
+    files = {
+        p.relative_to(tmp_path / "shared").as_posix()
+        for p in (tmp_path / "shared").rglob("*")
+        if p.is_file()
+    } - {MANIFEST_FILE}
+    assert copy.complete and set(copy.files) == files
+
+
+def test_the_owners_data_path_in_a_statement_is_cut_to_its_name(tmp_path: Path) -> None:
+    dataset = f"features:{FEATURES}"
+    rows = [
+        r.replace(statement=f"random-dp; population: 120 rows of {dataset}")
+        for r in _rows(dataset=dataset, epsilons=(1.0, 10.0))
+    ]
+    run = make_run(tmp_path / "run", rows=rows)
+    events = run / "tb" / "alm [random-dp]" / "events.out.tfevents.1.alm_opacus"
+    events.write_bytes(b"\x00statement " + FEATURES.encode())
+    rewritten(run, events)
+    done = export_run(run, tmp_path / "shared")
+    shared = read_results(tmp_path / "shared" / "results.csv")
+    assert {r.statement for r in shared if r.method == "alm"} == {
+        "random-dp; population: 120 rows of features:my_features.npz"
+    }
+    # the left-out events are named without the path (the README is shared too)
+    readme = (tmp_path / "shared" / "README.txt").read_text()
+    assert "tb/alm [random-dp]/events.out.tfevents.1.alm_opacus" in readme
+    assert "…/my_features.npz" in readme and "/home/owner" not in readme
+    assert any("events.out.tfevents.1.alm_opacus" in item for item in done.left_out)

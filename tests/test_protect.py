@@ -433,3 +433,28 @@ def test_a_mismatched_release_is_refused_naming_the_file(head, tmp_path: Path) -
     atomic_torch_save(flipped, path)
     with pytest.raises(ValueError, match=r"release\.pt: the release's statement is invalid"):
         ProtectedModule.load(path, module=head)
+
+
+@pytest.mark.parametrize("solver", ["adam", "newton"])
+def test_the_head_cache_records_the_solver_that_trained_the_head(  # type: ignore[no-untyped-def]
+    small, pixel_features, tmp_path: Path, solver: str
+) -> None:
+    """Issue 36: a sampled-sensitivity head trained by Newton was recorded as ``adam``."""
+    import alm_opacus.posthoc as posthoc
+
+    x, y = small
+    recipe = FAST.replace(kind="linear", l2=1e-3, solver=solver)
+    context = MethodContext(
+        num_classes=10,
+        head=recipe,
+        public_features=pixel_features[0][200:500],
+        public_labels=pixel_features[1][200:500],
+        dataset="digits",
+        cache_dir=tmp_path,
+    )
+    options = posthoc.PostTrainingOptions(m=6)
+    prepared = posthoc.prepare_head(features=x, labels=y, seed=3, context=context, options=options)
+    (path,) = tmp_path.glob("posthoc-head-*.pt")
+    record = torch.load(path, weights_only=True)
+    assert record["payload"]["solver"] == prepared.solver == solver
+    assert record["payload"]["config"]["solver"] == solver

@@ -3,6 +3,7 @@ one line, or in an identical table after ``--resume`` (issue 11, item 7)."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import math
@@ -305,7 +306,9 @@ def test_export_shares_no_clean_weight_and_no_member_index(finished, tmp_path, c
     assert "exported" in capsys.readouterr().out
     assert _leaks(dest, clean, members) == set()
     shared = [n for n in SHARED_FILES if (finished / n).exists()]
-    assert sorted(p.name for p in dest.iterdir()) == sorted([*shared, "README.txt", "report.html"])
+    assert sorted(p.name for p in dest.iterdir()) == sorted(
+        [*shared, "README.txt", "report.html", "manifest.json"]
+    )
     assert (dest / "results.csv").read_bytes() == (finished / "results.csv").read_bytes()
     config = json.loads((dest / "config.json").read_text())
     assert "split_seed" not in config and "split_seed" in config["exported"]["withheld"]
@@ -535,3 +538,184 @@ def test_a_symlink_inside_private_is_refused(tmp_path, capsys) -> None:  # type:
     _one_line_error(capsys, "private/cache is a symlink")
     assert not list(elsewhere.iterdir())
     assert sorted(p.name for p in out.iterdir()) == ["private"]
+
+
+# -- issue 36, item 5: a run folder that proves what it holds -----------------------------
+
+
+def _guarantee_claimed(out: Path) -> Path:
+    """A plausible edit the row checks accept: alm's random-dp row claims pure-dp."""
+    rows = read_results(out / "results.csv")
+    assert rows[1].guarantee == "random-dp"
+    write_results(
+        out / "results.csv",
+        [r.replace(guarantee="pure-dp") if i == 1 else r for i, r in enumerate(rows)],
+    )
+    return out / "results.csv"
+
+
+def _bit_flipped_statement(out: Path) -> Path:
+    """One bit of a digit in alm's statement flipped (the file keeps its size)."""
+    path = out / "results.csv"
+    data = bytearray(path.read_bytes())
+    statement = read_results(path)[1].statement
+    start = data.index(statement.encode())
+    digit = next(i for i in range(start, start + len(statement)) if chr(data[i]).isdigit())
+    data[digit] ^= 0x01
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _truncated_draws(out: Path) -> Path:
+    path = out / "draws.csv"
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        (_guarantee_claimed, "(truncated or edited)"),
+        (_bit_flipped_statement, "(edited or corrupt)"),
+        (_truncated_draws, "(truncated or edited)"),
+    ],
+    ids=["random-dp-as-pure-dp", "flipped-bit", "truncated-draws"],
+)
+def test_resume_and_export_refuse_a_file_the_run_did_not_write(  # type: ignore[no-untyped-def]
+    drawn, tmp_path, shared_cache, capsys, damage, needle
+):
+    out = _copy(drawn, tmp_path / "run")
+    named = damage(out)
+    stamp = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert _run(out, shared_cache, "--resume", "--noise-draws", "2") == 2
+    _one_line_error(capsys, f"--resume: {named} ")
+    err_needle = "it is not what the run wrote"
+    assert _exit(["export", str(out), str(tmp_path / "shared")]) == 2
+    err = capsys.readouterr().err
+    assert f"export: {named} " in err and needle in err and err_needle in err, err
+    assert not (tmp_path / "shared").exists()
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == stamp
+
+
+@pytest.fixture(scope="module")
+def drawn(finished: Path, tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Path:
+    """A finished tiny run with two noise draws (it writes draws.csv)."""
+    out = tmp_path_factory.mktemp("drawn") / "run"
+    assert _run(out, shared_cache, "--noise-draws", "2") == 0
+    assert (out / "draws.csv").is_file()
+    return out
+
+
+@pytest.mark.slow
+def test_the_manifest_records_every_file_the_run_wrote(drawn: Path) -> None:
+    from alm_opacus.run.manifest import file_digest, read_manifest
+
+    manifest = read_manifest(drawn, prefix="", hint="")
+    assert manifest.complete and manifest.writing == ()
+    written = {
+        p.relative_to(drawn).as_posix()
+        for p in drawn.rglob("*")
+        if p.is_file() and p.name not in (".lock", "manifest.json", "README.txt")
+    }
+    assert set(manifest.files) == written
+    for name in ("results.csv", "draws.csv", "tb", "plots", "private/risk", "report.html"):
+        assert any(f == name or f.startswith(f"{name}/") for f in manifest.files), name
+    assert manifest.files["results.csv"] == file_digest(drawn / "results.csv")
+
+
+@pytest.mark.slow
+def test_export_refuses_an_unfinished_run_and_copies_manifest_entries_only(  # type: ignore[no-untyped-def]
+    drawn, tmp_path, capsys
+):
+    from alm_opacus.run.manifest import read_manifest, write_manifest
+
+    out = _copy(drawn, tmp_path / "run")
+    (out / "tb" / "events.out.tfevents.9.planted").write_bytes(b"planted")
+    (out / "plots" / "planted.png").write_bytes(b"planted")
+    dest = tmp_path / "shared"
+    assert _exit(["export", str(out), str(dest)]) == 0
+    copied = {p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()}
+    manifest = read_manifest(out, prefix="", hint="")
+    assert copied - {"README.txt", "report.html", "manifest.json"} <= set(manifest.files)
+    assert "tb/events.out.tfevents.9.planted" not in copied
+    assert "plots/planted.png" not in copied
+    assert not [c for c in copied if c.startswith("private/")]
+    # the copy's own manifest matches it
+    assert read_manifest(dest, prefix="", hint="").complete
+    capsys.readouterr()
+    # a run that stopped (or still runs) before writing its report
+    write_manifest(out, dataclasses.replace(manifest, complete=False))
+    assert _exit(["export", str(out), str(tmp_path / "shared2")]) == 2
+    _one_line_error(capsys, "manifest.json does not mark the run complete")
+    (out / "manifest.json").unlink()
+    assert _exit(["export", str(out), str(tmp_path / "shared3")]) == 2
+    _one_line_error(capsys, "manifest.json is missing")
+    assert not (tmp_path / "shared2").exists() and not (tmp_path / "shared3").exists()
+
+
+def _features(path: Path, *, shift: float) -> None:
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    np.savez(path, x=(x[:600] / 16 + shift).astype(np.float32), y=y[:600])
+
+
+@pytest.mark.slow
+def test_resume_refuses_features_that_changed_under_the_same_path(tmp_path, capsys):  # type: ignore[no-untyped-def]
+    from alm_opacus.run.manifest import file_digest
+
+    data = tmp_path / "my_features.npz"
+    _features(data, shift=0.0)
+    out = tmp_path / "run"
+    argv = [
+        "--dataset",
+        f"features:{data}",
+        "--methods",
+        "none,alm",
+        "--epsilons",
+        "1",
+        "--noise-draws",
+        "1",
+        "--attacks",
+        "loss",
+        "--m",
+        "4",
+        "--no-progress",
+        "--reproducible-noise",
+        "--out",
+        str(out),
+    ]
+    assert _exit(argv) == 0
+    before = file_digest(data).sha256
+    config = json.loads((out / "config.json").read_text())
+    assert config["data_digest"] == before
+    _features(data, shift=0.01)
+    after = file_digest(data).sha256
+    assert _exit([*argv, "--resume"]) == 2
+    _one_line_error(
+        capsys,
+        f"the data {data} changed since the run began: SHA-256 {after} now, "
+        f"{before} in {out / 'config.json'}",
+    )
+    # the export names the data by file name and digest, never by the owner's path
+    dest = tmp_path / "shared"
+    assert _exit(["export", str(out), str(dest)]) == 0
+    shared = json.loads((dest / "config.json").read_text())
+    assert (shared["dataset"], shared["data_digest"]) == ("features:my_features.npz", before)
+    for path in dest.rglob("*"):
+        if path.is_file():
+            assert str(tmp_path).encode() not in path.read_bytes(), path
+
+
+@pytest.mark.slow
+def test_a_resume_with_fewer_methods_reports_only_its_own(finished, tmp_path, shared_cache):  # type: ignore[no-untyped-def]
+    out = _copy(finished, tmp_path / "run")
+    assert _run(out, shared_cache, "--resume", "--methods", "none", "--seeds", "0,1") == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["methods_kept"] == ["alm"] and "alm" in config["methods"]
+    page = (out / "report.html").read_text()
+    settings = page[page.index("kept from an earlier run") - 400 :]
+    assert re.search(r"methods</t[hd]>\s*<td>none, no-leak<", settings), settings[:600]

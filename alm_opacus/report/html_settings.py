@@ -169,7 +169,14 @@ def settings_section(
     if facts.num_classes:
         add("classes", f"{facts.num_classes} (chance accuracy {1 / facts.num_classes:.3g})")
     if "methods" in settings:
-        add("methods", _value(settings["methods"]))
+        # a resume with fewer methods keeps the earlier rows of the others (config.json's
+        # methods_kept): listed apart, not as methods of this run
+        methods, kept = settings["methods"], settings.get("methods_kept") or []
+        if isinstance(methods, list):
+            methods = [m for m in methods if m not in kept]
+        add("methods", _value(methods))
+        if kept:
+            add("kept from an earlier run", _value(kept))
     if "epsilons" in settings:
         add("ε grid", _value(settings["epsilons"]) + " (each under its method's own relation)")
     if "delta" in settings or rows:

@@ -1,8 +1,10 @@
 """``alm-opacus export RUN DEST``: the shareable copy of a finished run folder.
 
 The copy holds what the run wrote that may be shared (aggregates over the evaluation set,
-with no member index and no clean weight), a report page without the per-member section, and
-a ``README.txt`` saying what was left out. What is copied:
+with no member index and no clean weight), a report page without the per-member section, a
+``README.txt`` saying what was left out, and a ``manifest.json`` of the copy's own files. Only
+files the run's ``manifest.json`` records are copied (:mod:`alm_opacus.run.manifest`), after
+each is checked against its digest. What is copied:
 
 * ``config.json``, without the split seed (:data:`~alm_opacus.run.layout.WITHHELD_KEYS`), and
   with every path of the owner's machine cut to its last part (:data:`PATH_KEYS`, and the
@@ -13,11 +15,15 @@ a ``README.txt`` saying what was left out. What is copied:
   subfolder); of ``tb/``, TensorBoard's event files (``events.out.tfevents.*``, in any
   subfolder). Anything else placed there is not the run's, and is left out and named.
 
+The data are recorded by name and digest (``config.json``'s ``dataset``, cut to its file
+name, and ``data_digest``), never by the owner's path.
+
 A file that still holds one of the owner's absolute paths is left out and named. A run folder
 that is being written (its lock is held: ``rundir.RunFolder``), that a killed run left
-half-written (temporary files), whose ``results.csv`` does not parse, or whose results miss a
-cell of its grid is refused, naming the file. The export holds a shared lock on the run
-folder while it copies, so no run starts writing it meanwhile.
+half-written (temporary files), whose ``results.csv`` does not parse, whose results miss a
+cell of its grid, that has no manifest or one that does not mark the run complete, or
+whose files do not match their recorded digests is refused, naming the file. The export
+holds a shared lock on the run folder while it copies, so no run starts writing it meanwhile.
 
 This module imports no torch, matplotlib or TensorBoard (the export takes well under two
 seconds): only the layout's names, ``results.csv``'s reader and the report page.
@@ -50,6 +56,15 @@ from alm_opacus.run.layout import (
     RESIDUE,
     SHARED_FILES,
     WITHHELD_KEYS,
+)
+from alm_opacus.run.manifest import (
+    MANIFEST_FILE,
+    Manifest,
+    folder_files,
+    read_manifest,
+    recorded,
+    verify_manifest,
+    write_manifest,
 )
 
 __all__ = [
@@ -142,7 +157,26 @@ def export_run(run: Path, dest: Path) -> Export:
     with _shared_lock(run):
         config = _read_config(run / "config.json")
         _check_finished(run, config)
-        return _copy(run, dest, config)
+        manifest = _check_manifest(run)
+        return _copy(run, dest, config, manifest)
+
+
+def _check_manifest(run: Path) -> Manifest:
+    """The run's manifest, once it marks the run complete and every file matches it."""
+    hint = f"finish or re-run it (alm-opacus --out {run} --resume, with its other flags)"
+    manifest = read_manifest(run, prefix="export: ", hint="re-run it with --overwrite")
+    if not manifest.complete:
+        raise ValueError(
+            f"export: {run / MANIFEST_FILE} does not mark the run complete: it is still running, "
+            f"or stopped before writing its report; {hint}"
+        )
+    verify_manifest(
+        run,
+        manifest,
+        prefix="export: ",
+        hint="re-run it with --overwrite, or export an intact copy",
+    )
+    return manifest
 
 
 @contextlib.contextmanager
@@ -241,7 +275,7 @@ def _missing_cells(rows: Sequence[Any], config: dict[str, Any]) -> list[str]:
     return missing
 
 
-def _copy(run: Path, dest: Path, config: dict[str, Any]) -> Export:
+def _copy(run: Path, dest: Path, config: dict[str, Any], manifest: Manifest) -> Export:
     parent = Path(os.path.abspath(dest)).parent
     parent.mkdir(parents=True, exist_ok=True)
     # not mkdtemp: its 0700 would keep the shareable copy from the users the umask allows
@@ -252,7 +286,7 @@ def _copy(run: Path, dest: Path, config: dict[str, Any]) -> Export:
     left_out: list[str] = []
     try:
         for rel, keep in _shared_entries(run):
-            if not keep:
+            if not keep or rel not in manifest.files:
                 left_out.append(f"{rel} (not written by the run)")
                 continue
             target = tmp / rel
@@ -264,8 +298,16 @@ def _copy(run: Path, dest: Path, config: dict[str, Any]) -> Export:
             if rel == "results.csv":
                 data = _shareable_results(data, str(config.get("dataset", "")))
             named = [p for p in owner_paths if p.encode() in data]
+            if named and rel == "results.csv":  # the copy means nothing without it
+                raise ValueError(
+                    f"export: {run / rel} names the path {named[0]} of the owner's machine: "
+                    "cannot share it"
+                )
             if named:
-                left_out.append(f"{rel} (names the path {named[0]})")
+                # the README is shared: it names the path by its last part only
+                left_out.append(
+                    f"{rel} (names the path …/{Path(named[0]).name} of the owner's machine)"
+                )
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
@@ -275,6 +317,8 @@ def _copy(run: Path, dest: Path, config: dict[str, Any]) -> Export:
         atomic_write_text(tmp / EXPORT_README, _readme(left_out, default_seed=default_seed))
         # rendered from the copy alone: the page can show nothing the copy does not hold
         atomic_write_text(tmp / REPORT_FILE, shareable_report(tmp))
+        # the copy proves what it holds too
+        write_manifest(tmp, recorded(Manifest(complete=True), run=tmp, paths=folder_files(tmp)))
         if dest.exists():
             dest.rmdir()
         os.rename(tmp, dest)
@@ -372,6 +416,8 @@ def _shareable_results(data: bytes, dataset: str) -> bytes:
     for row in rows[1:]:
         if len(row) > column and row[column] == dataset:
             row[column] = label
+        # the name may recur in a cell's words (a statement's population)
+        row[:] = [cell.replace(dataset, label) for cell in row]
     out = io.StringIO(newline="")
     csv.writer(out, lineterminator="\n").writerows(rows)
     return out.getvalue().encode()

