@@ -610,6 +610,12 @@ def _scale(row: ResultRow, factor: float) -> dict[str, object]:
             "delta=0.0: expected at least 1472.23 and, with grid rounding, below 4416.69",
         ),
         ("alm", lambda r: _scale(r, 3.5), "does not fit the alm mechanism's calibration"),
+        (
+            "alm",
+            lambda r: {"noise_std": r.noise_std * 1.01},
+            "is not the alm mechanism's standard deviation at noise_scale=1478.53: expected "
+            "2681.76",
+        ),
         ("alm", {"sensitivity": 2 * 147.223}, "does not fit the alm mechanism's calibration"),
         (
             "alm",
@@ -645,6 +651,7 @@ def _scale(row: ResultRow, factor: float) -> dict[str, object]:
         "spent-below-epsilon",
         "scale-too-small",
         "scale-too-large",
+        "std-not-the-scales",
         "sensitivity-doubled",
         "scale-missing",
         "unknown-source",
@@ -682,7 +689,8 @@ def test_resume_refuses_a_hand_edited_row_naming_file_line_and_rule(
 @pytest.mark.parametrize("mechanism", ["alm", "laplace", "gaussian", "gaussian-classic"])
 def test_the_scale_rule_forgives_exactly_what_the_csv_rounds(mechanism: str) -> None:
     """A release at its calibration (no grid inflation: the rule's tight end), written with
-    6 significant digits and read back, passes; twice SCALE_TOLERANCE below it does not."""
+    6 significant digits and read back, passes (its noise_std too); twice SCALE_TOLERANCE
+    below it does not."""
     from alm_opacus.mechanisms import create_mechanism
 
     mech = create_mechanism(mechanism)
@@ -736,6 +744,7 @@ def _release_row(
         guarantee="pure-dp" if delta == 0 else "approx-dp",
         sensitivity=sensitivity,
         noise_scale=scale,
+        noise_std=mech.std(scale),
         seed=0,
         test_accuracy=0.9,
         utility_loss=0.0,

@@ -15,7 +15,8 @@ and still contradict the others; these rules refuse such a row (a hand edit, a b
   guarantee: the scale is the mechanism's own calibration at the row's epsilon and delta
   for the sensitivity Δ' that grid rounding inflates Δ to, with Δ <= Δ' < 3Δ
   (:func:`alm_opacus.mechanisms.exact.plan_release` widens the grid at most until Δ' >= 2Δ,
-  each widening doubling Δ' - Δ), so ``calibrate(Δ) <= noise_scale < calibrate(3Δ)``.
+  each widening doubling Δ' - Δ), so ``calibrate(Δ) <= noise_scale < calibrate(3Δ)``; and
+  ``noise_std`` is the mechanism's standard deviation at that scale.
 
 Each rule returns what is wrong in one clause, or ``None``; the caller names the file and
 the row.
@@ -25,7 +26,11 @@ from __future__ import annotations
 
 import math
 
-from alm_opacus.mechanisms import ClassicGaussianMechanism, create_mechanism
+from alm_opacus.mechanisms import (
+    AdditiveNoiseMechanism,
+    ClassicGaussianMechanism,
+    create_mechanism,
+)
 from alm_opacus.methods import method_class
 from alm_opacus.posthoc import PostTrainingMethod
 from alm_opacus.report.results import ResultRow
@@ -119,10 +124,24 @@ def _scale_problem(row: ResultRow, mechanism: str) -> str | None:
     )
     scale = row.noise_scale
     if scale >= low * (1 - SCALE_TOLERANCE) and (unbounded or scale < high * (1 + SCALE_TOLERANCE)):
-        return None
+        return _std_problem(row, mech)
     return (
         f"noise_scale={scale!r} does not fit the {mechanism} mechanism's calibration for "
         f"sensitivity {row.sensitivity!r} at epsilon={row.epsilon!r}, delta={row.delta!r}: "
         f"expected at least {low:.6g}"
         + ("" if unbounded else f" and, with grid rounding, below {high:.6g}")
+    )
+
+
+def _std_problem(row: ResultRow, mech: AdditiveNoiseMechanism) -> str | None:
+    """``noise_std`` is the mechanism's standard deviation at ``noise_scale`` (both read back
+    from 6 significant digits)."""
+    if math.isnan(row.noise_std):
+        return None
+    expected = mech.std(row.noise_scale)
+    if abs(row.noise_std - expected) <= SCALE_TOLERANCE * expected:
+        return None
+    return (
+        f"noise_std={row.noise_std!r} is not the {mech.name} mechanism's standard deviation at "
+        f"noise_scale={row.noise_scale!r}: expected {expected:.6g}"
     )
