@@ -780,3 +780,54 @@ def test_an_infeasible_row_is_only_checked_for_its_ranges(default_rows: Rows) ->
     index = _first(rows, "alm")
     kept = [r for r in rows if r.cell() != rows[index].cell()] + [row]
     check_rows(kept, settings=settings, path=DEFAULT_RUN / "results.csv")
+
+
+@pytest.mark.parametrize("mechanism", ["alm", "laplace", "gaussian", "gaussian-classic"])
+def test_real_post_training_releases_keep_every_cross_column_rule(mechanism: str) -> None:
+    """Rows built from real releases (analytic and sampled sensitivities, float64 to float16
+    heads, grids widened up to ~2.6x the sensitivity at small epsilon) pass after a CSV round
+    trip; the widest grid stays inside the rule's calibrate(3 sensitivity) bound."""
+    from alm_opacus.mechanisms import create_mechanism
+    from alm_opacus.methods import Release
+    from alm_opacus.protect import PostTrainingPrivacyEngine
+    from alm_opacus.run.evaluation import base_row
+    from alm_opacus.statement import SensitivityInfo, SensitivitySource
+
+    mech = create_mechanism(mechanism)
+    delta = 0.0 if mech.pure else 1e-5
+    widest = 0.0
+    for dtype in (torch.float64, torch.float32, torch.float16):
+        for epsilon in (1e-3, 0.1, 1.0, 5.0):
+            for source in ("analytic", "sampled"):
+                sampled = source == "sampled"
+                info = SensitivityInfo(
+                    value=0.37,
+                    norm=mech.norm,
+                    source=SensitivitySource(source),
+                    m=50 if sampled else None,
+                    gamma=0.05 if sampled else None,
+                    confidence=0.99 if sampled else None,
+                )
+                head = torch.nn.Linear(30, 10).to(dtype)
+                try:
+                    protected = PostTrainingPrivacyEngine(mechanism=mech).make_private(
+                        head, epsilon=epsilon, delta=delta, sensitivity=info, seed=1
+                    )
+                except ValueError:  # a grid float16 cannot hold, or InfeasibleRelease
+                    continue
+                st = protected.statement
+                assert st.noise_scale is not None
+                release = Release(
+                    method=mechanism,
+                    statement=st,
+                    predict_proba=lambda x: x,
+                    noise_std=mech.std(st.noise_scale),
+                )
+                row = base_row(
+                    dataset="digits", method=mechanism, epsilon=epsilon, seed=0, release=release
+                ).replace(test_accuracy=0.5, utility_loss=0.1, seconds=1.0)
+                (read,) = _round_trip([row])
+                assert row_rule_problem(read) is None, (dtype, epsilon, source)
+                low = mech.calibrate(epsilon=epsilon, delta=delta, sensitivity=0.37)
+                widest = max(widest, st.noise_scale / low)
+    assert 2.0 < widest < 3.0
