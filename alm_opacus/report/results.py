@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, Literal, get_type_hints
 
 from alm_opacus.io import atomic_write_text
 from alm_opacus.statement import NEIGHBOURING, NOISE_SOURCES, Guarantee, SensitivitySource
@@ -50,7 +50,7 @@ class ColumnSpec:
     high: float = math.inf
     high_open: bool = False
     finite: bool = False
-    empty: str = "always"
+    empty: Literal["always", "unless-ok", "never"] = "always"
     choices: tuple[str, ...] | None = None
     exact: bool = False
 
@@ -279,7 +279,7 @@ class ResultColumn:
         """
         spec = self.spec
         if self.kind is str:
-            assert isinstance(value, str)
+            value = str(value)
             if spec.choices is not None and value not in spec.choices:
                 listed = [c for c in spec.choices if c]
                 return f"one of {listed}" + (" (or empty)" if "" in spec.choices else "")
