@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import enum
 import io
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_type_hints
 
 from alm_opacus.io import atomic_write_text
-from alm_opacus.statement import NEIGHBOURING, NOISE_SOURCES, Guarantee, SensitivitySource
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,8 @@ class ColumnSpec:
         empty: when the cell may be empty (NaN for a number, ``""`` for a text; an integer
             is never empty): ``"always"``, ``"unless-ok"`` (not in a row whose status is
             ``ok``) or ``"never"``.
-        choices: the texts allowed (``None``: any).
+        choices: the texts allowed (``None``: any), or a function that gives them (read
+            when a row is checked: see :func:`_statement_values`).
         exact: written as the shortest text that reads back as the same float (budget
             columns identify cells and feed conversions); other floats get 6 significant
             digits.
@@ -51,7 +52,12 @@ class ColumnSpec:
     high_open: bool = False
     finite: bool = False
     empty: Literal["always", "unless-ok", "never"] = "always"
-    choices: tuple[str, ...] | None = None
+    choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None
+
+    def allowed(self) -> tuple[str, ...] | None:
+        """The texts allowed (``None``: any)."""
+        return self.choices() if callable(self.choices) else self.choices
+
     exact: bool = False
 
 
@@ -65,8 +71,21 @@ _SPEC = "column"
 _UNIT: dict[str, Any] = {"low": 0.0, "high": 1.0}
 _NON_NEGATIVE: dict[str, Any] = {"low": 0.0}
 _MEASURED: dict[str, Any] = {"empty": "unless-ok"}
-_GUARANTEES = tuple(g.value for g in Guarantee)
-_SOURCES = ("", *(s.value for s in SensitivitySource))
+
+
+def _statement_values(name: str, *, empty: bool) -> Callable[[], tuple[str, ...]]:
+    """The values of ``alm_opacus.statement.<name>`` (an enum or a tuple), and ``""`` if
+    ``empty``: the statement owns them. Read when a row is checked, not at import: importing
+    the statement imports torch, which ``export`` and ``--help`` must not."""
+
+    def values() -> tuple[str, ...]:
+        from alm_opacus import statement
+
+        found = getattr(statement, name)
+        texts = tuple(v.value if isinstance(v, enum.Enum) else str(v) for v in found)
+        return ("", *texts) if empty else texts
+
+    return values
 
 
 @dataclass
@@ -93,7 +112,11 @@ class ResultRow:
         metadata=_col(low=0.0, high=1.0, high_open=True, empty="never", exact=True)
     )
     guarantee: str = field(
-        metadata=_col("the statement's kind", choices=_GUARANTEES, empty="never")
+        metadata=_col(
+            "the statement's kind",
+            choices=_statement_values("Guarantee", empty=False),
+            empty="never",
+        )
     )
     sensitivity: float = field(
         metadata=_col(
@@ -156,12 +179,16 @@ class ResultRow:
     sensitivity_source: str = field(
         default="",
         metadata=_col(
-            "where the sensitivity came from (statement.SensitivitySource)", choices=_SOURCES
+            "where the sensitivity came from (statement.SensitivitySource)",
+            choices=_statement_values("SensitivitySource", empty=True),
         ),
     )
     neighbouring: str = field(
         default="",
-        metadata=_col("the neighbouring relation of epsilon/delta", choices=("", *NEIGHBOURING)),
+        metadata=_col(
+            "the neighbouring relation of epsilon/delta",
+            choices=_statement_values("NEIGHBOURING", empty=True),
+        ),
     )
     epsilon_replace_one: float = field(
         default=math.nan,
@@ -177,7 +204,7 @@ class ResultRow:
         metadata=_col(
             "secure (OS CSPRNG, cannot be replayed) | seeded (private only while the seed is "
             "secret)",
-            choices=("", *NOISE_SOURCES),
+            choices=_statement_values("NOISE_SOURCES", empty=True),
         ),
     )
     epsilon_spent: float = field(
@@ -280,9 +307,10 @@ class ResultColumn:
         spec = self.spec
         if self.kind is str:
             value = str(value)
-            if spec.choices is not None and value not in spec.choices:
-                listed = [c for c in spec.choices if c]
-                return f"one of {listed}" + (" (or empty)" if "" in spec.choices else "")
+            choices = spec.allowed()
+            if choices is not None and value not in choices:
+                listed = [c for c in choices if c]
+                return f"one of {listed}" + (" (or empty)" if "" in choices else "")
             if not value and (spec.empty == "never" or (spec.empty == "unless-ok" and ok)):
                 return "a non-empty text"
             return None
