@@ -57,8 +57,10 @@ _CLAIMS = ("pure-dp", "approx-dp", "random-dp")
 def row_rule_problem(row: ResultRow) -> str | None:
     """The first cross-column rule ``row`` breaks, in one clause, or ``None``.
 
-    Rows of infeasible cells and of methods not registered in this process are only checked
-    for their guarantee's kind (the other rules need the method's mechanism).
+    Rows of infeasible cells and of methods other than the post-training ones (DP-SGD, the
+    plugins' methods) are only checked for their guarantee's kind (the other rules need the
+    mechanism that drew the noise). Each column's own range is
+    :func:`~alm_opacus.report.results.out_of_range`'s, checked first.
     """
     problem = _guarantee_problem(row)
     if problem is not None or row.status != "ok":
@@ -70,8 +72,8 @@ def row_rule_problem(row: ResultRow) -> str | None:
 
 
 def _guarantee_problem(row: ResultRow) -> str | None:
-    source = SensitivitySource(row.sensitivity_source) if row.sensitivity_source else None
-    try:
+    try:  # an unknown kind or source text is a ValueError too (out_of_range names it first)
+        source = SensitivitySource(row.sensitivity_source) if row.sensitivity_source else None
         check_guarantee(guarantee=Guarantee(row.guarantee), delta=row.delta, source=source)
     except ValueError as exc:
         return (
