@@ -29,6 +29,7 @@ __all__ = [
     "SensitivityInfo",
     "SensitivitySource",
     "check_claim",
+    "check_guarantee",
     "describe",
     "register_claim_rule",
 ]
@@ -251,29 +252,8 @@ class PrivacyStatement:
                 f"neighbouring={self.neighbouring!r} but the sensitivity is a "
                 f"{self.sensitivity.adjacency} bound (supports {self.sensitivity.neighbouring!r})"
             )
-        if (
-            self.sensitivity is not None
-            and self.sensitivity.source is SensitivitySource.SAMPLED_MEMBERS
-        ):
-            raise ValueError(
-                "a sensitivity sampled on the private members supports no guarantee: the "
-                "estimate depends on the members (state guarantee 'none')"
-            )
-        sampled = (
-            self.sensitivity is not None and self.sensitivity.source is SensitivitySource.SAMPLED
-        )
-        if sampled and g is not Guarantee.RANDOM_DP:
-            raise ValueError(
-                f"a sampled sensitivity only supports 'random-dp', not {g.value!r}: "
-                "the bound holds with a confidence, not for every neighbouring pair"
-            )
-        if g is Guarantee.RANDOM_DP and not sampled:
-            raise ValueError("'random-dp' is for sampled sensitivities; none was given")
-        if g is Guarantee.PURE_DP and self.delta != 0:
-            raise ValueError(f"'pure-dp' needs delta=0, got {self.delta!r}")
-        if g is Guarantee.APPROX_DP and self.delta == 0:
-            raise ValueError("'approx-dp' needs delta > 0; use 'pure-dp' for delta=0")
         info = self.sensitivity
+        check_guarantee(guarantee=g, delta=self.delta, source=None if info is None else info.source)
         # The one place a claim meets its noise. For a release on a grid (issue 19) pass the
         # sensitivity the scale was calibrated to (the clean one plus the grid's inflation).
         check_claim(mechanism=self.mechanism, guarantee=g, epsilon=self.epsilon,
@@ -555,6 +535,42 @@ def register_claim_rule(mechanism: str, rule: ClaimRule, *, force: bool = False)
     if mechanism in _CLAIM_RULES and not force:
         raise ValueError(f"a claim rule for mechanism {mechanism!r} is already registered")
     _CLAIM_RULES[mechanism] = rule
+
+
+def check_guarantee(
+    *, guarantee: Guarantee, delta: float, source: SensitivitySource | None
+) -> None:
+    """Refuse a guarantee that its sensitivity's source or its delta does not support.
+
+    The kind rules of `PrivacyStatement` (which calls this), also applied to the rows of a
+    resumed ``results.csv``: a sensitivity sampled on the members supports no guarantee; a
+    sampled one supports only ``random-dp``, and ``random-dp`` needs one; an analytic or
+    caller's bound (or none) supports ``pure-dp`` (delta = 0), ``approx-dp`` (delta > 0) and
+    ``per-query``. ``none`` is always allowed.
+
+    Raises:
+        ValueError: naming the rule the combination breaks.
+    """
+    g = Guarantee(guarantee)
+    if g is Guarantee.NONE:
+        return
+    if source is SensitivitySource.SAMPLED_MEMBERS:
+        raise ValueError(
+            "a sensitivity sampled on the private members supports no guarantee: the "
+            "estimate depends on the members (state guarantee 'none')"
+        )
+    sampled = source is SensitivitySource.SAMPLED
+    if sampled and g is not Guarantee.RANDOM_DP:
+        raise ValueError(
+            f"a sampled sensitivity only supports 'random-dp', not {g.value!r}: "
+            "the bound holds with a confidence, not for every neighbouring pair"
+        )
+    if g is Guarantee.RANDOM_DP and not sampled:
+        raise ValueError("'random-dp' is for sampled sensitivities; none was given")
+    if g is Guarantee.PURE_DP and delta != 0:
+        raise ValueError(f"'pure-dp' needs delta=0, got {delta!r}")
+    if g is Guarantee.APPROX_DP and delta == 0:
+        raise ValueError("'approx-dp' needs delta > 0; use 'pure-dp' for delta=0")
 
 
 def _pure_epsilon(*, delta: float, scale: float, sensitivity: float) -> float:

@@ -9,17 +9,21 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 import alm_opacus.run.harness as harness
 import alm_opacus.run.writer as writer
-from alm_opacus.report.results import read_results, write_results
+from alm_opacus.report.results import ResultRow, format_csv, read_results, write_results
 from alm_opacus.run.cli import main, parse_config
 from alm_opacus.run.config import RunConfig
-from alm_opacus.run.rundir import DEFAULT_CACHE, SHARED_FILES, SPLIT_FILE, RunFolder
+from alm_opacus.run.harness import load_plugins
+from alm_opacus.run.row_rules import SCALE_TOLERANCE, row_rule_problem
+from alm_opacus.run.rundir import DEFAULT_CACHE, SHARED_FILES, SPLIT_FILE, RunFolder, check_rows
 
 TINY = ["--methods", "none,alm", "--epsilons", "1", "--noise-draws", "1", "--attacks", "loss",
         "--m", "4", "--no-progress", "--reproducible-noise"]  # fmt: skip
@@ -400,6 +404,10 @@ def _json_edit(name: str, edit):  # type: ignore[no-untyped-def]
         (_set(1, guarantee="pure-ish"), "line 3: guarantee='pure-ish' is invalid"),
         (_set(1, utility_loss=0.0), "line 3: utility_loss=0.0 is not 1 - test_accuracy"),
         (_set(1, dataset="mnist"), "line 3: dataset='mnist' is invalid"),
+        (_set(1, guarantee="pure-dp"),
+         "line 3: guarantee='pure-dp' with sensitivity_source='sampled' and delta=0.0 breaks "
+         "the statement rule"),
+        (_set(1, epsilon_spent=0.5), "line 3: epsilon_spent=0.5 is below epsilon=1.0"),
         (_json_edit("rocs.json", lambda items: [*items, items[0]]), "repeats the curve"),
         (_json_edit("rocs.json", lambda items: [{**items[0], "tpr": [2.0] * len(items[0]["tpr"])},
                                                 *items[1:]]), "all in [0, 1]"),
@@ -409,7 +417,8 @@ def _json_edit(name: str, edit):  # type: ignore[no-untyped-def]
     ids=["accuracy-5", "duplicate-row", "symlinked-results", "epsilon-off-grid",
          "method-not-run", "seed-not-run", "baseline-epsilon", "auc-1.5", "tpr-negative",
          "negative-scale", "delta-1", "unknown-guarantee", "utility-loss-mismatch",
-         "other-dataset", "duplicate-roc", "roc-out-of-range", "config-epsilons"],
+         "other-dataset", "random-dp-made-pure", "spent-below-epsilon", "duplicate-roc",
+         "roc-out-of-range", "config-epsilons"],
 )  # fmt: skip
 def test_resume_refuses_rows_it_cannot_trust(finished, tmp_path, shared_cache, capsys, damage,
                                              needle):  # type: ignore[no-untyped-def]  # fmt: skip
@@ -719,3 +728,290 @@ def test_a_resume_with_fewer_methods_reports_only_its_own(finished, tmp_path, sh
     page = (out / "report.html").read_text()
     settings = page[page.index("kept from an earlier run") - 400 :]
     assert re.search(r"methods</t[hd]>\s*<td>none, no-leak<", settings), settings[:600]
+
+
+# -- issue 36: one results schema, and rules across a row's columns ------------------------
+
+#: The shadow and loss rows of a real default run (``alm-opacus --out /tmp/run0``: methods
+#: none, alm, dpsgd, six epsilons) and its config.json, as that run wrote them.
+DEFAULT_RUN = Path(__file__).parent / "fixtures" / "default_run"
+Rows = tuple[list[ResultRow], dict[str, Any]]
+
+
+@pytest.fixture
+def default_rows() -> Rows:
+    load_plugins()  # dpsgd registers from the baselines plugin
+    rows = read_results(DEFAULT_RUN / "results.csv")
+    return rows, json.loads((DEFAULT_RUN / "config.json").read_text())
+
+
+def _first(rows: list[ResultRow], method: str) -> int:
+    return next(i for i, r in enumerate(rows) if r.method == method)
+
+
+def test_the_rows_of_a_real_default_run_are_kept_and_rewritten_unchanged(
+    default_rows: Rows,
+) -> None:
+    rows, settings = default_rows
+    assert {r.method for r in rows} == {"none", "alm", "dpsgd"}
+    check_rows(rows, settings=settings, path=DEFAULT_RUN / "results.csv")
+    assert format_csv(rows) == (DEFAULT_RUN / "results.csv").read_text()
+    # DP-SGD's epsilon_spent is its accountant's epsilon, below the target: not a refusal
+    sgd = rows[_first(rows, "dpsgd")]
+    assert sgd.epsilon_spent < sgd.epsilon
+
+
+def _scale(row: ResultRow, factor: float) -> dict[str, object]:
+    return {"noise_scale": row.noise_scale * factor}
+
+
+@pytest.mark.parametrize(
+    ("method", "edit", "needle"),
+    [
+        (
+            "alm",
+            {"guarantee": "pure-dp"},
+            "guarantee='pure-dp' with sensitivity_source='sampled' and delta=0.0 breaks the "
+            "statement rule: a sampled sensitivity only supports 'random-dp'",
+        ),
+        ("alm", {"sensitivity_source": "analytic"}, "'random-dp' is for sampled sensitivities"),
+        (
+            "alm",
+            {"sensitivity_source": "sampled-members"},
+            "a sensitivity sampled on the private members supports no guarantee",
+        ),
+        ("dpsgd", {"guarantee": "pure-dp"}, "'pure-dp' needs delta=0, got 1e-05"),
+        ("dpsgd", {"delta": 0.0}, "'approx-dp' needs delta > 0"),
+        (
+            "alm",
+            {"epsilon_spent": 0.05},
+            "epsilon_spent=0.05 is below epsilon=0.1: a post-training release is its head's first",
+        ),
+        (
+            "alm",
+            lambda r: _scale(r, 0.99),
+            "does not fit the alm mechanism's calibration for sensitivity 147.223 at epsilon=0.1, "
+            "delta=0.0: expected at least 1472.23 and, with grid rounding, below 4416.69",
+        ),
+        ("alm", lambda r: _scale(r, 3.5), "does not fit the alm mechanism's calibration"),
+        (
+            "alm",
+            lambda r: {"noise_std": r.noise_std * 1.01},
+            "is not the alm mechanism's standard deviation at noise_scale=1478.53: expected "
+            "2681.76",
+        ),
+        ("alm", {"sensitivity": 2 * 147.223}, "does not fit the alm mechanism's calibration"),
+        (
+            "alm",
+            {"noise_scale": math.nan},
+            "a random-dp release of the alm mechanism states its noise scale",
+        ),
+        (
+            "alm",
+            {"sensitivity_source": "public"},
+            "sensitivity_source='public' is invalid: expected one of ['analytic', 'sampled', "
+            "'sampled-members', 'caller'] (or empty)",
+        ),
+        ("alm", {"noise_source": "os"}, "noise_source='os' is invalid"),
+        ("alm", {"neighbouring": "swap"}, "neighbouring='swap' is invalid"),
+        ("alm", {"sensitivity_norm": "l3"}, "sensitivity_norm='l3' is invalid"),
+        ("alm", {"seconds": math.inf}, "seconds=inf is invalid: expected a finite number >= 0"),
+        ("alm", {"status": "done"}, "status='done' is invalid: expected one of ['ok', "),
+        ("alm", {"tpr_at_fpr_0_001_ci_high": 1.5}, "tpr_at_fpr_0.001_ci_high=1.5 is invalid"),
+        ("alm", {"epsilon_spent": -1.0}, "epsilon_spent=-1.0 is invalid"),
+        ("none", {"delta": math.nan}, "delta=nan is invalid: expected a number in [0, 1)"),
+        (
+            "alm",
+            {"test_accuracy": math.nan},
+            "test_accuracy=nan is invalid: expected a number in [0, 1] (the row's status is 'ok')",
+        ),
+    ],
+    ids=[
+        "sampled-claims-pure",
+        "analytic-random-dp",
+        "members-random-dp",
+        "pure-with-delta",
+        "approx-without-delta",
+        "spent-below-epsilon",
+        "scale-too-small",
+        "scale-too-large",
+        "std-not-the-scales",
+        "sensitivity-doubled",
+        "scale-missing",
+        "unknown-source",
+        "unknown-noise-source",
+        "unknown-relation",
+        "unknown-norm",
+        "seconds-inf",
+        "unknown-status",
+        "ci-above-1",
+        "negative-spent",
+        "delta-missing",
+        "accuracy-missing",
+    ],
+)
+def test_resume_refuses_a_hand_edited_row_naming_file_line_and_rule(
+    default_rows: Rows,
+    method: str,
+    edit: dict[str, object] | Callable[[ResultRow], dict[str, object]],
+    needle: str,
+) -> None:
+    rows, settings = default_rows
+    index = _first(rows, method)
+    changes = edit(rows[index]) if callable(edit) else edit
+    rows[index] = rows[index].replace(**changes)
+    path = DEFAULT_RUN / "results.csv"
+    with pytest.raises(ValueError) as info:
+        check_rows(rows, settings=settings, path=path)
+    message = str(info.value)
+    assert message.startswith(f"--resume: {path}: line {index + 2}: "), message
+    assert needle in message, message
+    assert message.endswith("use --overwrite to start again"), message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("mechanism", ["alm", "laplace", "gaussian", "gaussian-classic"])
+def test_the_scale_rule_forgives_exactly_what_the_csv_rounds(mechanism: str) -> None:
+    """A release at its calibration (no grid inflation: the rule's tight end), written with
+    6 significant digits and read back, passes (its noise_std too); twice SCALE_TOLERANCE
+    below it does not."""
+    from alm_opacus.mechanisms import create_mechanism
+
+    mech = create_mechanism(mechanism)
+    delta = 0.0 if mech.pure else 1e-5
+    generator = torch.Generator().manual_seed(36)
+    kept = 0
+    for _ in range(200):
+        sensitivity, epsilon = (10 ** (6 * torch.rand(2, generator=generator) - 3)).tolist()
+        epsilon = min(epsilon, 0.99) if mechanism == "gaussian-classic" else epsilon
+        scale = mech.calibrate(epsilon=epsilon, delta=delta, sensitivity=sensitivity)
+        row = _release_row(
+            mechanism, epsilon=epsilon, delta=delta, sensitivity=sensitivity, scale=scale
+        )
+        (read,) = _round_trip([row])
+        assert row_rule_problem(read) is None, (sensitivity, epsilon, scale)
+        kept += 1
+        low = mech.calibrate(epsilon=epsilon, delta=delta, sensitivity=read.sensitivity)
+        below = read.replace(noise_scale=low * (1 - 2 * SCALE_TOLERANCE))
+        assert row_rule_problem(below) is not None
+    assert kept == 200
+
+
+def test_the_textbook_gaussian_beyond_its_theorem_keeps_its_larger_delta() -> None:
+    """At epsilon >= 1 the classic Gaussian states the delta its sigma achieves (larger than
+    the one it was calibrated to): its scale is only bounded below."""
+    from alm_opacus.mechanisms import ClassicGaussianMechanism, create_mechanism
+
+    mech = create_mechanism("gaussian-classic")
+    assert isinstance(mech, ClassicGaussianMechanism)
+    scale = mech.calibrate(epsilon=10.0, delta=1e-3, sensitivity=1.0)
+    achieved = mech.achieved_delta(epsilon=10.0, scale=scale, sensitivity=1.0)
+    assert achieved > 1e-3
+    row = _release_row(
+        "gaussian-classic", epsilon=10.0, delta=achieved, sensitivity=1.0, scale=scale
+    )
+    assert row_rule_problem(row) is None
+    assert "expected at least" in str(row_rule_problem(row.replace(noise_scale=scale / 10)))
+
+
+def _release_row(
+    method: str, *, epsilon: float, delta: float, sensitivity: float, scale: float
+) -> ResultRow:
+    from alm_opacus.mechanisms import create_mechanism
+
+    mech = create_mechanism(method)
+    return ResultRow(
+        dataset="digits",
+        method=method,
+        epsilon=epsilon,
+        delta=delta,
+        guarantee="pure-dp" if delta == 0 else "approx-dp",
+        sensitivity=sensitivity,
+        noise_scale=scale,
+        noise_std=mech.std(scale),
+        seed=0,
+        test_accuracy=0.9,
+        utility_loss=0.0,
+        seconds=1.0,
+        sensitivity_norm=mech.norm,
+        sensitivity_source="analytic",
+        neighbouring="replace-one",
+        noise_source="secure",
+        epsilon_spent=epsilon,
+    )
+
+
+def _round_trip(rows: list[ResultRow]) -> list[ResultRow]:
+    import csv
+    import io
+
+    return [ResultRow.from_record(r) for r in csv.DictReader(io.StringIO(format_csv(rows)))]
+
+
+def test_an_infeasible_row_is_only_checked_for_its_ranges(default_rows: Rows) -> None:
+    from alm_opacus.run.evaluation import infeasible_row
+
+    rows, settings = default_rows
+    row = infeasible_row(
+        dataset="digits",
+        method="alm",
+        epsilon=0.1,
+        seed=0,
+        delta=0.0,
+        reason="no release meets it",
+        seconds=0.5,
+    )
+    index = _first(rows, "alm")
+    kept = [r for r in rows if r.cell() != rows[index].cell()] + [row]
+    check_rows(kept, settings=settings, path=DEFAULT_RUN / "results.csv")
+
+
+@pytest.mark.parametrize("mechanism", ["alm", "laplace", "gaussian", "gaussian-classic"])
+def test_real_post_training_releases_keep_every_cross_column_rule(mechanism: str) -> None:
+    """Rows built from real releases (analytic and sampled sensitivities, float64 to float16
+    heads, grids widened up to ~2.6x the sensitivity at small epsilon) pass after a CSV round
+    trip; the widest grid stays inside the rule's calibrate(3 sensitivity) bound."""
+    from alm_opacus.mechanisms import create_mechanism
+    from alm_opacus.methods import Release
+    from alm_opacus.protect import PostTrainingPrivacyEngine
+    from alm_opacus.run.evaluation import base_row
+    from alm_opacus.statement import SensitivityInfo, SensitivitySource
+
+    mech = create_mechanism(mechanism)
+    delta = 0.0 if mech.pure else 1e-5
+    widest = 0.0
+    for dtype in (torch.float64, torch.float32, torch.float16):
+        for epsilon in (1e-3, 0.1, 1.0, 5.0):
+            for source in ("analytic", "sampled"):
+                sampled = source == "sampled"
+                info = SensitivityInfo(
+                    value=0.37,
+                    norm=mech.norm,
+                    source=SensitivitySource(source),
+                    m=50 if sampled else None,
+                    gamma=0.05 if sampled else None,
+                    confidence=0.99 if sampled else None,
+                )
+                head = torch.nn.Linear(30, 10).to(dtype)
+                try:
+                    protected = PostTrainingPrivacyEngine(mechanism=mech).make_private(
+                        head, epsilon=epsilon, delta=delta, sensitivity=info, seed=1
+                    )
+                except ValueError:  # a grid float16 cannot hold, or InfeasibleRelease
+                    continue
+                st = protected.statement
+                assert st.noise_scale is not None
+                release = Release(
+                    method=mechanism,
+                    statement=st,
+                    predict_proba=lambda x: x,
+                    noise_std=mech.std(st.noise_scale),
+                )
+                row = base_row(
+                    dataset="digits", method=mechanism, epsilon=epsilon, seed=0, release=release
+                ).replace(test_accuracy=0.5, utility_loss=0.1, seconds=1.0)
+                (read,) = _round_trip([row])
+                assert row_rule_problem(read) is None, (dtype, epsilon, source)
+                low = mech.calibrate(epsilon=epsilon, delta=delta, sensitivity=0.37)
+                widest = max(widest, st.noise_scale / low)
+    assert 2.0 < widest < 3.0

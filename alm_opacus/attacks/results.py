@@ -34,7 +34,7 @@ INTERVAL_COLUMNS: tuple[str, ...] = (
     *(f"tpr_at_fpr_{level:g}_ci_{end}" for level in TPR_FPR_LEVELS for end in ("low", "high")),
     "eps_lower_bound_ceiling",
 )
-"""The appended columns of ``results.csv`` this package fills (``report.results.Column``)."""
+"""The appended columns of ``results.csv`` this package fills (``report.results.ResultRow``)."""
 
 
 @dataclass(frozen=True)

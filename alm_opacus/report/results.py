@@ -1,6 +1,8 @@
 """The ``results.csv`` contract: one row per method x epsilon x seed x attack.
 
-Columns are only ever appended, never renamed (see docs/design.md).
+Columns are only ever appended, never renamed (see docs/design.md). Each column's header,
+type, range and format live on its :class:`ResultRow` field (a :class:`ColumnSpec`); the
+writer, the reader and the resume check (:func:`out_of_range`) are derived from them.
 """
 
 from __future__ import annotations
@@ -10,158 +12,265 @@ import dataclasses
 import enum
 import io
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any, Literal, get_type_hints
 
 from alm_opacus.io import atomic_write_text
 
 
-class Column(str, enum.Enum):
-    """Every ``results.csv`` column, in file order; the value is the header.
+@dataclass(frozen=True)
+class ColumnSpec:
+    """What one ``results.csv`` column holds; it lives on its :class:`ResultRow` field.
 
-    The first 18 are the design page's; the rest were appended later (columns are only ever
-    appended, never renamed or repurposed). The field of :class:`ResultRow` for a column is
-    its value with ``.`` replaced by ``_``. Modelled on TF Privacy's
-    ``AttackResultsDFColumns``.
+    The header, the type (the field's annotation), the range and the format of a column are
+    read from here by the CSV writer and reader and by the resume check
+    (:func:`out_of_range`), so they cannot drift apart.
+
+    Attributes:
+        doc: what the column means.
+        header: the CSV header, when it is not the field's name (a header with a ``.``).
+        low: the smallest number allowed.
+        high: the largest number allowed (excluded when ``high_open``).
+        high_open: ``high`` itself is refused.
+        finite: ``inf`` is refused.
+        empty: when the cell may be empty (NaN for a number, ``""`` for a text; an integer
+            is never empty): ``"always"``, ``"unless-ok"`` (not in a row whose status is
+            ``ok``) or ``"never"``.
+        choices: the texts allowed (``None``: any), or a function that gives them (read
+            when a row is checked: see :func:`_statement_values`).
+        exact: written as the shortest text that reads back as the same float (budget
+            columns identify cells and feed conversions); other floats get 6 significant
+            digits.
     """
 
-    DATASET = "dataset"
-    METHOD = "method"
-    #: the target epsilon the cell was asked for (``inf`` for the unprotected baseline)
-    EPSILON = "epsilon"
-    DELTA = "delta"
-    #: pure-dp | approx-dp | random-dp | per-query | none (the statement's kind)
-    GUARANTEE = "guarantee"
-    #: the sensitivity the noise is calibrated to; for DP-SGD the per-step clipping norm
-    SENSITIVITY = "sensitivity"
-    #: the statement's noise scale, absolute (b, s or sigma of the noise; for DP-SGD the
-    #: per-step scale sigma * C, with sigma in ``noise_multiplier``)
-    NOISE_SCALE = "noise_scale"
-    SEED = "seed"
-    TEST_ACCURACY = "test_accuracy"
-    UTILITY_LOSS = "utility_loss"
-    ATTACK = "attack"
-    MIA_ACCURACY = "mia_accuracy"
-    MIA_ADVANTAGE = "mia_advantage"
-    MIA_AUC = "mia_auc"
-    TPR_AT_FPR_0_001 = "tpr_at_fpr_0.001"
-    TPR_AT_FPR_0_01 = "tpr_at_fpr_0.01"
-    EPS_LOWER_BOUND = "eps_lower_bound"
-    SECONDS = "seconds"
-    # -- appended --------------------------------------------------------------------------
-    NOISE_DRAWS = "noise_draws"
-    TEST_ACCURACY_STD = "test_accuracy_std"
-    MIA_AUC_STD = "mia_auc_std"
-    MIA_ACCURACY_STD = "mia_accuracy_std"
-    STATEMENT = "statement"
-    UTILITY_LOSS_STD = "utility_loss_std"
-    #: DP-SGD's unitless noise multiplier sigma (empty for other methods)
-    NOISE_MULTIPLIER = "noise_multiplier"
-    #: DP-SGD's per-example clipping norm C (empty for other methods)
-    CLIP_NORM = "clip_norm"
-    #: standard deviation of one noise coordinate: of the released weights (post-training),
-    #: of each step's noise on the summed clipped gradients (DP-SGD: sigma * C)
-    NOISE_STD = "noise_std"
-    #: l1 | l2: the norm of ``sensitivity``
-    SENSITIVITY_NORM = "sensitivity_norm"
-    #: analytic | sampled-public | sampled-members | caller | clipping
-    SENSITIVITY_SOURCE = "sensitivity_source"
-    #: replace-one | add-remove: the neighbouring relation of ``epsilon``/``delta``
-    NEIGHBOURING = "neighbouring"
-    #: the guarantee converted to replace-one, the relation the table compares on
-    EPSILON_REPLACE_ONE = "epsilon_replace_one"
-    DELTA_REPLACE_ONE = "delta_replace_one"
-    #: secure (OS CSPRNG, cannot be replayed) | seeded (private only while the seed is secret)
-    NOISE_SOURCE = "noise_source"
-    #: epsilon spent so far on the same clean model, this release included (the ledger)
-    EPSILON_SPENT = "epsilon_spent"
-    #: the accountant behind a DP-SGD epsilon (alm_pld | prv | rdp)
-    ACCOUNTANT = "accountant"
-    #: 95% intervals of the attack metrics over the evaluation set
-    MIA_AUC_CI_LOW = "mia_auc_ci_low"
-    MIA_AUC_CI_HIGH = "mia_auc_ci_high"
-    TPR_AT_FPR_0_001_CI_LOW = "tpr_at_fpr_0.001_ci_low"
-    TPR_AT_FPR_0_001_CI_HIGH = "tpr_at_fpr_0.001_ci_high"
-    TPR_AT_FPR_0_01_CI_LOW = "tpr_at_fpr_0.01_ci_low"
-    TPR_AT_FPR_0_01_CI_HIGH = "tpr_at_fpr_0.01_ci_high"
-    #: the largest eps_lower_bound the evaluation set can produce at its size and confidence
-    EPS_LOWER_BOUND_CEILING = "eps_lower_bound_ceiling"
-    #: ok | infeasible (the cell could not be released at this epsilon; see ``reason``)
-    STATUS = "status"
-    REASON = "reason"
+    doc: str = ""
+    header: str = ""
+    low: float = -math.inf
+    high: float = math.inf
+    high_open: bool = False
+    finite: bool = False
+    empty: Literal["always", "unless-ok", "never"] = "always"
+    choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None
+
+    def allowed(self) -> tuple[str, ...] | None:
+        """The texts allowed (``None``: any)."""
+        return self.choices() if callable(self.choices) else self.choices
+
+    exact: bool = False
 
 
-RESULT_COLUMNS: tuple[str, ...] = tuple(c.value for c in Column)
-#: How many columns the design page defines (the rest were appended).
-DESIGN_COLUMNS = 18
+def _col(doc: str = "", **spec: Any) -> dict[str, ColumnSpec]:
+    """The metadata of a :class:`ResultRow` field: its :class:`ColumnSpec`."""
+    return {_SPEC: ColumnSpec(doc=doc, **spec)}
+
+
+_SPEC = "column"
+#: Ranges shared by many columns.
+_UNIT: dict[str, Any] = {"low": 0.0, "high": 1.0}
+_NON_NEGATIVE: dict[str, Any] = {"low": 0.0}
+_MEASURED: dict[str, Any] = {"empty": "unless-ok"}
+
+
+def _statement_values(name: str, *, empty: bool) -> Callable[[], tuple[str, ...]]:
+    """The values of ``alm_opacus.statement.<name>`` (an enum or a tuple), and ``""`` if
+    ``empty``: the statement owns them. Read when a row is checked, not at import: importing
+    the statement imports torch, which ``export`` and ``--help`` must not."""
+
+    def values() -> tuple[str, ...]:
+        from alm_opacus import statement
+
+        found = getattr(statement, name)
+        texts = tuple(v.value if isinstance(v, enum.Enum) else str(v) for v in found)
+        return ("", *texts) if empty else texts
+
+    return values
 
 
 @dataclass
 class ResultRow:
-    """One cell of the results table. ``nan`` marks a value a method or attack cannot give."""
+    """One cell of the results table. ``nan`` marks a value a method or attack cannot give.
 
-    dataset: str
-    method: str
-    epsilon: float
-    delta: float
-    guarantee: str
-    sensitivity: float
-    noise_scale: float
-    seed: int
-    test_accuracy: float
-    utility_loss: float
-    attack: str = ""
-    mia_accuracy: float = math.nan
-    mia_advantage: float = math.nan
-    mia_auc: float = math.nan
-    tpr_at_fpr_0_001: float = math.nan
-    tpr_at_fpr_0_01: float = math.nan
-    eps_lower_bound: float = math.nan
-    seconds: float = math.nan
-    noise_draws: int = 1
-    test_accuracy_std: float = math.nan
-    mia_auc_std: float = math.nan
-    mia_accuracy_std: float = math.nan
-    statement: str = ""
-    utility_loss_std: float = math.nan
-    noise_multiplier: float = math.nan
-    clip_norm: float = math.nan
-    noise_std: float = math.nan
-    sensitivity_norm: str = ""
-    sensitivity_source: str = ""
-    neighbouring: str = ""
-    epsilon_replace_one: float = math.nan
-    delta_replace_one: float = math.nan
-    noise_source: str = ""
-    epsilon_spent: float = math.nan
-    accountant: str = ""
-    mia_auc_ci_low: float = math.nan
-    mia_auc_ci_high: float = math.nan
-    tpr_at_fpr_0_001_ci_low: float = math.nan
-    tpr_at_fpr_0_001_ci_high: float = math.nan
-    tpr_at_fpr_0_01_ci_low: float = math.nan
-    tpr_at_fpr_0_01_ci_high: float = math.nan
-    eps_lower_bound_ceiling: float = math.nan
-    status: str = "ok"
-    reason: str = ""
+    Each field is one ``results.csv`` column, in file order, and carries its
+    :class:`ColumnSpec` (header, range, format). The first 18 are the design page's; the
+    rest were appended later (columns are only ever appended, never renamed or repurposed).
+    Modelled on TF Privacy's ``AttackResultsDFColumns``.
+    """
+
+    dataset: str = field(metadata=_col(empty="never"))
+    method: str = field(metadata=_col(empty="never"))
+    epsilon: float = field(
+        metadata=_col(
+            "the target epsilon the cell was asked for (inf for the unprotected baseline)",
+            low=0.0,
+            empty="never",
+            exact=True,
+        )
+    )
+    delta: float = field(
+        metadata=_col(low=0.0, high=1.0, high_open=True, empty="never", exact=True)
+    )
+    guarantee: str = field(
+        metadata=_col(
+            "the statement's kind",
+            choices=_statement_values("Guarantee", empty=False),
+            empty="never",
+        )
+    )
+    sensitivity: float = field(
+        metadata=_col(
+            "the sensitivity the noise is calibrated to; for DP-SGD the per-step clipping norm",
+            **_NON_NEGATIVE,
+        )
+    )
+    noise_scale: float = field(
+        metadata=_col(
+            "the statement's noise scale, absolute (b, s or sigma of the noise; for DP-SGD the "
+            "per-step scale sigma * C, with sigma in noise_multiplier)",
+            **_NON_NEGATIVE,
+        )
+    )
+    seed: int = field(metadata=_col())
+    test_accuracy: float = field(metadata=_col(**_UNIT, **_MEASURED))
+    utility_loss: float = field(metadata=_col(high=1.0, **_MEASURED))
+    attack: str = field(default="", metadata=_col())
+    mia_accuracy: float = field(default=math.nan, metadata=_col(**_UNIT))
+    mia_advantage: float = field(default=math.nan, metadata=_col(**_UNIT))
+    mia_auc: float = field(default=math.nan, metadata=_col(**_UNIT))
+    tpr_at_fpr_0_001: float = field(
+        default=math.nan, metadata=_col(header="tpr_at_fpr_0.001", **_UNIT)
+    )
+    tpr_at_fpr_0_01: float = field(
+        default=math.nan, metadata=_col(header="tpr_at_fpr_0.01", **_UNIT)
+    )
+    eps_lower_bound: float = field(default=math.nan, metadata=_col(**_NON_NEGATIVE))
+    seconds: float = field(default=math.nan, metadata=_col(low=0.0, finite=True, empty="never"))
+    # -- appended ------------------------------------------------------------------------
+    noise_draws: int = field(default=1, metadata=_col(low=0.0))
+    test_accuracy_std: float = field(default=math.nan, metadata=_col(**_NON_NEGATIVE))
+    mia_auc_std: float = field(default=math.nan, metadata=_col(**_NON_NEGATIVE))
+    mia_accuracy_std: float = field(default=math.nan, metadata=_col(**_NON_NEGATIVE))
+    statement: str = field(default="", metadata=_col())
+    utility_loss_std: float = field(default=math.nan, metadata=_col(**_NON_NEGATIVE))
+    noise_multiplier: float = field(
+        default=math.nan,
+        metadata=_col(
+            "DP-SGD's unitless noise multiplier sigma (empty for other methods)", **_NON_NEGATIVE
+        ),
+    )
+    clip_norm: float = field(
+        default=math.nan,
+        metadata=_col(
+            "DP-SGD's per-example clipping norm C (empty for other methods)", **_NON_NEGATIVE
+        ),
+    )
+    noise_std: float = field(
+        default=math.nan,
+        metadata=_col(
+            "standard deviation of one noise coordinate: of the released weights (post-training), "
+            "of each step's noise on the summed clipped gradients (DP-SGD: sigma * C)",
+            **_NON_NEGATIVE,
+        ),
+    )
+    sensitivity_norm: str = field(
+        default="", metadata=_col("the norm of sensitivity", choices=("", "l1", "l2"))
+    )
+    sensitivity_source: str = field(
+        default="",
+        metadata=_col(
+            "where the sensitivity came from (statement.SensitivitySource)",
+            choices=_statement_values("SensitivitySource", empty=True),
+        ),
+    )
+    neighbouring: str = field(
+        default="",
+        metadata=_col(
+            "the neighbouring relation of epsilon/delta",
+            choices=_statement_values("NEIGHBOURING", empty=True),
+        ),
+    )
+    epsilon_replace_one: float = field(
+        default=math.nan,
+        metadata=_col(
+            "the guarantee converted to replace-one, the relation the table compares on",
+            exact=True,
+            **_NON_NEGATIVE,
+        ),
+    )
+    delta_replace_one: float = field(default=math.nan, metadata=_col(exact=True, **_UNIT))
+    noise_source: str = field(
+        default="",
+        metadata=_col(
+            "secure (OS CSPRNG, cannot be replayed) | seeded (private only while the seed is "
+            "secret)",
+            choices=_statement_values("NOISE_SOURCES", empty=True),
+        ),
+    )
+    epsilon_spent: float = field(
+        default=math.nan,
+        metadata=_col(
+            "epsilon spent so far on the same clean model, this release included (the ledger)",
+            **_NON_NEGATIVE,
+        ),
+    )
+    accountant: str = field(
+        default="", metadata=_col("the accountant behind a DP-SGD epsilon (alm_pld | prv | rdp)")
+    )
+    mia_auc_ci_low: float = field(
+        default=math.nan,
+        metadata=_col("95% intervals of the attack metrics over the evaluation set", **_UNIT),
+    )
+    mia_auc_ci_high: float = field(default=math.nan, metadata=_col(**_UNIT))
+    tpr_at_fpr_0_001_ci_low: float = field(
+        default=math.nan, metadata=_col(header="tpr_at_fpr_0.001_ci_low", **_UNIT)
+    )
+    tpr_at_fpr_0_001_ci_high: float = field(
+        default=math.nan, metadata=_col(header="tpr_at_fpr_0.001_ci_high", **_UNIT)
+    )
+    tpr_at_fpr_0_01_ci_low: float = field(
+        default=math.nan, metadata=_col(header="tpr_at_fpr_0.01_ci_low", **_UNIT)
+    )
+    tpr_at_fpr_0_01_ci_high: float = field(
+        default=math.nan, metadata=_col(header="tpr_at_fpr_0.01_ci_high", **_UNIT)
+    )
+    eps_lower_bound_ceiling: float = field(
+        default=math.nan,
+        metadata=_col(
+            "the largest eps_lower_bound the evaluation set can produce at its size and confidence",
+            **_NON_NEGATIVE,
+        ),
+    )
+    status: str = field(
+        default="ok",
+        metadata=_col(
+            "ok | infeasible (the cell could not be released at this epsilon; see reason)",
+            choices=("ok", "infeasible"),
+            empty="never",
+        ),
+    )
+    reason: str = field(default="", metadata=_col())
 
     def to_record(self) -> dict[str, object]:
         """The row keyed by the CSV column names."""
-        values = [getattr(self, f.name) for f in fields(self)]
-        return dict(zip(RESULT_COLUMNS, values, strict=True))
+        return {c.header: getattr(self, c.name) for c in COLUMNS}
 
     @classmethod
     def from_record(cls, record: dict[str, str]) -> ResultRow:
+        """A row from a CSV record keyed by header (a missing column takes its empty value).
+
+        Raises:
+            ValueError: if a number column holds text that is not a number.
+        """
         kwargs: dict[str, object] = {}
-        for f, column in zip(fields(cls), RESULT_COLUMNS, strict=True):
-            raw = record.get(column, "")
-            if f.type in ("float", float):
-                kwargs[f.name] = math.nan if raw in ("", "nan") else float(raw)
-            elif f.type in ("int", int):
-                kwargs[f.name] = int(float(raw)) if raw else 0
+        for c in COLUMNS:
+            raw = record.get(c.header, "")
+            if c.kind is float:
+                kwargs[c.name] = math.nan if raw in ("", "nan") else float(raw)
+            elif c.kind is int:
+                kwargs[c.name] = int(float(raw)) if raw else 0
             else:
-                kwargs[f.name] = raw
+                kwargs[c.name] = raw
         return cls(**kwargs)  # type: ignore[arg-type]
 
     def cell(self) -> tuple[str, str, int]:
@@ -172,7 +281,99 @@ class ResultRow:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
-assert [f.name for f in fields(ResultRow)] == [c.replace(".", "_") for c in RESULT_COLUMNS]
+@dataclass(frozen=True)
+class ResultColumn:
+    """One column as the CSV code uses it: its field, header, type and spec."""
+
+    name: str
+    header: str
+    kind: type
+    spec: ColumnSpec
+
+    def format(self, value: object) -> str:
+        """The CSV text of ``value`` in this column."""
+        if self.spec.exact and isinstance(value, float):
+            return _fmt_exact(value)
+        return _fmt(value)
+
+    def problem(self, value: object, *, ok: bool) -> str | None:
+        """What ``value`` should have been, or ``None`` if it is in range.
+
+        Args:
+            value: the row's value in this column.
+            ok: whether the row's status is ``ok`` (``empty="unless-ok"`` columns need a
+                value then).
+        """
+        spec = self.spec
+        if self.kind is str:
+            value = str(value)
+            choices = spec.allowed()
+            if choices is not None and value not in choices:
+                listed = [c for c in choices if c]
+                return f"one of {listed}" + (" (or empty)" if "" in choices else "")
+            if not value and (spec.empty == "never" or (spec.empty == "unless-ok" and ok)):
+                return "a non-empty text"
+            return None
+        number = float(value)  # type: ignore[arg-type]
+        if math.isnan(number):
+            if spec.empty == "never":
+                return f"{self._range()} (never empty)"
+            if spec.empty == "unless-ok" and ok:
+                return f"{self._range()} (the row's status is 'ok')"
+            return None
+        above = number >= spec.high if spec.high_open else number > spec.high
+        if number < spec.low or above or (spec.finite and math.isinf(number)):
+            empty = spec.empty == "always" and self.kind is float
+            return self._range() + (" (or empty)" if empty else "")
+        return None
+
+    def _range(self) -> str:
+        spec = self.spec
+        what = (
+            "an integer" if self.kind is int else "a finite number" if spec.finite else "a number"
+        )
+        if math.isfinite(spec.low) and math.isfinite(spec.high):
+            return f"{what} in [{spec.low:g}, {spec.high:g}{')' if spec.high_open else ']'}"
+        if math.isfinite(spec.low):
+            return f"{what} >= {spec.low:g}"
+        if math.isfinite(spec.high):
+            return f"{what} <= {spec.high:g}"
+        return what
+
+
+def _columns() -> tuple[ResultColumn, ...]:
+    kinds = get_type_hints(ResultRow)
+    return tuple(
+        ResultColumn(
+            name=f.name,
+            header=f.metadata[_SPEC].header or f.name,
+            kind=kinds[f.name],
+            spec=f.metadata[_SPEC],
+        )
+        for f in fields(ResultRow)
+    )
+
+
+#: Every ``results.csv`` column, in file order (derived from :class:`ResultRow`'s fields).
+COLUMNS: tuple[ResultColumn, ...] = _columns()
+RESULT_COLUMNS: tuple[str, ...] = tuple(c.header for c in COLUMNS)
+#: How many columns the design page defines (the rest were appended).
+DESIGN_COLUMNS = 18
+
+
+def out_of_range(row: ResultRow) -> tuple[str, object, str] | None:
+    """The first column of ``row`` whose value its :class:`ColumnSpec` refuses.
+
+    Returns:
+        ``(header, value, what was expected)``, or ``None`` when every value is in range.
+    """
+    ok = row.status == "ok"
+    for column in COLUMNS:
+        value = getattr(row, column.name)
+        expected = column.problem(value, ok=ok)
+        if expected is not None:
+            return column.header, value, expected
+    return None
 
 
 def cell_key(method: str, epsilon: float, seed: int) -> tuple[str, str, int]:
@@ -199,20 +400,12 @@ def _fmt_exact(value: float) -> str:
     return text[:-2] if text.endswith(".0") else text
 
 
-#: Budget columns are written exactly: they identify cells and feed conversions.
-_EXACT = frozenset({Column.EPSILON.value, Column.DELTA.value, Column.EPSILON_REPLACE_ONE.value,
-                    Column.DELTA_REPLACE_ONE.value})  # fmt: skip
-
-
 def format_csv(rows: Iterable[ResultRow]) -> str:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=RESULT_COLUMNS, lineterminator="\n")
-    writer.writeheader()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(RESULT_COLUMNS)
     for row in rows:
-        writer.writerow({
-            k: _fmt_exact(v) if k in _EXACT and isinstance(v, float) else _fmt(v)
-            for k, v in row.to_record().items()
-        })  # fmt: skip
+        writer.writerow([c.format(getattr(row, c.name)) for c in COLUMNS])
     return buffer.getvalue()
 
 

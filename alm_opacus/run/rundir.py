@@ -55,7 +55,7 @@ from typing import Any
 from alm_opacus.io import atomic_write_text, make_private_folder
 from alm_opacus.report.draws import DRAWS_FILE
 from alm_opacus.report.html import REPORT_FILE
-from alm_opacus.report.results import ResultRow, cell_key, read_results
+from alm_opacus.report.results import ResultRow, cell_key, out_of_range, read_results
 from alm_opacus.report.risk import RISK_FOLDER
 from alm_opacus.run.config import config_mismatch
 from alm_opacus.run.export import export_run
@@ -70,6 +70,7 @@ from alm_opacus.run.layout import (
     WITHHELD_KEYS,
 )
 from alm_opacus.run.manifest import MANIFEST_FILE, read_manifest, verify_manifest
+from alm_opacus.run.row_rules import row_rule_problem
 
 __all__ = [
     "DEFAULT_CACHE",
@@ -454,16 +455,6 @@ def _inside(path: Path, folder: Path) -> bool:
 
 # -- kept rows ----------------------------------------------------------------------------
 
-#: Columns whose values are probabilities or rates: in [0, 1] (NaN: not measured).
-_UNIT = ("mia_accuracy", "mia_advantage", "mia_auc", "tpr_at_fpr_0_001", "tpr_at_fpr_0_01",
-         "mia_auc_ci_low", "mia_auc_ci_high", "tpr_at_fpr_0_001_ci_low",
-         "tpr_at_fpr_0_001_ci_high", "tpr_at_fpr_0_01_ci_low", "tpr_at_fpr_0_01_ci_high",
-         "delta_replace_one")  # fmt: skip
-#: Columns that are >= 0 (NaN: not applicable; inf allowed where a scale or bound is).
-_NON_NEGATIVE = ("sensitivity", "noise_scale", "noise_std", "noise_multiplier", "clip_norm",
-                 "eps_lower_bound", "eps_lower_bound_ceiling", "epsilon_replace_one",
-                 "epsilon_spent", "test_accuracy_std", "mia_auc_std", "mia_accuracy_std",
-                 "utility_loss_std")  # fmt: skip
 #: How far a kept utility loss may sit from 1 - accuracy / reference: the three numbers are
 #: written with 6 significant digits, so their rounding moves it by at most ~1e-5 for any
 #: reference accuracy >= 0.1.
@@ -475,15 +466,16 @@ def check_rows(rows: Sequence[ResultRow], *, settings: dict[str, Any], path: Pat
 
     Every row must belong to that run's grid (its data set, methods, epsilons, seeds; the
     baselines at epsilon ``inf``), appear once per (method, epsilon, seed, attack), hold
-    values in their ranges (accuracies, AUCs and rates in [0, 1], scales and bounds >= 0,
-    delta in [0, 1), a known guarantee and status), and its utility loss must be
-    ``1 - accuracy / reference`` for its seed's unprotected baseline.
+    values in the ranges its columns declare (:func:`~alm_opacus.report.results.out_of_range`),
+    keep the cross-column rules (:func:`~alm_opacus.run.row_rules.row_rule_problem`: guarantee
+    vs sensitivity source, ``epsilon_spent`` and ``noise_scale`` vs epsilon), and its utility
+    loss must be ``1 - accuracy / reference`` for its seed's unprotected baseline.
 
     Raises:
-        ValueError: naming ``path``, the line, the column, the value and what was expected.
+        ValueError: naming ``path``, the line, the column or rule, the value and what was
+            expected.
     """
     from alm_opacus.methods import method_class
-    from alm_opacus.statement import Guarantee
 
     methods = _str_list(settings, "methods", path)
     seeds = settings.get("seeds")
@@ -492,7 +484,6 @@ def check_rows(rows: Sequence[ResultRow], *, settings: dict[str, Any], path: Pat
                          "expected a list of integers; use --overwrite")  # fmt: skip
     grid = {cell_key("", e, 0)[1] for e in _float_list(settings, "epsilons", path)}
     draws = settings.get("noise_draws", 1)
-    guarantees = {g.value for g in Guarantee}
     seen: dict[tuple[str, str, int, str], int] = {}
     baselines: dict[int, list[float]] = {}
     for line, row in enumerate(rows, start=2):
@@ -522,32 +513,15 @@ def check_rows(rows: Sequence[ResultRow], *, settings: dict[str, Any], path: Pat
                              f"{row.method!r}, epsilon {label}, seed {row.seed}, attack "
                              f"{row.attack!r}); use --overwrite to start again")  # fmt: skip
         seen[key] = line
-        if row.status not in ("ok", "infeasible"):
-            raise bad("status", row.status, "'ok' or 'infeasible'")
-        if row.guarantee not in guarantees:
-            raise bad("guarantee", row.guarantee, f"one of {sorted(guarantees)}")
-        if not 0 <= row.delta < 1:
-            raise bad("delta", row.delta, "a number in [0, 1)")
-        if not (isinstance(row.seconds, float) and 0 <= row.seconds < math.inf):
-            raise bad("seconds", row.seconds, "a finite number >= 0")
-        if not 0 <= row.noise_draws <= max(1, int(draws)):
+        wrong = out_of_range(row)
+        if wrong is not None:
+            raise bad(*wrong)
+        if row.noise_draws > max(1, int(draws)):
             raise bad("noise_draws", row.noise_draws, f"an integer in [0, {draws}]")
+        problem = row_rule_problem(row)
+        if problem is not None:
+            raise ValueError(f"{where}: {problem}; use --overwrite to start again")
         measured = row.status == "ok"
-        ranges = (("test_accuracy", row.test_accuracy, 0.0, 1.0),
-                  ("utility_loss", row.utility_loss, -math.inf, 1.0))  # fmt: skip
-        for name, value, low, high in ranges:
-            if math.isnan(value) and measured:
-                raise bad(name, value, "a number (the row's status is 'ok')")
-            if not math.isnan(value) and not low <= value <= high:
-                raise bad(name, value, f"a number in [{low:g}, {high:g}]")
-        for name in _UNIT:
-            value = getattr(row, name)
-            if not (math.isnan(value) or 0 <= value <= 1):
-                raise bad(name.replace("_0_", "_0."), value, "a number in [0, 1] (or empty)")
-        for name in _NON_NEGATIVE:
-            value = getattr(row, name)
-            if not (math.isnan(value) or value >= 0):
-                raise bad(name, value, "a number >= 0 (or empty)")
         if baseline and measured:
             baselines.setdefault(row.seed, []).append(row.test_accuracy)
     for line, row in enumerate(rows, start=2):
