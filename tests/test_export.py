@@ -428,7 +428,7 @@ def _planted_manifest_entry(run: Path) -> Path:
     ids=["random-dp-as-pure-dp", "flipped-bit", "truncated-draws", "replaced-figure"],
 )
 def test_a_file_that_does_not_match_the_manifest_is_refused(
-    tmp_path: Path, damage: Callable[[Path], Path], needle: str
+    tmp_path: Path, make_run: Callable[..., Path], damage: Callable[[Path], Path], needle: str
 ) -> None:
     run = make_run(tmp_path / "run")
     named = damage(run)
@@ -439,7 +439,9 @@ def test_a_file_that_does_not_match_the_manifest_is_refused(
     assert not (tmp_path / "shared").exists()
 
 
-def test_a_run_without_a_complete_manifest_is_refused(tmp_path: Path) -> None:
+def test_a_run_without_a_complete_manifest_is_refused(
+    tmp_path: Path, make_run: Callable[..., Path]
+) -> None:
     run = make_run(tmp_path / "run")
     manifest = read_manifest(run, prefix="", hint="")
     write_manifest(run, Manifest(files=manifest.files, complete=False))
@@ -452,7 +454,9 @@ def test_a_run_without_a_complete_manifest_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "shared").exists()
 
 
-def test_the_copy_holds_manifest_entries_only_and_its_own_manifest(tmp_path: Path) -> None:
+def test_the_copy_holds_manifest_entries_only_and_its_own_manifest(
+    tmp_path: Path, make_run: Callable[..., Path]
+) -> None:
     run = make_run(tmp_path / "run")
     # a clean head's cache planted under plots/ with a figure's name is not the run's
     (run / "plots" / "posthoc-head.png").write_bytes(b"clean weights")
@@ -469,11 +473,13 @@ def test_the_copy_holds_manifest_entries_only_and_its_own_manifest(tmp_path: Pat
     assert copy.complete and set(copy.files) == files
 
 
-def test_the_owners_data_path_in_a_statement_is_cut_to_its_name(tmp_path: Path) -> None:
+def test_the_owners_data_path_in_a_statement_is_cut_to_its_name(
+    tmp_path: Path, make_run: Callable[..., Path], result_row: Callable[..., ResultRow]
+) -> None:
     dataset = f"features:{FEATURES}"
     rows = [
         r.replace(statement=f"random-dp; population: 120 rows of {dataset}")
-        for r in _rows(dataset=dataset, epsilons=(1.0, 10.0))
+        for r in _rows(result_row, dataset=dataset, epsilons=(1.0, 10.0))
     ]
     run = make_run(tmp_path / "run", rows=rows)
     events = run / "tb" / "alm [random-dp]" / "events.out.tfevents.1.alm_opacus"
