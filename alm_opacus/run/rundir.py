@@ -49,7 +49,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from alm_opacus.io import atomic_write_text, make_private_folder
+from alm_opacus.io import atomic_open, atomic_write_text, make_private_folder
+from alm_opacus.methods import method_class
 from alm_opacus.report.draws import DRAWS_FILE
 from alm_opacus.report.html import REPORT_FILE
 from alm_opacus.report.results import ResultRow, cell_key, read_results
@@ -66,6 +67,7 @@ from alm_opacus.run.layout import (
     SPLIT_FILE,
     WITHHELD_KEYS,
 )
+from alm_opacus.statement import Guarantee
 
 __all__ = [
     "DEFAULT_CACHE",
@@ -423,8 +425,6 @@ def _read_json(path: Path, *, what: str, hint: str, prefix: str = "") -> Any:
 
 
 def _write_bytes(path: Path, data: bytes) -> None:
-    from alm_opacus.io import atomic_open
-
     with atomic_open(path, "wb") as handle:
         handle.write(data)
 
@@ -474,9 +474,6 @@ def check_rows(rows: Sequence[ResultRow], *, settings: dict[str, Any], path: Pat
     Raises:
         ValueError: naming ``path``, the line, the column, the value and what was expected.
     """
-    from alm_opacus.methods import method_class
-    from alm_opacus.statement import Guarantee
-
     methods = _str_list(settings, "methods", path)
     seeds = settings.get("seeds")
     if not isinstance(seeds, list) or not all(type(s) is int for s in seeds):
