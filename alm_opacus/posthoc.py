@@ -29,6 +29,7 @@ from torch import Tensor
 
 from alm_opacus._hashing import code_digest, derive_seed, tensor_digest
 from alm_opacus._validation import check_positive
+from alm_opacus.attacks.base import ShadowTrainer
 from alm_opacus.heads import (
     Head,
     HeadConfig,
@@ -39,16 +40,8 @@ from alm_opacus.heads import (
 )
 from alm_opacus.io import cached
 from alm_opacus.mechanisms import create_mechanism, make_generator
-from alm_opacus.methods import (
-    Method,
-    MethodContext,
-    MethodOptions,
-    Predict,
-    Release,
-    RunMemo,
-    ShadowTrainer,
-    register_method,
-)
+from alm_opacus.method_base import Method, MethodContext, Predict, Release, RunMemo
+from alm_opacus.options import MethodOptions
 from alm_opacus.protect import PostTrainingPrivacyEngine, ProtectedModule, SensitivityInfo
 from alm_opacus.sensitivity import (
     SensitivitySample,
@@ -358,18 +351,21 @@ def _predict(module: ProtectedModule, device: str) -> Predict:
     return predict
 
 
-def _register(name: str, mechanism: str, doc: str) -> None:
-    cls = type(
+def _method(name: str, mechanism: str, doc: str) -> type[PostTrainingMethod]:
+    return type(
         f"{name.title().replace('-', '')}Method", (PostTrainingMethod,),
         {"name": name, "mechanism": mechanism, "__doc__": doc},
     )  # fmt: skip
-    register_method(name)(cls)
 
 
-_register("alm", "alm", "The additive logistic mechanism (ALM paper), L1 sensitivity.")
-_register("laplace", "laplace", "The Laplace mechanism, L1 sensitivity.")
-_register("gaussian", "gaussian", "The analytic Gaussian mechanism (Balle & Wang 2018), L2.")
-_register(
-    "gaussian-classic", "gaussian-classic",
-    "The textbook Gaussian sigma, kept to reproduce the ALM paper (proven for epsilon < 1).",
-)  # fmt: skip
+#: The post-training methods; :mod:`alm_opacus.methods` registers each under its name.
+POST_TRAINING_METHODS: tuple[type[PostTrainingMethod], ...] = (
+    _method("alm", "alm", "The additive logistic mechanism (ALM paper), L1 sensitivity."),
+    _method("laplace", "laplace", "The Laplace mechanism, L1 sensitivity."),
+    _method("gaussian", "gaussian", "The analytic Gaussian mechanism (Balle & Wang 2018), L2."),
+    _method(
+        "gaussian-classic",
+        "gaussian-classic",
+        "The textbook Gaussian sigma, kept to reproduce the ALM paper (proven for epsilon < 1).",
+    ),
+)

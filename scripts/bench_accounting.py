@@ -37,7 +37,7 @@ from alm_opacus.accounting import (
     compare_accountants,
     find_noise_multiplier,
 )
-from alm_opacus.accounting.entries import entry_pld
+from alm_opacus.accounting.entries import clear_entry_cache
 from alm_opacus.accounting.grid import interval_for_epsilon
 from alm_opacus.docblocks import relative, write_block
 
@@ -63,11 +63,11 @@ def _measured(call: Callable[[], float]) -> tuple[float, float, float]:
     Timed without tracing (tracemalloc slows allocation-heavy code), then run again
     under tracemalloc for the peak.
     """
-    entry_pld.cache_clear()
+    clear_entry_cache()
     start = time.perf_counter()
     value = call()
     seconds = time.perf_counter() - start
-    entry_pld.cache_clear()
+    clear_entry_cache()
     tracemalloc.start()
     call()
     peak = tracemalloc.get_traced_memory()[1] / 2**20

@@ -38,6 +38,9 @@ def _load(tmp_path: Path, first_line: str, name: str) -> None:
 @pytest.fixture
 def isolated(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     """Registrations made by the examples vanish after the test."""
+    # Plugins first, into the real registry: registered inside the copy, they would vanish
+    # with it, and a later load_plugins() finds the plugin already imported.
+    method_registry.load_plugins()
     monkeypatch.setattr(method_registry, "_METHODS", dict(method_registry._METHODS))
     with Registry.isolated():
         yield

@@ -17,7 +17,13 @@ from alm_opacus.accounting.pld import (
     release_loss_span,
     release_pld,
 )
-from alm_opacus.accounting.subsampled import canonical_step_mechanism, step_loss_span, step_pld
+from alm_opacus.accounting.subsampled import (
+    _STEP_PROFILES,
+    StepProfile,
+    canonical_step_mechanism,
+    step_loss_span,
+    step_pld,
+)
 from alm_opacus.mechanisms import create_mechanism
 from alm_opacus.mechanisms.base import _check_dim
 
@@ -27,6 +33,7 @@ __all__ = [
     "check_noise_multiplier",
     "check_noise_step",
     "check_release",
+    "clear_entry_cache",
     "entry_pld",
     "entry_span",
 ]
@@ -103,9 +110,22 @@ class Entry(NamedTuple):
     dim: int | None
 
 
-@functools.lru_cache(maxsize=8)
 def entry_pld(entry: Entry, interval: float) -> PrivacyLossDistribution:
-    """PLD of one entry (cached: calibration re-composes the same prior many times)."""
+    """PLD of one entry (cached: calibration re-composes the same prior many times).
+
+    A step's cache key holds its mechanism's registered step profile, so a profile replaced
+    by ``register_step_profile(..., force=True)`` is never answered from the cache.
+    """
+    profile = _STEP_PROFILES.get(entry.mechanism) if entry.kind == "step" else None
+    return _entry_pld(entry, interval, profile)
+
+
+@functools.lru_cache(maxsize=8)
+def _entry_pld(
+    entry: Entry, interval: float, profile: StepProfile | None
+) -> PrivacyLossDistribution:
+    """:func:`entry_pld`, cached; ``profile`` is part of the key only (``step_pld`` looks
+    the same profile up)."""
     if entry.kind == "step":
         return step_pld(
             mechanism=entry.mechanism,
@@ -122,6 +142,11 @@ def entry_pld(entry: Entry, interval: float) -> PrivacyLossDistribution:
         dim=entry.dim,
         value_discretization_interval=interval,
     )
+
+
+def clear_entry_cache() -> None:
+    """Forget every cached entry PLD (benchmarks time the uncached composition)."""
+    _entry_pld.cache_clear()
 
 
 def entry_span(entry: Entry) -> float:

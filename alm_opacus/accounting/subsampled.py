@@ -246,10 +246,7 @@ def register_step_profile(name: str, profile: StepProfile, *, force: bool = Fals
     """
     if name in _STEP_PROFILES and not force:
         raise ValueError(f"a step profile for mechanism {name!r} is already registered")
-    if name in _STEP_PROFILES:  # PLDs cached under the old profile would answer for it
-        from alm_opacus.accounting.entries import entry_pld  # (entries imports this module)
-
-        entry_pld.cache_clear()
+    # no cache to clear: a cached step PLD is keyed by its profile (``entries.entry_pld``)
     _STEP_PROFILES[name] = profile
 
 

@@ -17,6 +17,7 @@ import torch
 from numpy.typing import NDArray
 from scipy import special
 
+from alm_opacus.mechanisms.base import create_mechanism
 from alm_opacus.mechanisms.grid import Grid, cells_per_scale
 
 __all__ = [
@@ -170,8 +171,6 @@ def cell_law(mechanism: object) -> CellLaw:
     Raises:
         ValueError: for a mechanism without an exact cell law.
     """
-    from alm_opacus.mechanisms.base import create_mechanism
-
     name = getattr(mechanism, "name", None) if not isinstance(mechanism, str) else None
     if name is None:
         name = create_mechanism(str(mechanism)).name

@@ -360,8 +360,8 @@ def parse_command(argv: Sequence[str] | None = None) -> Command:
     if {"-h", "--help"} & set(argv):
         parser.parse_args(["--help"])  # prints and exits before anything heavy is imported
     from alm_opacus.data import DataError, dataset_spec, parse_split_sizes
+    from alm_opacus.methods import load_plugins
     from alm_opacus.run.config import RunConfig
-    from alm_opacus.run.harness import load_plugins
     from alm_opacus.run.rundir import check_can_create
 
     load_plugins()

@@ -16,6 +16,7 @@ from alm_opacus.data.split import SplitSizes
 from alm_opacus.heads import HeadConfig
 from alm_opacus.mechanisms.analysis import LARGEST_EPSILON
 from alm_opacus.methods import create_method, method_class, method_options, validate_options
+from alm_opacus.run.layout import DEFAULT_CACHE
 from alm_opacus.ssl.pretrain import SSLConfig
 
 __all__ = ["RESUME_KEYS", "RunConfig", "config_mismatch", "dedupe"]
@@ -188,8 +189,6 @@ class RunConfig:
     def cache_path(self) -> Path:
         """``cache_dir``, else ``$ALM_OPACUS_CACHE``, else ``<out>/private/cache`` (it holds
         the clean heads: ``alm_opacus.run.rundir``)."""
-        from alm_opacus.run.layout import DEFAULT_CACHE
-
         if self.cache_dir is not None:
             return Path(self.cache_dir)
         return Path(os.environ.get("ALM_OPACUS_CACHE", Path(self.out) / DEFAULT_CACHE))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.metadata
 import math
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -28,22 +27,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from alm_opacus._validation import default_delta
 from alm_opacus.attacks.base import ATTACKER_POOL_MIN
-from alm_opacus.data import Dataset, load_dataset, to_float
+from alm_opacus.data import Dataset, load_dataset
 from alm_opacus.data.split import Split, make_split
-from alm_opacus.methods import (
-    INPUT_KINDS,
-    InputKind,
-    method_class,
-    method_options,
-    reference_methods,
-)
+from alm_opacus.methods import PLUGIN_GROUP, load_plugins, method_class, method_options
 from alm_opacus.report.results import ResultRow
-from alm_opacus.run.cells import Cell, CellOutcome
+from alm_opacus.run.cells import Cell, CellOutcome, planned_references
 from alm_opacus.run.config import RunConfig
 from alm_opacus.run.estimate import forecast
 from alm_opacus.run.evaluation import Evaluation, torch_threads, with_reference
@@ -52,6 +44,7 @@ from alm_opacus.run.limits import check_epsilons, check_newton_memory
 from alm_opacus.run.rundir import SPLIT_FILE, RunFolder, check_can_create
 from alm_opacus.run.units import (
     Infeasible,
+    Prepared,
     RunInputs,
     Session,
     cell_unit,
@@ -86,55 +79,9 @@ __all__ = [
     "spread_by_method",
 ]
 
-PLUGIN_GROUP = "alm_opacus.methods"
 #: Pre-training a small CNN is a per-run cost; cells are many small tensor ops that run
 #: faster on one thread (see :func:`~alm_opacus.run.evaluation.torch_threads`).
 CELL_THREADS = 1
-
-
-def load_plugins() -> list[str]:
-    """Import the packages that register methods through the ``alm_opacus.methods`` entry
-    point group (e.g. ``baselines``), so ``alm_opacus`` never imports them by name."""
-    loaded = []
-    for entry in importlib.metadata.entry_points(group=PLUGIN_GROUP):
-        entry.load()
-        loaded.append(entry.name)
-    return loaded
-
-
-@dataclass
-class Prepared:
-    """The data a run's methods and attacks share.
-
-    Attributes:
-        images: the dataset's images as stored (uint8 or float, possibly a memmap); converted
-            to float per part, and only for methods that take images.
-        encoder: the encoder pre-trained on the public split.
-    """
-
-    config: RunConfig
-    split: Split
-    features: Tensor
-    labels: Tensor
-    num_classes: int
-    delta: float
-    images: np.ndarray | None = None
-    encoder: nn.Module | None = None
-
-    def part(self, name: str) -> tuple[Tensor, Tensor]:
-        idx = torch.from_numpy(getattr(self.split, name))
-        return self.features[idx], self.labels[idx]
-
-    def inputs(self, kind: InputKind, name: str) -> Tensor:
-        """The split part ``name`` as ``kind``: features, or images as float in [0, 1]."""
-        if kind == "features":
-            return self.part(name)[0]
-        if kind != "images" or self.images is None:
-            raise ValueError(f"inputs kind {kind!r} is not available: expected {INPUT_KINDS}")
-        idx = getattr(self.split, name)
-        rows = np.sort(idx)  # sorted reads are sequential on a memmap
-        images = torch.from_numpy(to_float(np.asarray(self.images[rows])))
-        return images[np.argsort(np.argsort(idx))]  # back in the split's order
 
 
 def prepare(config: RunConfig) -> Prepared:
@@ -302,13 +249,6 @@ def _check_split(config: RunConfig, sizes: dict[str, int]) -> None:
 def baseline_methods(config: RunConfig) -> list[str]:
     """The run's unprotected baselines: those it names, else ``none`` (always run)."""
     return [m for m in config.methods if method_class(m).baseline] or ["none"]
-
-
-def planned_references(config: RunConfig) -> list[str]:
-    """The reference releases of the run (``Method.reference``: the no-leak reference): in
-    every run that attacks (without attacks they have nothing to measure), and wherever
-    ``--methods`` names them. Like the baseline, each is released once, at epsilon inf."""
-    return [m for m in reference_methods() if config.attack_names or m in config.methods]
 
 
 def plan_cells(config: RunConfig) -> list[Cell]:

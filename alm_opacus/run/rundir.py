@@ -52,7 +52,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from alm_opacus.io import atomic_write_text, make_private_folder
+from alm_opacus.io import atomic_open, atomic_write_text, make_private_folder
+from alm_opacus.methods import method_class
 from alm_opacus.report.draws import DRAWS_FILE
 from alm_opacus.report.html import REPORT_FILE
 from alm_opacus.report.results import ResultRow, cell_key, out_of_range, read_results
@@ -432,8 +433,6 @@ def _read_json(path: Path, *, what: str, hint: str, prefix: str = "") -> Any:
 
 
 def _write_bytes(path: Path, data: bytes) -> None:
-    from alm_opacus.io import atomic_open
-
     with atomic_open(path, "wb") as handle:
         handle.write(data)
 
@@ -475,8 +474,6 @@ def check_rows(rows: Sequence[ResultRow], *, settings: dict[str, Any], path: Pat
         ValueError: naming ``path``, the line, the column or rule, the value and what was
             expected.
     """
-    from alm_opacus.methods import method_class
-
     methods = _str_list(settings, "methods", path)
     seeds = settings.get("seeds")
     if not isinstance(seeds, list) or not all(type(s) is int for s in seeds):

@@ -1,5 +1,7 @@
 """The pure units of a run and the inputs they share.
 
+* :class:`Prepared`: the run's data, split and features (built by the driver's
+  :func:`~alm_opacus.run.harness.prepare`);
 * :class:`RunInputs`: what every unit reads, built once by the driver (read-only; on Ray, one
   object in the object store);
 * :func:`prepare_unit`: a method's work shared by every epsilon and draw of a seed;
@@ -18,16 +20,19 @@ import functools
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from alm_opacus.attacks import AttackConfig, AttackResult, PreparedAttacks
+from alm_opacus.data import to_float
+from alm_opacus.data.split import Split
 from alm_opacus.errors import InfeasibleRelease
 from alm_opacus.heads import accuracy
 from alm_opacus.methods import (
+    INPUT_KINDS,
     InputKind,
     Method,
     MethodContext,
@@ -35,6 +40,7 @@ from alm_opacus.methods import (
     Release,
     RunMemo,
     create_method,
+    load_plugins,
     method_class,
     method_options,
     plain_shadow_trainer,
@@ -52,12 +58,10 @@ from alm_opacus.run.evaluation import (
 )
 from alm_opacus.units import UnitMap, serial_map
 
-if TYPE_CHECKING:
-    from alm_opacus.run.harness import Prepared
-
 __all__ = [
     "Infeasible",
     "PlainAttacks",
+    "Prepared",
     "RunInputs",
     "Session",
     "cell_unit",
@@ -65,6 +69,41 @@ __all__ = [
     "prepare_unit",
     "run_cell",
 ]
+
+
+@dataclass
+class Prepared:
+    """The data a run's methods and attacks share.
+
+    Attributes:
+        images: the dataset's images as stored (uint8 or float, possibly a memmap); converted
+            to float per part, and only for methods that take images.
+        encoder: the encoder pre-trained on the public split.
+    """
+
+    config: RunConfig
+    split: Split
+    features: Tensor
+    labels: Tensor
+    num_classes: int
+    delta: float
+    images: np.ndarray | None = None
+    encoder: nn.Module | None = None
+
+    def part(self, name: str) -> tuple[Tensor, Tensor]:
+        idx = torch.from_numpy(getattr(self.split, name))
+        return self.features[idx], self.labels[idx]
+
+    def inputs(self, kind: InputKind, name: str) -> Tensor:
+        """The split part ``name`` as ``kind``: features, or images as float in [0, 1]."""
+        if kind == "features":
+            return self.part(name)[0]
+        if kind != "images" or self.images is None:
+            raise ValueError(f"inputs kind {kind!r} is not available: expected {INPUT_KINDS}")
+        idx = getattr(self.split, name)
+        rows = np.sort(idx)  # sorted reads are sequential on a memmap
+        images = torch.from_numpy(to_float(np.asarray(self.images[rows])))
+        return images[np.argsort(np.argsort(idx))]  # back in the split's order
 
 
 @dataclass
@@ -342,6 +381,4 @@ def run_cell(cell: Cell, session: Session) -> CellOutcome:
 def _load_plugins_once() -> None:
     """Register the plugin methods in a process that runs units (a Ray worker imports only
     what a task names)."""
-    from alm_opacus.run.harness import load_plugins
-
     load_plugins()

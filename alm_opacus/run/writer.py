@@ -27,7 +27,7 @@ from alm_opacus.report.results import ResultRow, cell_key, read_results, write_r
 from alm_opacus.report.risk import RISK_FOLDER, CellScores, load_risk, write_risk
 from alm_opacus.report.risk_plots import RISK_PLOTS, ImageSource, one_seed, write_risk_plots
 from alm_opacus.report.tensorboard import write_tensorboard
-from alm_opacus.run.cells import CellOutcome, RocMap
+from alm_opacus.run.cells import CellOutcome, RocMap, planned_references
 from alm_opacus.run.config import RunConfig
 from alm_opacus.run.export import shareable_dataset
 from alm_opacus.run.layout import SPLIT_FILE
@@ -56,8 +56,6 @@ TENSORBOARD_REFRESH_S = 20.0
 
 def run_settings(config: RunConfig) -> dict[str, Any]:
     """What ``config.json`` records besides the chosen configurations."""
-    from alm_opacus.run.harness import planned_references  # harness imports this module
-
     references = planned_references(config)
     methods = ["none", *[m for m in config.methods if m not in ("none", *references)]]
     methods += references

@@ -354,3 +354,30 @@ def test_many_nearly_silent_pure_steps_do_not_drift_on_a_coarse_grid():
     one = pure_step_pld(noise_multiplier=1e6, sample_rate=0.004,
                         value_discretization_interval=6.4e-3)  # fmt: skip
     assert one.get_delta_for_epsilon(0.0) == pytest.approx(exact, rel=1e-6)
+
+
+def test_a_replaced_step_profile_is_never_answered_from_the_entry_cache():
+    # The accountant caches each entry's PLD; replacing the profile of "alm" (as
+    # scripts/logistic_accounting.py does) must give the new profile's PLD at once, and
+    # restoring it the old one, with no cache to clear by hand.
+    from alm_opacus.accounting.entries import Entry, entry_pld
+    from alm_opacus.accounting.subsampled import (
+        _STEP_PROFILES,
+        PURE_STEP_PROFILE,
+        register_step_profile,
+    )
+
+    entry = Entry("step", "alm", 2.0, 1.0, 0.05, 10, None)
+    logistic = _STEP_PROFILES["alm"]
+    before = entry_pld(entry, 1e-3).get_delta_for_epsilon(0.1)
+    try:
+        register_step_profile("alm", PURE_STEP_PROFILE, force=True)
+        replaced = entry_pld(entry, 1e-3).get_delta_for_epsilon(0.1)
+        pure = pure_step_pld(
+            noise_multiplier=2.0, sample_rate=0.05, steps=10, value_discretization_interval=1e-3
+        )
+    finally:
+        register_step_profile("alm", logistic, force=True)
+    assert replaced == pytest.approx(pure.get_delta_for_epsilon(0.1), rel=1e-12)
+    assert replaced > before  # the pure pair bounds the scalar logistic step from above
+    assert entry_pld(entry, 1e-3).get_delta_for_epsilon(0.1) == before
