@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from alm_opacus._validation import check_features_labels, check_positive
+from alm_opacus.registry import Registry
 
 Params = dict[str, Tensor]
 #: ``solve(features, labels, *, masks, num_classes, config, seed, init) -> Params``: batched
@@ -36,7 +37,24 @@ Params = dict[str, Tensor]
 HeadSolver = Callable[..., Params]
 #: The solvers a :class:`HeadConfig` may name.
 SOLVER_NAMES = ("adam", "newton")
-_SOLVERS: dict[str, HeadSolver] = {}
+#: Solvers this package registers in modules that import this one (name -> module).
+_BUILTIN_SOLVERS = {"newton": "alm_opacus.sensitivity.convex"}
+
+
+def _check_solver(name: str, solve: object = None) -> None:
+    if name not in SOLVER_NAMES:
+        raise ValueError(f"solver name {name!r} is invalid: expected one of {SOLVER_NAMES}")
+
+
+def _load_builtin_solvers() -> None:
+    # Registered on import of their module, which imports this one; a process that has not
+    # imported it yet (a Ray worker, or a lazy `import alm_opacus`) imports it here.
+    for module in _BUILTIN_SOLVERS.values():
+        importlib.import_module(module)
+
+
+#: Batched head solvers by name (:data:`SOLVER_NAMES`).
+SOLVERS: Registry[HeadSolver] = Registry("solver", check=_check_solver, load=_load_builtin_solvers)
 
 
 def register_solver(name: str, *, force: bool = False) -> Callable[[HeadSolver], HeadSolver]:
@@ -45,16 +63,8 @@ def register_solver(name: str, *, force: bool = False) -> Callable[[HeadSolver],
     Raises:
         ValueError: for a name outside :data:`SOLVER_NAMES`, or one taken (without ``force``).
     """
-    if name not in SOLVER_NAMES:
-        raise ValueError(f"solver name {name!r} is invalid: expected one of {SOLVER_NAMES}")
-
-    def decorator(solve: HeadSolver) -> HeadSolver:
-        if name in _SOLVERS and not force:
-            raise ValueError(f"solver {name!r} is already registered; pass force=True")
-        _SOLVERS[name] = solve
-        return solve
-
-    return decorator
+    _check_solver(name)  # at once, not when the decorator is applied
+    return SOLVERS.register(name, force=force)
 
 
 @dataclass(frozen=True)
@@ -270,21 +280,14 @@ def train_heads(
         ValueError: on shape mismatches, an empty mask row, or ``init`` for Adam.
     """
     check_head_inputs(features, labels, masks)
-    if config.solver not in _SOLVERS and config.solver in _BUILTIN_SOLVERS:
-        # registered on import of its module, which imports this one; a process that has not
-        # imported it yet (a Ray worker, or a lazy `import alm_opacus`) imports it here
-        importlib.import_module(_BUILTIN_SOLVERS[config.solver])
-    if config.solver not in _SOLVERS:
+    solve = SOLVERS.get(config.solver)
+    if solve is None:
         raise ValueError(
             f"solver {config.solver!r} is not registered: expected one of "
-            f"{sorted({*_SOLVERS, *_BUILTIN_SOLVERS})}, or a solver registered with register_solver"
+            f"{SOLVERS.names()}, or a solver registered with register_solver"
         )
-    return _SOLVERS[config.solver](features, labels, masks=masks, num_classes=num_classes,
+    return solve(features, labels, masks=masks, num_classes=num_classes,
                                    config=config, seed=seed, init=init)  # fmt: skip
-
-
-#: Solvers this package registers in modules that import this one (name -> module).
-_BUILTIN_SOLVERS = {"newton": "alm_opacus.sensitivity.convex"}
 
 
 @register_solver("adam")

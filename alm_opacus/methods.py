@@ -13,7 +13,6 @@ with :func:`register_method` once :func:`load_plugins` has imported it.
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -47,9 +46,11 @@ from alm_opacus.options import (
     split_scoped,
 )
 from alm_opacus.protect import PrivacyStatement
+from alm_opacus.registry import Registry, load_entry_points
 
 __all__ = [
     "INPUT_KINDS",
+    "METHODS",
     "PLUGIN_GROUP",
     "AttackerFactory",
     "InfeasibleRelease",
@@ -57,6 +58,7 @@ __all__ = [
     "Method",
     "MethodContext",
     "MethodOptions",
+    "MethodPluginError",
     "NoOptions",
     "NoisePolicy",
     "Predict",
@@ -85,8 +87,34 @@ def plain_shadow_trainer(context: MethodContext) -> ShadowTrainer:
     return recipe_trainer(config=context.head, num_classes=context.num_classes)
 
 
-_METHODS: dict[str, type[Method[Any, Any]]] = {}
 _M = TypeVar("_M", bound=type[Method[Any, Any]])
+
+
+class MethodPluginError(ImportError):
+    """A method plugin (entry point of :data:`PLUGIN_GROUP`) that fails to import."""
+
+
+def load_plugins() -> list[str]:
+    """Import the packages that register methods through the ``alm_opacus.methods`` entry
+    point group (e.g. ``baselines``), so ``alm_opacus`` never imports them by name. Once per
+    process; lookups call it on a miss.
+
+    Returns:
+        The names of the entry points loaded by this call (empty after the first).
+
+    Raises:
+        MethodPluginError: naming an entry point that fails to import.
+    """
+    return load_entry_points(
+        PLUGIN_GROUP,
+        what="method",
+        error=MethodPluginError,
+        expected="a module that registers its methods on import",
+    )
+
+
+#: Method classes by name: the built-ins, then the plugins (loaded on the first miss).
+METHODS: Registry[type[Method[Any, Any]]] = Registry("method", load=load_plugins)
 
 
 def register_method(name: str, *, force: bool = False) -> Callable[[_M], _M]:
@@ -95,43 +123,22 @@ def register_method(name: str, *, force: bool = False) -> Callable[[_M], _M]:
     Raises:
         ValueError: if ``name`` is taken and ``force`` is false.
     """
-
-    def decorator(cls: _M) -> _M:
-        if name in _METHODS and not force:
-            raise ValueError(f"method {name!r} is already registered; pass force=True")
-        _METHODS[name] = cls
-        return cls
-
-    return decorator
-
-
-def load_plugins() -> list[str]:
-    """Import the packages that register methods through the ``alm_opacus.methods`` entry
-    point group (e.g. ``baselines``), so ``alm_opacus`` never imports them by name.
-
-    Returns:
-        The names of the entry points loaded.
-    """
-    loaded = []
-    for entry in importlib.metadata.entry_points(group=PLUGIN_GROUP):
-        entry.load()
-        loaded.append(entry.name)
-    return loaded
+    return METHODS.register(name, force=force)
 
 
 def available_methods() -> list[str]:
-    """Registered method names, sorted."""
-    return sorted(_METHODS)
+    """Registered method names, sorted (plugins included)."""
+    return METHODS.names()
 
 
 def default_methods() -> list[str]:
     """What ``all`` expands to: the registered methods that are not opt-in, sorted."""
-    return [name for name in available_methods() if _METHODS[name].in_all]
+    return [name for name, cls in METHODS.items() if cls.in_all]
 
 
 def reference_methods() -> list[str]:
     """The reference releases every run that attacks adds (``Method.reference``), sorted."""
-    return [name for name in available_methods() if _METHODS[name].reference]
+    return [name for name, cls in METHODS.items() if cls.reference]
 
 
 def method_class(name: str) -> type[Method[Any, Any]]:
@@ -140,11 +147,12 @@ def method_class(name: str) -> type[Method[Any, Any]]:
     Raises:
         ValueError: for an unknown name, listing the registered ones.
     """
-    if name not in _METHODS:
+    found = METHODS.get(name)
+    if found is None:
         raise ValueError(
             f"unknown method {name!r}: expected one of {', '.join(available_methods())}"
         )
-    return _METHODS[name]
+    return found
 
 
 def method_options(name: str, values: Mapping[str, Any] | None = None) -> MethodOptions:
@@ -179,7 +187,7 @@ def validate_options(values: Mapping[str, Any]) -> None:
     for key in values:
         if "." in key:
             scope = key.split(".")[0]
-            if scope not in _METHODS:
+            if scope not in METHODS:
                 raise OptionError(
                     f"option {key}: unknown method {scope!r}; expected one of "
                     f"{', '.join(available_methods())}"

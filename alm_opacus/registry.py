@@ -129,9 +129,15 @@ class Registry(Generic[T]):
     def isolated(cls, *, reload: Iterable[str] = ()) -> Iterator[None]:
         """Restore every registry's contents on exit (for tests that register toys).
 
+        Built-ins and plugins are loaded first (each registry's ``load``), so that what a
+        lookup inside the block loads is not lost with it (a module imports only once).
+
         Args:
             reload: entry point groups to load again on their next lookup inside the block.
         """
+        for registry in list(cls._every):
+            if registry._load is not None:
+                registry._load()
         saved = [(registry, dict(registry._items)) for registry in cls._every]
         loaded = set(_LOADED_GROUPS)
         _LOADED_GROUPS.difference_update(reload)

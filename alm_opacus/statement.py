@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
 from alm_opacus.mechanisms import analysis
+from alm_opacus.registry import Registry
 
 __all__ = [
     "CLAIM_TOLERANCE",
@@ -522,7 +523,8 @@ class ClaimRule:
     profile: str = ""
 
 
-_CLAIM_RULES: dict[str, ClaimRule] = {}
+#: What each mechanism's noise proves, by mechanism name.
+CLAIM_RULES: Registry[ClaimRule] = Registry("claim rule")
 
 
 def register_claim_rule(mechanism: str, rule: ClaimRule, *, force: bool = False) -> None:
@@ -532,9 +534,7 @@ def register_claim_rule(mechanism: str, rule: ClaimRule, *, force: bool = False)
     Raises:
         ValueError: if ``mechanism`` is already registered and ``force`` is false.
     """
-    if mechanism in _CLAIM_RULES and not force:
-        raise ValueError(f"a claim rule for mechanism {mechanism!r} is already registered")
-    _CLAIM_RULES[mechanism] = rule
+    CLAIM_RULES.add(mechanism, rule, force=force)
 
 
 def check_guarantee(
@@ -607,7 +607,7 @@ def check_claim(
     Raises:
         ValueError: naming the bound the claim exceeds.
     """
-    rule = _CLAIM_RULES.get(mechanism.split(" (")[0])
+    rule = CLAIM_RULES.get(mechanism.split(" (")[0])
     if rule is None or guarantee in (Guarantee.NONE, Guarantee.PER_QUERY):
         return
     if not rule.pure and delta == 0:

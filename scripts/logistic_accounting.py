@@ -31,8 +31,8 @@ from typing import Any
 
 from alm_opacus.accounting import PipelineAccountant, find_noise_multiplier
 from alm_opacus.accounting.subsampled import (
-    _STEP_PROFILES,
     PURE_STEP_PROFILE,
+    STEP_PROFILES,
     register_step_profile,
 )
 from alm_opacus.docblocks import relative, write_block
@@ -52,7 +52,7 @@ DELTA = 1e-5
 @contextlib.contextmanager
 def accounting(variant: str) -> Iterator[None]:
     """``"after"``: the registered (Theorem 3) profile; ``"before"``: Theorem 2's pair."""
-    current = _STEP_PROFILES["alm"]
+    current = STEP_PROFILES["alm"]
     if variant == "before":
         register_step_profile("alm", PURE_STEP_PROFILE, force=True)
     try:

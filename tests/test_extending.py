@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from alm_opacus import methods as method_registry
 from alm_opacus.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,10 +37,8 @@ def _load(tmp_path: Path, first_line: str, name: str) -> None:
 @pytest.fixture
 def isolated(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     """Registrations made by the examples vanish after the test."""
-    # Plugins first, into the real registry: registered inside the copy, they would vanish
-    # with it, and a later load_plugins() finds the plugin already imported.
-    method_registry.load_plugins()
-    monkeypatch.setattr(method_registry, "_METHODS", dict(method_registry._METHODS))
+    # Registry.isolated loads the plugins first, into the real registries: registered inside
+    # the block, they would vanish with it, and a later load finds them already imported.
     with Registry.isolated():
         yield
 

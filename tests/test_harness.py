@@ -263,7 +263,7 @@ def test_an_image_method_is_trained_tested_and_attacked_on_images(
     from alm_opacus.data import load_dataset, to_float
 
     seen: list[tuple[str, tuple[int, ...]]] = []
-    monkeypatch.setitem(registry._METHODS, "pixel-probe", _pixel_probe(seen))
+    monkeypatch.setitem(registry.METHODS._items, "pixel-probe", _pixel_probe(seen))
     config = harness.RunConfig(
         methods=("pixel-probe",), epsilons=(1.0,), noise_draws=1, attacks=("loss",),
         out=str(tmp_path / "run"), cache_dir=str(shared_cache), progress=False,

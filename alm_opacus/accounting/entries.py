@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 from alm_opacus._validation import check_positive, check_sensitivity
 from alm_opacus.accounting.neighbouring import ADD_REMOVE, check_neighbouring
 from alm_opacus.accounting.pld import (
-    _RELEASE_PLDS,
+    RELEASE_PLDS,
     PrivacyLossDistribution,
     _check_sample_rate,
     _check_steps,
@@ -18,7 +18,7 @@ from alm_opacus.accounting.pld import (
     release_pld,
 )
 from alm_opacus.accounting.subsampled import (
-    _STEP_PROFILES,
+    STEP_PROFILES,
     StepProfile,
     canonical_step_mechanism,
     step_loss_span,
@@ -65,7 +65,7 @@ def check_release(record: Mapping[str, Any]) -> dict[str, Any]:
     if missing:
         raise ValueError(f"release record {dict(record)!r} is missing {sorted(missing)}")
     name = create_mechanism(record["mechanism"]).name
-    if name not in _RELEASE_PLDS:
+    if name not in RELEASE_PLDS:
         raise ValueError(f"mechanism={record['mechanism']!r} has no registered PLD")
     return {
         "mechanism": name,
@@ -116,7 +116,7 @@ def entry_pld(entry: Entry, interval: float) -> PrivacyLossDistribution:
     A step's cache key holds its mechanism's registered step profile, so a profile replaced
     by ``register_step_profile(..., force=True)`` is never answered from the cache.
     """
-    profile = _STEP_PROFILES.get(entry.mechanism) if entry.kind == "step" else None
+    profile = STEP_PROFILES.get(entry.mechanism) if entry.kind == "step" else None
     return _entry_pld(entry, interval, profile)
 
 

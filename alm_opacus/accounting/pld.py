@@ -31,6 +31,7 @@ from alm_opacus._validation import check_positive, check_sensitivity
 from alm_opacus.mechanisms import analysis, create_mechanism
 from alm_opacus.mechanisms.analysis import _log_logistic_cdf, _logistic_log_delta
 from alm_opacus.mechanisms.base import _check_dim
+from alm_opacus.registry import Registry
 
 __all__ = [
     "DEFAULT_VALUE_DISCRETIZATION_INTERVAL",
@@ -203,7 +204,8 @@ def _gaussian_pld(
 
 
 ReleasePLDBuilder = Callable[..., PrivacyLossDistribution]
-_RELEASE_PLDS: dict[str, ReleasePLDBuilder] = {}
+#: One release's PLD builder by canonical mechanism name.
+RELEASE_PLDS: Registry[ReleasePLDBuilder] = Registry("release PLD")
 
 
 def register_release_pld(name: str, builder: ReleasePLDBuilder, *, force: bool = False) -> None:
@@ -217,9 +219,7 @@ def register_release_pld(name: str, builder: ReleasePLDBuilder, *, force: bool =
     Raises:
         ValueError: if ``name`` is already registered and ``force`` is false.
     """
-    if name in _RELEASE_PLDS and not force:
-        raise ValueError(f"a PLD for mechanism {name!r} is already registered; pass force=True")
-    _RELEASE_PLDS[name] = builder
+    RELEASE_PLDS.add(name, builder, force=force)
 
 
 #: dp_accounting's Laplace loss evaluates exp(Δ/b) and overflows past ~709; beyond this
@@ -276,9 +276,9 @@ def release_pld(
         ValueError: if the mechanism is unknown or has no PLD, or an argument is out of range.
     """
     name = create_mechanism(mechanism).name
-    if name not in _RELEASE_PLDS:
+    if name not in RELEASE_PLDS:
         raise ValueError(f"mechanism={mechanism!r} has no registered PLD")
-    return _RELEASE_PLDS[name](
+    return RELEASE_PLDS[name](
         scale=check_positive(scale, name="scale"),
         sensitivity=check_sensitivity(sensitivity),
         dim=_check_dim(dim),

@@ -47,6 +47,7 @@ from alm_opacus.accounting.pld import (
 )
 from alm_opacus.mechanisms import create_mechanism
 from alm_opacus.mechanisms.base import _check_dim
+from alm_opacus.registry import Registry
 
 __all__ = [
     "PURE_STEP_PROFILE",
@@ -235,7 +236,8 @@ class StepProfile:
     norm: Literal["l1", "l2"]
 
 
-_STEP_PROFILES: dict[str, StepProfile] = {}
+#: DP-SGD step profiles by canonical mechanism name.
+STEP_PROFILES: Registry[StepProfile] = Registry("step profile")
 
 
 def register_step_profile(name: str, profile: StepProfile, *, force: bool = False) -> None:
@@ -244,10 +246,8 @@ def register_step_profile(name: str, profile: StepProfile, *, force: bool = Fals
     Raises:
         ValueError: if ``name`` is already registered and ``force`` is false.
     """
-    if name in _STEP_PROFILES and not force:
-        raise ValueError(f"a step profile for mechanism {name!r} is already registered")
     # no cache to clear: a cached step PLD is keyed by its profile (``entries.entry_pld``)
-    _STEP_PROFILES[name] = profile
+    STEP_PROFILES.add(name, profile, force=force)
 
 
 def pure_step_pld(
@@ -293,7 +293,7 @@ register_step_profile("alm", StepProfile(_logistic_step, _pure_span, "l1"))
 
 def available_step_mechanisms() -> list[str]:
     """Canonical names that DP-SGD steps may use (sorted)."""
-    return sorted(_STEP_PROFILES)
+    return STEP_PROFILES.names()
 
 
 def canonical_step_mechanism(mechanism: str) -> str:
@@ -303,7 +303,7 @@ def canonical_step_mechanism(mechanism: str) -> str:
         ValueError: if the mechanism is unknown or has no step profile.
     """
     name = create_mechanism(mechanism).name
-    if name not in _STEP_PROFILES:
+    if name not in STEP_PROFILES:
         raise ValueError(
             f"mechanism={mechanism!r} has no DP-SGD step profile: expected one of "
             f"{available_step_mechanisms()}"
@@ -319,7 +319,7 @@ def step_loss_span(
     Raises:
         ValueError: if the mechanism has no step profile or an argument is out of range.
     """
-    return _STEP_PROFILES[canonical_step_mechanism(mechanism)].span(
+    return STEP_PROFILES[canonical_step_mechanism(mechanism)].span(
         noise_multiplier=check_positive(noise_multiplier, name="noise_multiplier"),
         sample_rate=_check_sample_rate(sample_rate),
         dim=_check_dim(dim),
@@ -354,7 +354,7 @@ def step_pld(
     Raises:
         ValueError: if the mechanism has no step profile or an argument is out of range.
     """
-    profile = _STEP_PROFILES[canonical_step_mechanism(mechanism)]
+    profile = STEP_PROFILES[canonical_step_mechanism(mechanism)]
     n = _check_steps(steps)
     single = profile.build(
         noise_multiplier=check_positive(noise_multiplier, name="noise_multiplier"),

@@ -362,13 +362,13 @@ def test_a_replaced_step_profile_is_never_answered_from_the_entry_cache():
     # restoring it the old one, with no cache to clear by hand.
     from alm_opacus.accounting.entries import Entry, entry_pld
     from alm_opacus.accounting.subsampled import (
-        _STEP_PROFILES,
         PURE_STEP_PROFILE,
+        STEP_PROFILES,
         register_step_profile,
     )
 
     entry = Entry("step", "alm", 2.0, 1.0, 0.05, 10, None)
-    logistic = _STEP_PROFILES["alm"]
+    logistic = STEP_PROFILES["alm"]
     before = entry_pld(entry, 1e-3).get_delta_for_epsilon(0.1)
     try:
         register_step_profile("alm", PURE_STEP_PROFILE, force=True)
