@@ -29,6 +29,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, cast
 
 from alm_opacus.methods import RunMemo
+from alm_opacus.run.ray_address import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    check_connect_timeout,
+    check_reachable,
+    parse_ray_address,
+)
 from alm_opacus.units import UnitMap, serial_map
 
 __all__ = [
@@ -41,6 +47,7 @@ __all__ = [
     "RayMap",
     "SharedMemo",
     "available_executors",
+    "cluster_address",
     "create_executor",
     "import_ray",
     "loopback_only",
@@ -223,6 +230,26 @@ def loopback_only() -> Iterator[None]:
                 os.environ[key] = value
 
 
+def cluster_address(
+    address: str | None, *, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
+) -> str | None:
+    """The address ``ray.init`` gets: ``address``, else ``$RAY_ADDRESS``; ``None`` for a new
+    local cluster. A cluster address is checked for form and then for an answer within
+    ``connect_timeout`` seconds, so a bad one fails in seconds, naming it.
+
+    Raises:
+        ValueError: for a malformed address or timeout, or a cluster that does not answer.
+    """
+    source = "address" if address else "RAY_ADDRESS"
+    text = address or os.environ.get("RAY_ADDRESS") or ""
+    timeout = check_connect_timeout(connect_timeout, source="connect_timeout")
+    parsed = parse_ray_address(text, source=source)
+    if parsed is None or isinstance(parsed, str):
+        return parsed
+    check_reachable(parsed, timeout=timeout, source=source)
+    return str(parsed)
+
+
 def _run_unit(fn: Callable[..., R], *args: Any) -> R:
     """The body of every Ray task: ``fn(*args)`` with torch and the BLAS/OpenMP pools pinned
     to the CPUs Ray assigned to the task, so a node's tasks never oversubscribe its cores."""
@@ -389,9 +416,12 @@ class RayExecutor(Executor):
         num_cpus: CPUs of a local cluster (default: all of this machine's).
         cpus_per_task: CPUs each task holds (and pins torch's threads to).
         max_retries: re-runs of a task whose worker died.
+        connect_timeout: seconds the cluster at ``address`` has to accept a connection
+            before ``ray.init`` is asked to join it (which would otherwise retry for minutes).
 
     Raises:
-        ValueError: when Ray is not installed (naming the extra).
+        ValueError: when Ray is not installed (naming the extra); for a malformed address,
+            or one that does not answer within ``connect_timeout`` (naming it).
     """
 
     name = "ray"
@@ -400,12 +430,13 @@ class RayExecutor(Executor):
     def __init__(
         self, *, address: str | None = None, num_cpus: int | None = None,
         cpus_per_task: float = 1.0, max_retries: int = MAX_RETRIES,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
     ) -> None:  # fmt: skip
         ray = import_ray()
         self._ray = ray
         self._owns = False
-        address = address or os.environ.get("RAY_ADDRESS") or None
         if not ray.is_initialized():
+            address = cluster_address(address, connect_timeout=connect_timeout)
             common: dict[str, Any] = {"include_dashboard": False, "configure_logging": False,
                                       "log_to_driver": True}  # fmt: skip
             if address is not None:
