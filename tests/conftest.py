@@ -252,10 +252,24 @@ def make_context(pixel_features):  # type: ignore[no-untyped-def]
     return make
 
 
-def ray_processes() -> dict[int, str]:
-    """Ray's processes on this machine (GCS, raylet, agents, workers): pid -> command line."""
-    import os
+def _parent(pid: int) -> int | None:
+    """The parent of process ``pid``; ``None`` once it has exited."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state
 
+
+def ray_processes(descended_from: int | None = None) -> dict[int, str]:
+    """Ray's processes on this machine (GCS, raylet, agents, workers): pid -> command line.
+
+    ``descended_from``: only the descendants of that process (a driver's GCS and raylet are
+    its children, the raylet's workers and agents theirs). The machine is shared: Ray
+    processes of other sessions come and go, and a test must count only its own. A process
+    whose parent died is adopted by init and is nobody's descendant any more: record a
+    cluster's processes while it runs.
+    """
     found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -267,7 +281,19 @@ def ray_processes() -> dict[int, str]:
             continue
         if cmd.startswith("ray::") or "/site-packages/ray/" in cmd:
             found[int(entry)] = cmd[:160]
-    return found
+    if descended_from is None:
+        return found
+    mine = {}
+    for pid, cmd in found.items():
+        ancestor = pid
+        while ancestor not in (0, 1, descended_from):
+            parent = _parent(ancestor)
+            if parent is None:  # it or an ancestor has just exited
+                break
+            ancestor = parent
+        if ancestor == descended_from:
+            mine[pid] = cmd
+    return mine
 
 
 @pytest.fixture(scope="session")
