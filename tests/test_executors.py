@@ -16,11 +16,10 @@ from alm_opacus.run.cli import main
 from alm_opacus.run.executors import (
     CLUSTER_EXTRA,
     InProcessExecutor,
-    cluster_address,
     create_executor,
     import_ray,
 )
-from alm_opacus.run.ray_address import RayAddress, parse_ray_address
+from alm_opacus.run.ray_address import RayAddress, cluster_address, parse_ray_address
 
 ROOT = Path(__file__).resolve().parents[1]
 

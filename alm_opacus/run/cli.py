@@ -30,10 +30,8 @@ from alm_opacus.run.catalogue import (
 )
 from alm_opacus.run.ray_address import (
     DEFAULT_CONNECT_TIMEOUT_S,
-    RayAddress,
     check_connect_timeout,
-    check_reachable,
-    parse_ray_address,
+    cluster_address,
 )
 
 if TYPE_CHECKING:
@@ -372,17 +370,10 @@ def _ray_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> d
     if importlib.util.find_spec("ray") is None:
         parser.error(f"--executor ray needs Ray, which is not installed: {CLUSTER_EXTRA}")
     options: dict[str, Any] = {}
-    timeout = args.ray_connect_timeout
-    source, text = "--ray-address", args.ray_address
-    if text is None and os.environ.get("RAY_ADDRESS"):
-        source, text = "RAY_ADDRESS", os.environ["RAY_ADDRESS"]
     try:
-        if timeout is not None:
-            options["connect_timeout"] = check_connect_timeout(timeout)
-        address = None if text is None else parse_ray_address(text, source=source)
-        if isinstance(address, RayAddress):
-            wait = options.get("connect_timeout", DEFAULT_CONNECT_TIMEOUT_S)
-            check_reachable(address, timeout=wait, source=source)
+        if args.ray_connect_timeout is not None:
+            options["connect_timeout"] = check_connect_timeout(args.ray_connect_timeout)
+        cluster_address(args.ray_address, flag="--ray-address", **options)
     except ValueError as exc:
         parser.error(str(exc))
     if args.ray_address is not None:

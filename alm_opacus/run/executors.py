@@ -29,12 +29,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, cast
 
 from alm_opacus.methods import RunMemo
-from alm_opacus.run.ray_address import (
-    DEFAULT_CONNECT_TIMEOUT_S,
-    check_connect_timeout,
-    check_reachable,
-    parse_ray_address,
-)
+from alm_opacus.run.ray_address import DEFAULT_CONNECT_TIMEOUT_S, cluster_address
 from alm_opacus.units import UnitMap, serial_map
 
 __all__ = [
@@ -47,7 +42,6 @@ __all__ = [
     "RayMap",
     "SharedMemo",
     "available_executors",
-    "cluster_address",
     "create_executor",
     "import_ray",
     "loopback_only",
@@ -228,26 +222,6 @@ def loopback_only() -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def cluster_address(
-    address: str | None, *, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
-) -> str | None:
-    """The address ``ray.init`` gets: ``address``, else ``$RAY_ADDRESS``; ``None`` for a new
-    local cluster. A cluster address is checked for form and then for an answer within
-    ``connect_timeout`` seconds, so a bad one fails in seconds, naming it.
-
-    Raises:
-        ValueError: for a malformed address or timeout, or a cluster that does not answer.
-    """
-    source = "address" if address else "RAY_ADDRESS"
-    text = address or os.environ.get("RAY_ADDRESS") or ""
-    timeout = check_connect_timeout(connect_timeout, source="connect_timeout")
-    parsed = parse_ray_address(text, source=source)
-    if parsed is None or isinstance(parsed, str):
-        return parsed
-    check_reachable(parsed, timeout=timeout, source=source)
-    return str(parsed)
 
 
 def _run_unit(fn: Callable[..., R], *args: Any) -> R:

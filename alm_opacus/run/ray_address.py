@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import os
 import re
 import socket
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ __all__ = [
     "RayAddress",
     "check_connect_timeout",
     "check_reachable",
+    "cluster_address",
     "parse_ray_address",
 ]
 
@@ -141,3 +143,27 @@ def check_reachable(address: RayAddress, *, timeout: float, source: str = "--ray
             f"{where}: cannot reach a Ray cluster there ({exc.strerror or exc}); start one "
             "with `ray start --head`, or leave out the address for a local cluster"
         ) from None
+
+
+def cluster_address(
+    address: str | None,
+    *,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
+    flag: str = "address",
+) -> str | None:
+    """The address ``ray.init`` gets: ``address``, else ``$RAY_ADDRESS``; ``None`` for a new
+    local cluster. A cluster address is checked for form and then for an answer within
+    ``connect_timeout`` seconds, so a bad one fails in seconds, naming it (as ``flag``, or
+    as ``RAY_ADDRESS``).
+
+    Raises:
+        ValueError: for a malformed address or timeout, or a cluster that does not answer.
+    """
+    source = flag if address else "RAY_ADDRESS"
+    text = address or os.environ.get("RAY_ADDRESS") or ""
+    timeout = check_connect_timeout(connect_timeout, source="connect_timeout")
+    parsed = parse_ray_address(text, source=source)
+    if parsed is None or isinstance(parsed, str):
+        return parsed
+    check_reachable(parsed, timeout=timeout, source=source)
+    return str(parsed)
