@@ -4,10 +4,16 @@ a worker killed mid-cell, a killed driver resumed, every endpoint on 127.0.0.1.
 The tests share one two-node cluster (``ray.cluster_utils.Cluster``: two simulated nodes on
 this machine); the command-line test starts its own local cluster in a child process. No
 Ray process outlives the module (checked by its fixture).
+
+Every wait has a deadline scaled for the machine's load (``deadline`` in ``conftest.py``),
+and each test phase a hard limit: on a loaded machine a test takes longer, and a failure
+ends the test (its child processes killed with their process groups) instead of hanging
+the suite.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import operator
@@ -65,6 +71,9 @@ def _same_tables(a: Path, b: Path) -> None:
 
 
 ray = pytest.importorskip("ray", reason=f"the Ray tests need the cluster extra: {CLUSTER_EXTRA}")
+#: Seconds each phase of a test may take on an idle machine (setup may pre-train the encoder
+#: and run the small grid in-process), stretched for load by ``conftest.py``.
+pytestmark = pytest.mark.hard_limit(900)
 
 
 def _listening(pids: set[int]) -> list[tuple[int, str]]:
@@ -92,29 +101,34 @@ def _listening(pids: set[int]) -> list[tuple[int, str]]:
 LOOPBACK = ("0100007F:", "0000000000000000FFFF00000100007F:", "00000000000000000000000001000000:")
 
 
+def _until_gone(list_ray_processes: Any, *, of: set[int], seconds: float) -> set[int]:
+    """Wait until none of the processes ``of`` is a live Ray process, or ``seconds`` have
+    passed; return the ones left."""
+    end = time.monotonic() + seconds
+    while (left := of & set(list_ray_processes())) and time.monotonic() < end:
+        time.sleep(0.5)  # polling /proc: another process's exit raises no event here
+    return left
+
+
 @pytest.fixture(scope="module", autouse=True)
-def no_stray_ray_processes(list_ray_processes: Any) -> Iterator[None]:
-    """Every test here shuts down the Ray processes it started: none outlives the module."""
-    before = set(list_ray_processes())
+def no_stray_ray_processes(list_ray_processes: Any, deadline: Any) -> Iterator[None]:
+    """Every test here shuts down the Ray processes it started: none outlives the module
+    (only this process's descendants count: other sessions on the machine may run Ray)."""
     yield
-    # a shut-down cluster's processes exit within seconds; the agents of a cluster whose
-    # driver was killed notice within about a minute
-    deadline = time.monotonic() + 120
-    while set(list_ray_processes()) - before and time.monotonic() < deadline:
-        time.sleep(0.5)
-    stray = {p: c for p, c in list_ray_processes().items() if p not in before}
+    mine = set(list_ray_processes(os.getpid()))
+    # a shut-down cluster's processes exit within seconds
+    stray = _until_gone(list_ray_processes, of=mine, seconds=deadline(120))
     assert not stray, f"Ray processes left running after the tests: {stray}"
 
 
 @pytest.fixture(scope="module")
-def cluster(list_ray_processes: Any) -> Iterator[Any]:
+def cluster(list_ray_processes: Any, deadline: Any) -> Iterator[Any]:
     """Two simulated nodes of one CPU each on this machine, on 127.0.0.1 only; shut down
     (and checked gone) at the end of the module."""
     from ray.cluster_utils import Cluster
 
     from alm_opacus.run.executors import loopback_only
 
-    before = set(list_ray_processes())
     with loopback_only():
         small = 256 * 1024**2  # object store bytes per node: the tests' objects are small
         nodes = Cluster(
@@ -123,16 +137,16 @@ def cluster(list_ray_processes: Any) -> Iterator[Any]:
         nodes.add_node(num_cpus=1, object_store_memory=small)  # fmt: skip
         ray.init(address=nodes.address, include_dashboard=False, configure_logging=False)
     try:
-        nodes.wait_for_nodes()
+        nodes.wait_for_nodes(timeout=deadline(60))
         yield nodes
     finally:
+        # its processes, recorded while they are this process's descendants
+        mine = set(list_ray_processes(os.getpid()))
         ray.shutdown()
         nodes.shutdown()
     # (a node's dashboard agent can take over 30 s to notice on a loaded machine)
-    deadline = time.monotonic() + 120
-    while set(list_ray_processes()) - before and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not set(list_ray_processes()) - before
+    left = _until_gone(list_ray_processes, of=mine, seconds=deadline(120))
+    assert not left, left
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +170,7 @@ def test_two_nodes_give_the_in_process_table(  # type: ignore[no-untyped-def]
     config = RunConfig(**SMALL, out=str(tmp_path / "run"), cache_dir=str(cache))
     with RayExecutor() as executor:  # the connected cluster: left running by close()
         result = harness.run(config, executor=executor)
-        listening = _listening(set(list_ray_processes()) | {os.getpid()})
+        listening = _listening(set(list_ray_processes(os.getpid())) | {os.getpid()})
     _same_tables(in_process_small, tmp_path / "run" / "results.csv")
     expected = {"none", "alm", "laplace", "dperm", "dpsgd", "no-leak"}  # and the reference
     assert {r.method for r in result.rows} == expected
@@ -225,44 +239,59 @@ def _cli(*args: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_killed_driver_resumes_to_the_same_table(  # type: ignore[no-untyped-def]
-    default_pipeline: Any, tmp_path: Path, list_ray_processes
+def test_a_killed_driver_resumes_to_the_same_table(
+    default_pipeline: Any, tmp_path: Path, list_ray_processes: Any, processes: Any, deadline: Any
 ) -> None:
     """The command line on its own local cluster: the driver is killed (SIGKILL) right after
     it has written its second cell, its cluster goes with it, and ``--resume`` finishes the
     table. The driver kills itself (``tests/_killed_driver.py``): polling ``results.csv``
-    from outside raced the driver, which can write several cells at once."""
+    from outside raced the driver, which can write several cells at once.
+
+    The killed cluster is the driver's descendants among Ray's processes, not every Ray
+    process that appeared while it ran (the module's two-node cluster, or another session on
+    this shared machine, may start some then: counted as the driver's, they outlived it and
+    failed the test). Whatever of it is left at the end is killed, pass or fail; every wait
+    has a deadline scaled for the machine's load."""
     flags = ["--methods", "alm", "--epsilons", "1,2,4,8", "--attacks", "loss",
              "--noise-draws", "1", "--m", "8", "--num-reference", "4",
              "--reproducible-noise"]  # fmt: skip
     straight = tmp_path / "straight"
     cache = _cache(default_pipeline.config.cache_path, tmp_path / "cache")
-    subprocess.run(_cli(*flags, "--out", str(straight), "--cache-dir", str(cache)),
-                   check=True, stdout=subprocess.DEVNULL, cwd=ROOT)  # fmt: skip
+    run_seconds = 600  # for one small run on an idle machine: generous
+    straight_run = _cli(*flags, "--out", str(straight), "--cache-dir", str(cache))
+    processes.run(straight_run, timeout=run_seconds, stdout=subprocess.DEVNULL, cwd=ROOT)
     out = tmp_path / "run"
     ray_cache = _cache(default_pipeline.config.cache_path, tmp_path / "ray-cache")
     flags = [*flags, "--out", str(out), "--cache-dir", str(ray_cache), "--executor", "ray"]
-    before = set(list_ray_processes())
     log = tmp_path / "driver.log"
     killer = [sys.executable, str(ROOT / "tests" / "_killed_driver.py"), "2", "--no-progress",
               *flags]  # fmt: skip
     with log.open("w") as err:
-        driver = subprocess.Popen(killer, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
-    killed_cluster = set()
-    while driver.poll() is None:  # the cluster it started, seen while it runs
-        killed_cluster |= set(list_ray_processes()) - before
-        time.sleep(0.2)
-    assert driver.returncode == -signal.SIGKILL, log.read_text()[-3000:]
-    results = out / "results.csv"
-    cells = {key[:2] for key in _table(results)}  # (method, epsilon)
-    assert len(cells) == 2 and killed_cluster, cells  # two cells of five
-    subprocess.run([*_cli(*flags), "--resume"], check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
-    _same_tables(straight / "results.csv", results)
-    # the killed driver's cluster shares its fate (its agents notice within about a minute)
-    deadline = time.monotonic() + 120
-    while killed_cluster & set(list_ray_processes()) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not killed_cluster & set(list_ray_processes())
+        driver = processes.popen(killer, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+    killed_cluster: set[int] = set()
+    try:
+        end = time.monotonic() + deadline(run_seconds)
+        while True:  # the cluster it started, seen while it runs
+            killed_cluster |= set(list_ray_processes(driver.pid))
+            try:
+                driver.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                assert time.monotonic() < end, f"the driver still runs: {log.read_text()}"
+        assert driver.returncode == -signal.SIGKILL, log.read_text()[-3000:]
+        results = out / "results.csv"
+        cells = {key[:2] for key in _table(results)}  # (method, epsilon)
+        assert len(cells) == 2 and killed_cluster, cells  # two cells of five
+        resume = [*_cli(*flags), "--resume"]
+        processes.run(resume, timeout=run_seconds, stdout=subprocess.DEVNULL, cwd=ROOT)
+        _same_tables(straight / "results.csv", results)
+        # the killed driver's cluster shares its fate (its agents notice within about a minute)
+        left = _until_gone(list_ray_processes, of=killed_cluster, seconds=deadline(120))
+        assert not left, {p: list_ray_processes().get(p) for p in left}
+    finally:  # what is left of the killed cluster, pass or fail
+        for pid in killed_cluster & set(list_ray_processes()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _memo_unit(memo: Any, key: str, marker: str | None, seconds: float, fail: bool) -> Any:
@@ -301,39 +330,50 @@ def _sleep(shared: None, seconds: float) -> None:
     time.sleep(seconds)
 
 
-def _second_asks_while_first_computes(key: str, marker: Path, *, fail: bool) -> tuple[Any, Any]:
+def _second_asks_while_first_computes(
+    key: str, marker: Path, *, fail: bool, seconds: float
+) -> tuple[Any, Any]:
     """Two tasks ask for ``key``; the second is submitted once the first has claimed it and is
-    computing it (3 s). Half a CPU each: both run at once wherever Ray places them."""
+    computing it (3 s). Half a CPU each: both run at once wherever Ray places them. On a
+    loaded machine the second may come after the first is done: it then finds the value (or,
+    after a failure, computes it), which the tests accept too. Each wait ends after
+    ``seconds``."""
     from alm_opacus.run.executors import RayExecutor
 
     with RayExecutor(cpus_per_task=0.5) as executor:
         executor.map(_sleep, [1.0] * 4, shared=None)  # workers started: both tasks start now
         memo = executor.memo()
         first = executor.submit(_memo_unit, memo, key, str(marker), 3.0, fail)
-        deadline = time.monotonic() + 60
-        while not marker.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        end = time.monotonic() + seconds
+        while not marker.exists() and time.monotonic() < end:
+            time.sleep(0.05)  # polling: the marker is written by another process
         second = executor.submit(_memo_unit, memo, key, None, 0.0, False)
-        return ray.get(first), ray.get(second)
+        return ray.get(first, timeout=seconds), ray.get(second, timeout=seconds)
 
 
 @pytest.mark.slow
-def test_tasks_side_by_side_compute_a_shared_value_once(cluster, by_value, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_tasks_side_by_side_compute_a_shared_value_once(
+    cluster: Any, by_value: None, tmp_path: Path, deadline: Any
+) -> None:
     """The second task waits for the first's value instead of computing it again (two
     computations would give two different values)."""
-    first, second = _second_asks_while_first_computes("once", tmp_path / "m", fail=False)
+    first, second = _second_asks_while_first_computes(
+        "once", tmp_path / "m", fail=False, seconds=deadline(120)
+    )
     assert isinstance(first, tuple) and second == first
 
 
 @pytest.mark.slow
-def test_a_failed_claimant_lets_a_waiter_compute(cluster, by_value, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    first, second = _second_asks_while_first_computes("fails", tmp_path / "m", fail=True)
+def test_a_failed_claimant_lets_a_waiter_compute(cluster, by_value, tmp_path, deadline) -> None:  # type: ignore[no-untyped-def]
+    first, second = _second_asks_while_first_computes(
+        "fails", tmp_path / "m", fail=True, seconds=deadline(120)
+    )
     assert first == "the claimant failed"
     assert isinstance(second, tuple)  # computed by the task that waited
 
 
 @pytest.mark.slow
-def test_the_memo_store_gives_a_rerun_task_its_claim_back(cluster) -> None:  # type: ignore[no-untyped-def]
+def test_the_memo_store_gives_a_rerun_task_its_claim_back(cluster, deadline) -> None:  # type: ignore[no-untyped-def]
     """Ray re-runs a task whose worker died under the same task ID: it gets its claim back
     instead of waiting for itself; any other task waits until the value is put."""
     from alm_opacus.run.executors import RayExecutor
@@ -346,7 +386,7 @@ def test_the_memo_store_gives_a_rerun_task_its_claim_back(cluster) -> None:  # t
         assert ray.get(store.wait.remote("n", 0.2)) == (False, None)  # timed out
         waiting = store.wait.remote("n", 60.0)
         ray.get(store.put.remote("n", 7))
-        assert ray.get(waiting) == (True, 7)
+        assert ray.get(waiting, timeout=deadline(120)) == (True, 7)
         assert ray.get(store.claim.remote("n", "task-3")) == ("found", 7)
         assert ray.get(store.claim.remote("m", "task-1")) == ("yours", None)
         ray.get(store.release.remote("m"))  # a failed claimant: the next one computes

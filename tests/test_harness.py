@@ -135,7 +135,7 @@ def test_unknown_method_lists_the_registered_names(capsys) -> None:  # type: ign
 def test_script_exit_code_is_2_for_an_unknown_method() -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "compare.py"), "--methods", "nosuch"],
-        capture_output=True, text=True, check=False,
+        capture_output=True, text=True, check=False, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 2
     assert "unknown method 'nosuch'" in proc.stderr

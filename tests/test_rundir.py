@@ -599,7 +599,8 @@ def test_resume_and_export_refuse_a_file_the_run_did_not_write(  # type: ignore[
     named = damage(out)
     stamp = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert _run(out, shared_cache, "--resume", "--noise-draws", "2") == 2
-    _one_line_error(capsys, f"--resume: {named} ")
+    # the row checks (a guarantee its source cannot give) or the manifest: either names it
+    _one_line_error(capsys, f"--resume: {named}")
     err_needle = "it is not what the run wrote"
     assert _exit(["export", str(out), str(tmp_path / "shared")]) == 2
     err = capsys.readouterr().err
@@ -1014,4 +1015,6 @@ def test_real_post_training_releases_keep_every_cross_column_rule(mechanism: str
                 assert row_rule_problem(read) is None, (dtype, epsilon, source)
                 low = mech.calibrate(epsilon=epsilon, delta=delta, sensitivity=0.37)
                 widest = max(widest, st.noise_scale / low)
-    assert 2.0 < widest < 3.0
+    # Δ ≤ Δ′ < 3Δ (plan_release); float16 heads are released on float32's grid, so the
+    # widest inflation seen stays below 2 here
+    assert 1.0 <= widest < 3.0

@@ -28,6 +28,11 @@ from alm_opacus.run.catalogue import (
     PRIVATE_DIR,
     REFERENCE_METHODS,
 )
+from alm_opacus.run.ray_address import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    check_connect_timeout,
+    cluster_address,
+)
 
 if TYPE_CHECKING:
     from alm_opacus.run.config import RunConfig
@@ -273,6 +278,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the Ray cluster of --executor ray (default: $RAY_ADDRESS, else a local cluster "
         "on this machine, bound to 127.0.0.1)",
     )  # fmt: skip
+    runopts.add_argument(
+        "--ray-connect-timeout", type=float, default=None, metavar="SECONDS",
+        help="seconds the cluster at --ray-address (or $RAY_ADDRESS) has to accept a "
+        f"connection before the run gives up on it (default: {DEFAULT_CONNECT_TIMEOUT_S:g})",
+    )  # fmt: skip
     runopts.add_argument("--no-progress", action="store_true", help="hide progress bars")
     runopts.add_argument(
         "--wide-table", action="store_true",
@@ -348,6 +358,29 @@ class Command:
     wide_table: bool = False
 
 
+def _ray_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """The Ray executor's options; its cluster address checked for form and then for an
+    answer within --ray-connect-timeout seconds (``ray.init`` would retry for minutes)."""
+    given = {"--ray-address": args.ray_address, "--ray-connect-timeout": args.ray_connect_timeout}
+    for flag, value in given.items():
+        if value is not None and args.executor != "ray":
+            parser.error(f"{flag}={value!r} needs --executor ray")
+    if args.executor != "ray":
+        return {}
+    if importlib.util.find_spec("ray") is None:
+        parser.error(f"--executor ray needs Ray, which is not installed: {CLUSTER_EXTRA}")
+    options: dict[str, Any] = {}
+    try:
+        if args.ray_connect_timeout is not None:
+            options["connect_timeout"] = check_connect_timeout(args.ray_connect_timeout)
+        cluster_address(args.ray_address, flag="--ray-address", **options)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.ray_address is not None:
+        options["address"] = args.ray_address
+    return options
+
+
 def parse_config(argv: Sequence[str] | None = None) -> RunConfig:
     """Parse the command line into a :class:`RunConfig`; exits with code 2 on bad input."""
     return parse_command(argv).config
@@ -376,11 +409,7 @@ def parse_command(argv: Sequence[str] | None = None) -> Command:
         parser.error(f"--data-root={args.data_root!r}: expected an existing folder")
     if args.device not in ("cpu", "cuda") and not str(args.device).startswith("cuda:"):
         parser.error(f"--device={args.device!r}: expected cpu or cuda")
-    executor_options = {} if args.ray_address is None else {"address": args.ray_address}
-    if args.ray_address is not None and args.executor != "ray":
-        parser.error(f"--ray-address={args.ray_address!r} needs --executor ray")
-    if args.executor == "ray" and importlib.util.find_spec("ray") is None:
-        parser.error(f"--executor ray needs Ray, which is not installed: {CLUSTER_EXTRA}")
+    executor_options = _ray_options(parser, args)
     if args.out is None:
         latest = Path(RUNS) / "latest"
         if args.resume and not latest.exists():

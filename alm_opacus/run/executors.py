@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, cast
 
 from alm_opacus.methods import RunMemo
+from alm_opacus.run.ray_address import DEFAULT_CONNECT_TIMEOUT_S, cluster_address
 from alm_opacus.units import UnitMap, serial_map
 
 __all__ = [
@@ -389,9 +390,12 @@ class RayExecutor(Executor):
         num_cpus: CPUs of a local cluster (default: all of this machine's).
         cpus_per_task: CPUs each task holds (and pins torch's threads to).
         max_retries: re-runs of a task whose worker died.
+        connect_timeout: seconds the cluster at ``address`` has to accept a connection
+            before ``ray.init`` is asked to join it (which would otherwise retry for minutes).
 
     Raises:
-        ValueError: when Ray is not installed (naming the extra).
+        ValueError: when Ray is not installed (naming the extra); for a malformed address,
+            or one that does not answer within ``connect_timeout`` (naming it).
     """
 
     name = "ray"
@@ -400,12 +404,13 @@ class RayExecutor(Executor):
     def __init__(
         self, *, address: str | None = None, num_cpus: int | None = None,
         cpus_per_task: float = 1.0, max_retries: int = MAX_RETRIES,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
     ) -> None:  # fmt: skip
         ray = import_ray()
         self._ray = ray
         self._owns = False
-        address = address or os.environ.get("RAY_ADDRESS") or None
         if not ray.is_initialized():
+            address = cluster_address(address, connect_timeout=connect_timeout)
             common: dict[str, Any] = {"include_dashboard": False, "configure_logging": False,
                                       "log_to_driver": True}  # fmt: skip
             if address is not None:

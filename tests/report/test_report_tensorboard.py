@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
@@ -595,7 +596,7 @@ def _render_script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 
 @pytest.mark.slow
 def test_render_script_serves_the_folder_on_loopback(
-    tmp_path: Path, synthetic_rows: RowsFactory, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, synthetic_rows: RowsFactory, monkeypatch: pytest.MonkeyPatch, deadline: Any
 ) -> None:
     """The screenshot script's server: TensorBoard on 127.0.0.1 at a free port lists every
     run in the written order (so the colours are as designed) and serves the layout with
@@ -608,7 +609,7 @@ def test_render_script_serves_the_folder_on_loopback(
     logdir = write_tensorboard(rows, tmp_path / "run" / "tb", epsilons=EPSILONS)
     expected = script.expected_runs(logdir)
     assert "." in expected and NO_LEAK_RUN in expected and len(expected) == 5 + 13
-    with script.serving(logdir, deadline_s=120) as (base, listed):
+    with script.serving(logdir, deadline_s=deadline(120)) as (base, listed):
         assert base.startswith("http://127.0.0.1:")
         assert listed == listing(load(logdir))
         assert [listed.index(r) for r in coloured_runs(rows)] == [0, 1, 4, 6]

@@ -219,15 +219,16 @@ def fsdp_refusal() -> str:
     return ""
 
 
-def run(rank: int, world_size: int, init_file: str, out: str) -> None:
-    """The entry point of ``torch.multiprocessing.spawn``: every scenario, then save."""
+def run(rank: int, world_size: int, init_file: str, out: str, timeout_s: float = 120.0) -> None:
+    """The entry point of ``torch.multiprocessing.spawn``: every scenario, then save.
+    ``timeout_s`` bounds the rendezvous and each collective (scaled for load by the test)."""
     os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     warnings.filterwarnings("ignore", message="Using a non-full backward hook")
     dist.init_process_group(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
-        timeout=timedelta(seconds=120),
+        timeout=timedelta(seconds=timeout_s),
     )  # fmt: skip
     try:
         results: dict[str, Any] = {"rank": rank}
