@@ -158,12 +158,18 @@ def find_blocks(path: Path) -> list[Block]:
         if any(b.name == name for b in blocks):
             raise ValueError(f"{path}: two generated blocks are named {name!r}")
         words = shlex.split(match["command"]) if match["command"] else []
-        blocks.append(Block(
-            doc=Path(path), name=name, script=words[0] if words else "",
-            args=tuple(words[1:]), deps=tuple((match["deps"] or "").split()),
-            inputs=match["inputs"] or "", output=match["output"] or "",
-            body=text[match.end() : stop],
-        ))  # fmt: skip
+        blocks.append(
+            Block(
+                doc=Path(path),
+                name=name,
+                script=words[0] if words else "",
+                args=tuple(words[1:]),
+                deps=tuple((match["deps"] or "").split()),
+                inputs=match["inputs"] or "",
+                output=match["output"] or "",
+                body=text[match.end() : stop],
+            )
+        )
     return blocks
 
 
@@ -187,8 +193,10 @@ def staleness(block: Block, *, root: Path = ROOT) -> str | None:
     if output_digest(block.body) != block.output:
         return f"{where} was edited by hand since {block.script} wrote it{redo}"
     if digest != block.inputs and _pending_digest(block) != digest:
-        return (f"{where} is stale: its script, a dependency ({' '.join(block.deps) or 'none'}) "
-                f"or its arguments changed since it was written{redo}")  # fmt: skip
+        return (
+            f"{where} is stale: its script, a dependency ({' '.join(block.deps) or 'none'}) "
+            f"or its arguments changed since it was written{redo}"
+        )
     return None
 
 
@@ -249,9 +257,15 @@ def _drop_pending(text: str, name: str) -> str:
 
 
 def write_block(
-    doc: Path, *, name: str, script: str, args: Sequence[str], deps: Sequence[str], body: str,
+    doc: Path,
+    *,
+    name: str,
+    script: str,
+    args: Sequence[str],
+    deps: Sequence[str],
+    body: str,
     root: Path = ROOT,
-) -> None:  # fmt: skip
+) -> None:
     """Replace the generated block ``name`` of ``doc`` with ``body`` (atomically), stamping
     its begin marker with the command, the deps and both digests.
 
@@ -274,16 +288,20 @@ def write_block(
     text = doc.read_text()
     found = [b for b in find_blocks(doc) if b.name == name]
     if not found:
-        raise ValueError(f"{doc}: no generated block {name!r}: add the markers "
-                         f"'<!-- generated {name} -->' and '{_END.format(name=name)}'")  # fmt: skip
+        raise ValueError(
+            f"{doc}: no generated block {name!r}: add the markers "
+            f"'<!-- generated {name} -->' and '{_END.format(name=name)}'"
+        )
     try:
         inputs = inputs_digest(script=script, args=args, deps=deps, root=root)
     except FileNotFoundError as exc:
         raise ValueError(f"{doc}: block {name!r}: {exc}") from exc
     body = "\n" + body.strip() + "\n"
     command = shlex.join([script, *args])
-    begin = (f"<!-- generated {name} by {command}; deps {' '.join(deps)}; inputs {inputs}; "
-             f"output {output_digest(body)} -->\n")  # fmt: skip
+    begin = (
+        f"<!-- generated {name} by {command}; deps {' '.join(deps)}; inputs {inputs}; "
+        f"output {output_digest(body)} -->\n"
+    )
     text = _drop_pending(text, name)  # re-measured: the notice is void
     match = next(m for m in _BEGIN.finditer(text) if m["name"] == name)
     stop = text.index(_END.format(name=name), match.end())

@@ -109,8 +109,9 @@ class HeadConfig:
             raise ValueError(f"dtype={self.dtype!r} is invalid: expected 'float32' or 'float64'")
         if self.solver not in SOLVER_NAMES:
             raise ValueError(f"solver={self.solver!r} is invalid: expected 'adam' or 'newton'")
-        if self.solver == "newton" and (self.kind != "linear" or not self.l2 > 0
-                                        or self.dtype != "float64"):  # fmt: skip
+        if self.solver == "newton" and (
+            self.kind != "linear" or not self.l2 > 0 or self.dtype != "float64"
+        ):
             raise ValueError(
                 "solver='newton' needs a strongly convex objective: kind='linear', l2 > 0 and "
                 f"dtype='float64'; got kind={self.kind!r}, l2={self.l2!r}, dtype={self.dtype!r}"
@@ -136,9 +137,12 @@ def clip_features(features: Tensor, radius: float | None) -> Tensor:
 
 
 def uniform_init(
-    shape: tuple[int, ...], *, fan_in: int, generator: torch.Generator,
+    shape: tuple[int, ...],
+    *,
+    fan_in: int,
+    generator: torch.Generator,
     dtype: torch.dtype = torch.float32,
-) -> Tensor:  # fmt: skip
+) -> Tensor:
     """``nn.Linear``'s default law, U(-1/sqrt(fan_in), 1/sqrt(fan_in)), from a seeded generator.
 
     The one initialiser of every head, shadow model and baseline network in the project.
@@ -153,8 +157,9 @@ def linear_init(
     """``{name.weight, name.bias}`` for layers ``name -> (out, in)``, in the given order."""
     out: Params = {}
     for name, (rows, cols) in sizes.items():
-        out[f"{name}.weight"] = uniform_init((rows, cols), fan_in=cols, generator=generator,
-                                             dtype=dtype)  # fmt: skip
+        out[f"{name}.weight"] = uniform_init(
+            (rows, cols), fan_in=cols, generator=generator, dtype=dtype
+        )
         out[f"{name}.bias"] = uniform_init((rows,), fan_in=cols, generator=generator, dtype=dtype)
     return out
 
@@ -221,8 +226,9 @@ def warm_start(
     if config.solver != "newton":
         return None
     union = masks.to(torch.bool).any(0, keepdim=True)
-    params = train_heads(features, labels, masks=union, num_classes=num_classes, config=config,
-                         seed=0)  # fmt: skip
+    params = train_heads(
+        features, labels, masks=union, num_classes=num_classes, config=config, seed=0
+    )
     return {k: v[0] for k, v in params.items()}
 
 
@@ -286,15 +292,22 @@ def train_heads(
             f"solver {config.solver!r} is not registered: expected one of "
             f"{SOLVERS.names()}, or a solver registered with register_solver"
         )
-    return solve(features, labels, masks=masks, num_classes=num_classes,
-                                   config=config, seed=seed, init=init)  # fmt: skip
+    return solve(
+        features, labels, masks=masks, num_classes=num_classes, config=config, seed=seed, init=init
+    )
 
 
 @register_solver("adam")
 def _train_adam(
-    features: Tensor, labels: Tensor, *, masks: Tensor, num_classes: int, config: HeadConfig,
-    seed: int, init: Params | None,
-) -> Params:  # fmt: skip
+    features: Tensor,
+    labels: Tensor,
+    *,
+    masks: Tensor,
+    num_classes: int,
+    config: HeadConfig,
+    seed: int,
+    init: Params | None,
+) -> Params:
     if init is not None:
         raise ValueError("init is for solver='newton': Adam's heads start from the seeded init")
     device = features.device

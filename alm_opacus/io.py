@@ -149,8 +149,14 @@ def write_cache(path: Path, *, kind: str, key: str, code: str, payload: Any) -> 
     digest of its own content, all checked by :func:`read_cache`."""
     from alm_opacus._hashing import content_digest  # imports torch: only where caches are
 
-    record = {"kind": kind, "key": key, "format": CACHE_FORMAT, "code": code,
-              "digest": content_digest(payload), "payload": payload}  # fmt: skip
+    record = {
+        "kind": kind,
+        "key": key,
+        "format": CACHE_FORMAT,
+        "code": code,
+        "digest": content_digest(payload),
+        "payload": payload,
+    }
     atomic_torch_save(record, path)
 
 

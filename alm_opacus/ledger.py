@@ -160,8 +160,14 @@ class LedgerTotal:
 
 
 def _none(releases: int, reason: str) -> LedgerTotal:
-    return LedgerTotal(guarantee=Guarantee.NONE, epsilon=math.inf, delta=0.0, neighbouring="",
-                       releases=releases, notes=(reason,))  # fmt: skip
+    return LedgerTotal(
+        guarantee=Guarantee.NONE,
+        epsilon=math.inf,
+        delta=0.0,
+        neighbouring="",
+        releases=releases,
+        notes=(reason,),
+    )
 
 
 def _one_relation(
@@ -179,8 +185,9 @@ def _one_relation(
         elif r.guarantee is Guarantee.RANDOM_DP:
             return None
         else:  # (2ε, (1 + e^ε)δ): a pure release stays pure, an approximate one approximate
-            epsilon, delta = to_replace_one(epsilon=r.epsilon, delta=r.delta,
-                                            neighbouring=ADD_REMOVE)  # fmt: skip
+            epsilon, delta = to_replace_one(
+                epsilon=r.epsilon, delta=r.delta, neighbouring=ADD_REMOVE
+            )
             out.append(replace(r, epsilon=epsilon, delta=delta, neighbouring=REPLACE_ONE))
     note = (
         "releases under add/remove and replace-one neighbours: the add/remove ones are stated "
@@ -197,9 +204,13 @@ def _pld_epsilon(records: Sequence[LedgerRecord], *, delta: float, relation: str
         for r in records:
             if r.scale is None or r.sensitivity is None:
                 return math.inf
-            accountant.record_release(mechanism=r.mechanism, scale=r.scale,
-                                      sensitivity=r.sensitivity, dim=r.dim,
-                                      neighbouring=relation)  # fmt: skip
+            accountant.record_release(
+                mechanism=r.mechanism,
+                scale=r.scale,
+                sensitivity=r.sensitivity,
+                dim=r.dim,
+                neighbouring=relation,
+            )
     except ValueError:  # a mechanism without a registered PLD (or an unknown name)
         return math.inf
     return float(accountant.get_epsilon(delta))
@@ -216,8 +227,9 @@ def compose_records(records: Sequence[LedgerRecord]) -> LedgerTotal:
     """
     n = len(records)
     if n == 0:
-        return LedgerTotal(guarantee=Guarantee.PURE_DP, epsilon=0.0, delta=0.0, neighbouring="",
-                           releases=0)  # fmt: skip
+        return LedgerTotal(
+            guarantee=Guarantee.PURE_DP, epsilon=0.0, delta=0.0, neighbouring="", releases=0
+        )
     weakest = max((r.guarantee for r in records), key=_ORDER.index)
     if weakest in (Guarantee.NONE, Guarantee.PER_QUERY):
         reason = (
@@ -247,22 +259,41 @@ def compose_records(records: Sequence[LedgerRecord]) -> LedgerTotal:
                 f"is {confidence:g}: nothing is left of the bound"
             )
             return _none(n, reason)
-        return LedgerTotal(guarantee=Guarantee.RANDOM_DP, epsilon=epsilon, delta=delta,
-                           neighbouring=relation, releases=n, gamma=gamma,
-                           confidence=confidence, composition="basic",
-                           notes=tuple(notes))  # fmt: skip
+        return LedgerTotal(
+            guarantee=Guarantee.RANDOM_DP,
+            epsilon=epsilon,
+            delta=delta,
+            neighbouring=relation,
+            releases=n,
+            gamma=gamma,
+            confidence=confidence,
+            composition="basic",
+            notes=tuple(notes),
+        )
     if weakest is Guarantee.PURE_DP:
-        return LedgerTotal(guarantee=Guarantee.PURE_DP, epsilon=epsilon, delta=0.0,
-                           neighbouring=relation, releases=n, composition="basic",
-                           notes=tuple(notes))  # fmt: skip
+        return LedgerTotal(
+            guarantee=Guarantee.PURE_DP,
+            epsilon=epsilon,
+            delta=0.0,
+            neighbouring=relation,
+            releases=n,
+            composition="basic",
+            notes=tuple(notes),
+        )
     composition = "basic"
     if n > 1 and not notes:  # the accountant composes one relation only
         tight = _pld_epsilon(same, delta=delta, relation=relation)
         if tight < epsilon:
             epsilon, composition = tight, "pld"
-    return LedgerTotal(guarantee=Guarantee.APPROX_DP, epsilon=epsilon, delta=delta,
-                       neighbouring=relation, releases=n, composition=composition,
-                       notes=tuple(notes))  # fmt: skip
+    return LedgerTotal(
+        guarantee=Guarantee.APPROX_DP,
+        epsilon=epsilon,
+        delta=delta,
+        neighbouring=relation,
+        releases=n,
+        composition=composition,
+        notes=tuple(notes),
+    )
 
 
 def weight_keys(module: nn.Module) -> tuple[str, ...]:

@@ -168,8 +168,16 @@ def _bool(value: Any) -> bool:
     raise ValueError(value)
 
 
-_TRUTH = {"true": True, "yes": True, "1": True, "on": True,
-          "false": False, "no": False, "0": False, "off": False}  # fmt: skip
+_TRUTH = {
+    "true": True,
+    "yes": True,
+    "1": True,
+    "on": True,
+    "false": False,
+    "no": False,
+    "0": False,
+    "off": False,
+}
 
 
 def _int(value: Any) -> int:
@@ -207,5 +215,10 @@ def _type_name(tp: Any) -> str:
         return "one of " + ", ".join(map(str, get_args(tp)))
     if get_origin(tp) in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in get_args(tp))
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-            type(None): "none"}.get(tp, str(tp))  # fmt: skip
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        type(None): "none",
+    }.get(tp, str(tp))

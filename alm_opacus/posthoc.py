@@ -108,14 +108,19 @@ class PreparedHead:
 def convex_config(head: HeadConfig, *, l2: float, clip_radius: float) -> HeadConfig:
     """The convex head the analytic bound covers: ``head``'s recipe as an L2-regularised
     linear head on clipped features, in float64 (also used by ``dperm``)."""
-    return head.replace(kind="linear", l2=float(l2), clip_radius=float(clip_radius),
-                        dtype="float64")  # fmt: skip
+    return head.replace(
+        kind="linear", l2=float(l2), clip_radius=float(clip_radius), dtype="float64"
+    )
 
 
 def prepare_head(
-    *, features: Tensor, labels: Tensor, seed: int, context: MethodContext,
+    *,
+    features: Tensor,
+    labels: Tensor,
+    seed: int,
+    context: MethodContext,
     options: PostTrainingOptions,
-) -> PreparedHead:  # fmt: skip
+) -> PreparedHead:
     """Train the clean head and find its sensitivity. Memoised on the run (ALM, Laplace and
     Gaussian protect the very same head) and, with ``context.cache_dir``, cached on disk by a
     hash of everything that determines it, so a resumed run does not redo Algorithm 2.
@@ -124,74 +129,111 @@ def prepare_head(
     recipe, the options and the seed; the cache file adds the code's digest (:data:`CODE`)."""
     digest = tensor_digest(features, labels)
     px, py = context.public_features, context.public_labels
-    public = (tensor_digest(px, py) if options.sensitivity == "sampled" and px is not None
-              and py is not None else None)  # fmt: skip
+    public = (
+        tensor_digest(px, py)
+        if options.sensitivity == "sampled" and px is not None and py is not None
+        else None
+    )
     key = (digest, public, seed, context.head, options, context.num_classes, context.dataset)
     return context.memo.get(
         ("posthoc-head", key),
-        lambda: _load_or_prepare(features, labels, seed=seed, context=context, options=options,
-                                 key=key),
-    )  # fmt: skip
+        lambda: _load_or_prepare(
+            features, labels, seed=seed, context=context, options=options, key=key
+        ),
+    )
 
 
 def _load_or_prepare(
-    features: Tensor, labels: Tensor, *, seed: int, context: MethodContext,
-    options: PostTrainingOptions, key: tuple[Any, ...],
-) -> PreparedHead:  # fmt: skip
+    features: Tensor,
+    labels: Tensor,
+    *,
+    seed: int,
+    context: MethodContext,
+    options: PostTrainingOptions,
+    key: tuple[Any, ...],
+) -> PreparedHead:
     path = None
     if context.cache_dir is not None:
         path = Path(context.cache_dir) / f"posthoc-head-{config_hash(repr(key))}.pt"
     payload = cached(
-        path, kind="alm_opacus.posthoc-head", key=repr(key), code=code_digest(*CODE),
-        compute=lambda: _prepare_payload(features, labels, seed=seed, context=context,
-                                         options=options),
-    )  # fmt: skip
+        path,
+        kind="alm_opacus.posthoc-head",
+        key=repr(key),
+        code=code_digest(*CODE),
+        compute=lambda: _prepare_payload(
+            features, labels, seed=seed, context=context, options=options
+        ),
+    )
     config = HeadConfig(**payload["config"])
-    head = Head(in_features=int(features.shape[1]), num_classes=context.num_classes,
-                config=config).to(context.device)  # fmt: skip
+    head = Head(
+        in_features=int(features.shape[1]), num_classes=context.num_classes, config=config
+    ).to(context.device)
     head.load_state_dict(payload["state_dict"])
     return PreparedHead(
-        head=head, config=config,
+        head=head,
+        config=config,
         sensitivity={n: SensitivityInfo(**d) for n, d in payload["sensitivity"].items()},
-        solver=payload["solver"], details=payload["details"],
-    )  # fmt: skip
+        solver=payload["solver"],
+        details=payload["details"],
+    )
 
 
 def _prepare_payload(
-    features: Tensor, labels: Tensor, *, seed: int, context: MethodContext,
+    features: Tensor,
+    labels: Tensor,
+    *,
+    seed: int,
+    context: MethodContext,
     options: PostTrainingOptions,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The clean head and its sensitivity, as a cacheable payload (tensors and primitives)."""
     x, y = features.to(context.device), labels.to(context.device)
     ones = torch.ones(1, len(y), dtype=torch.bool, device=x.device)
     sample: dict[str, Tensor] = {}
     m = options.m
     if options.sensitivity == "analytic":
-        config = convex_config(context.head, l2=options.analytic_l2,
-                               clip_radius=options.clip_radius)  # fmt: skip
+        config = convex_config(
+            context.head, l2=options.analytic_l2, clip_radius=options.clip_radius
+        )
         assert config.clip_radius is not None  # convex_config always sets it
         fit = train_convex_heads(x, y, masks=ones, num_classes=context.num_classes, config=config)
         params = fit.params
         bound = analytic_sensitivity(
-            n=len(y), l2=config.l2, clip_radius=float(config.clip_radius), grad_tol=fit.tol,
+            n=len(y),
+            l2=config.l2,
+            clip_radius=float(config.clip_radius),
+            grad_tol=fit.tol,
             num_params=int(flat_params(fit.params).shape[1]),
-        )  # fmt: skip
+        )
         info = {norm: bound.to_info(norm) for norm in ("l1", "l2")}
-        details: dict[str, Any] = {"lipschitz": bound.lipschitz, "grad_tol": fit.tol,
-                                   "l2": config.l2, "clip_radius": config.clip_radius}  # fmt: skip
+        details: dict[str, Any] = {
+            "lipschitz": bound.lipschitz,
+            "grad_tol": fit.tol,
+            "l2": config.l2,
+            "clip_radius": config.clip_radius,
+        }
         solver = "newton"
     else:
         config = context.head
-        params = train_heads(x, y, masks=ones, num_classes=context.num_classes, config=config,
-                             seed=seed)  # fmt: skip
+        params = train_heads(
+            x, y, masks=ones, num_classes=context.num_classes, config=config, seed=seed
+        )
         result = _sample(x, y, seed=seed, context=context, options=options)
         info = {norm: result.to_info(norm) for norm in ("l1", "l2")}
-        details = {"m": m, "order": result.order, "gamma": result.gamma,
-                   "confidence": result.confidence, "l1_max": float(result.l1.max()),
-                   "l2_max": float(result.l2.max()),
-                   "population": result.population or "the members (Algorithm 2)"}  # fmt: skip
-        sample = {"l1": torch.from_numpy(result.l1), "l2": torch.from_numpy(result.l2),
-                  "pairs": torch.from_numpy(result.pairs)}  # fmt: skip
+        details = {
+            "m": m,
+            "order": result.order,
+            "gamma": result.gamma,
+            "confidence": result.confidence,
+            "l1_max": float(result.l1.max()),
+            "l2_max": float(result.l2.max()),
+            "population": result.population or "the members (Algorithm 2)",
+        }
+        sample = {
+            "l1": torch.from_numpy(result.l1),
+            "l2": torch.from_numpy(result.l2),
+            "pairs": torch.from_numpy(result.pairs),
+        }
         solver = config.solver  # the recipe's (newton for a convex one), as train_heads ran it
     head = Head.from_params(params, num_classes=context.num_classes, config=config)
     return {
@@ -209,10 +251,15 @@ def _sample(
 ) -> SensitivitySample:
     """Algorithm 2 on the members (``sampled-members``), or Rubinstein & Aldà's sampler on
     the public split (``sampled``): pairs of the members' size, never touching the members."""
-    common: dict[str, Any] = {"num_classes": context.num_classes, "config": context.head,
-                              "seed": seed, "m": options.m, "gamma": options.gamma,
-                              "progress": context.progress,
-                              "map_units": context.map_units}  # fmt: skip
+    common: dict[str, Any] = {
+        "num_classes": context.num_classes,
+        "config": context.head,
+        "seed": seed,
+        "m": options.m,
+        "gamma": options.gamma,
+        "progress": context.progress,
+        "map_units": context.map_units,
+    }
     if options.sensitivity == "sampled-members":
         return sample_sensitivity(x, y, **common)
     px, py = context.public_features, context.public_labels
@@ -226,10 +273,13 @@ def _sample(
     # the data set by name, never by the owner's path (features:PATH): statements are shared
     family, sep, argument = (context.dataset or "the dataset").partition(":")
     name = f"{family}:{Path(argument).name or argument}" if sep else family
-    population = (f"the public split's empirical distribution ({len(px)} rows of "
-                  f"{name}, drawn with replacement)")  # fmt: skip
-    return sample_population_sensitivity(px.to(x.device), py.to(x.device), n=len(y),
-                                         population=population, **common)  # fmt: skip
+    population = (
+        f"the public split's empirical distribution ({len(px)} rows of "
+        f"{name}, drawn with replacement)"
+    )
+    return sample_population_sensitivity(
+        px.to(x.device), py.to(x.device), n=len(y), population=population, **common
+    )
 
 
 def _info_dict(info: SensitivityInfo) -> dict[str, Any]:
@@ -255,20 +305,31 @@ class PostTrainingMethod(Method[PostTrainingOptions, PreparedHead]):
     def prepare(
         self, *, features: Tensor, labels: Tensor, seed: int, context: MethodContext
     ) -> PreparedHead:
-        return prepare_head(features=features, labels=labels, seed=seed, context=context,
-                            options=self.options)  # fmt: skip
+        return prepare_head(
+            features=features, labels=labels, seed=seed, context=context, options=self.options
+        )
 
     def release(
-        self, prepared: PreparedHead, *, features: Tensor, labels: Tensor, epsilon: float,
-        delta: float, seed: int, draw: int, context: MethodContext,
-    ) -> Release:  # fmt: skip
+        self,
+        prepared: PreparedHead,
+        *,
+        features: Tensor,
+        labels: Tensor,
+        epsilon: float,
+        delta: float,
+        seed: int,
+        draw: int,
+        context: MethodContext,
+    ) -> Release:
         mech = create_mechanism(self.mechanism)
         engine = PostTrainingPrivacyEngine(mechanism=mech)
         protected = engine.make_private(
-            prepared.head, epsilon=epsilon, delta=0.0 if mech.pure else delta,
+            prepared.head,
+            epsilon=epsilon,
+            delta=0.0 if mech.pure else delta,
             sensitivity=prepared.sensitivity[mech.norm],
             generator=context.noise.generator(self.name, seed, draw, float(epsilon)),
-        )  # fmt: skip
+        )
         scale = protected.statement.noise_scale
         assert scale is not None
         return Release(
@@ -292,13 +353,22 @@ class PostTrainingMethod(Method[PostTrainingOptions, PreparedHead]):
         solver, config = prepared.solver, prepared.config
 
         def trainer(features: Tensor, labels: Tensor, masks: Tensor, seed: int) -> Predict:
-            params = clean_shadow_heads(features, labels, masks=masks, seed=seed, config=config,
-                                        solver=solver, num_classes=context.num_classes,
-                                        cache_dir=context.cache_dir,
-                                        memo=context.memo)  # fmt: skip
+            params = clean_shadow_heads(
+                features,
+                labels,
+                masks=masks,
+                seed=seed,
+                config=config,
+                solver=solver,
+                num_classes=context.num_classes,
+                cache_dir=context.cache_dir,
+                memo=context.memo,
+            )
             generator = make_generator(seed=derive_seed("shadow-noise", self.name, seed, scale))
-            noisy = {k: v + mech.sample(tuple(v.shape), scale=scale, generator=generator).to(v)
-                     for k, v in sorted(params.items())}  # fmt: skip
+            noisy = {
+                k: v + mech.sample(tuple(v.shape), scale=scale, generator=generator).to(v)
+                for k, v in sorted(params.items())
+            }
 
             def predict(x: Tensor) -> Tensor:
                 with torch.no_grad():
@@ -310,34 +380,53 @@ class PostTrainingMethod(Method[PostTrainingOptions, PreparedHead]):
 
 
 def clean_shadow_heads(
-    features: Tensor, labels: Tensor, *, masks: Tensor, seed: int, config: HeadConfig,
-    solver: str, num_classes: int, cache_dir: Path | None = None, memo: RunMemo | None = None,
-) -> dict[str, Tensor]:  # fmt: skip
+    features: Tensor,
+    labels: Tensor,
+    *,
+    masks: Tensor,
+    seed: int,
+    config: HeadConfig,
+    solver: str,
+    num_classes: int,
+    cache_dir: Path | None = None,
+    memo: RunMemo | None = None,
+) -> dict[str, Tensor]:
     """The attacker's shadow heads before noise. Post-training noise does not change how
     they are trained, so every epsilon and mechanism reuses them (memoised on the run and,
     with ``cache_dir``, cached on disk by a hash of everything that determines them)."""
     key = (
         tensor_digest(features, labels, masks),
-        seed, config, solver, num_classes,
-    )  # fmt: skip
+        seed,
+        config,
+        solver,
+        num_classes,
+    )
 
     def train() -> dict[str, Tensor]:
         if solver == "newton" or config.solver == "newton":
             # convex heads: each starts from the head on all their rows (same minimisers)
             convex = config.replace(solver="newton")
-            init = warm_start(features, labels, masks=masks, num_classes=num_classes,
-                              config=convex)  # fmt: skip
-            return train_convex_heads(features, labels, masks=masks, num_classes=num_classes,
-                                      config=convex, init=init).params  # fmt: skip
-        return train_heads(features, labels, masks=masks, num_classes=num_classes,
-                           config=config, seed=seed)  # fmt: skip
+            init = warm_start(features, labels, masks=masks, num_classes=num_classes, config=convex)
+            return train_convex_heads(
+                features, labels, masks=masks, num_classes=num_classes, config=convex, init=init
+            ).params
+        return train_heads(
+            features, labels, masks=masks, num_classes=num_classes, config=config, seed=seed
+        )
 
     def load() -> dict[str, Tensor]:
-        path = None if cache_dir is None else (
-            Path(cache_dir) / f"shadow-heads-{config_hash(repr(key))}.pt"
-        )  # fmt: skip
-        out: dict[str, Tensor] = cached(path, kind="alm_opacus.shadow-heads", key=repr(key),
-                                        code=code_digest(*CODE), compute=train)  # fmt: skip
+        path = (
+            None
+            if cache_dir is None
+            else (Path(cache_dir) / f"shadow-heads-{config_hash(repr(key))}.pt")
+        )
+        out: dict[str, Tensor] = cached(
+            path,
+            kind="alm_opacus.shadow-heads",
+            key=repr(key),
+            code=code_digest(*CODE),
+            compute=train,
+        )
         return out
 
     return load() if memo is None else memo.get(("shadow-heads", key), load)
@@ -353,9 +442,10 @@ def _predict(module: ProtectedModule, device: str) -> Predict:
 
 def _method(name: str, mechanism: str, doc: str) -> type[PostTrainingMethod]:
     return type(
-        f"{name.title().replace('-', '')}Method", (PostTrainingMethod,),
+        f"{name.title().replace('-', '')}Method",
+        (PostTrainingMethod,),
         {"name": name, "mechanism": mechanism, "__doc__": doc},
-    )  # fmt: skip
+    )
 
 
 #: The post-training methods; :mod:`alm_opacus.methods` registers each under its name.

@@ -73,8 +73,9 @@ class ProtectedModule(nn.Module):
     noisy weights; the clean weights stay with the owner.
     """
 
-    def __init__(self, module: nn.Module, *, statement: PrivacyStatement,
-                 protected: tuple[str, ...]) -> None:  # fmt: skip
+    def __init__(
+        self, module: nn.Module, *, statement: PrivacyStatement, protected: tuple[str, ...]
+    ) -> None:
         super().__init__()
         self.module = module
         self.statement = statement
@@ -172,9 +173,13 @@ class ProtectedModule(nn.Module):
             statement = PrivacyStatement.from_dict(state["statement"])
         except ValueError as exc:
             raise ValueError(f"{path}: the release's statement is invalid: {exc}") from None
-        broken = [k for k, v in weights.items()
-                  if isinstance(v, torch.Tensor) and v.is_floating_point()
-                  and not bool(torch.isfinite(v).all())]  # fmt: skip
+        broken = [
+            k
+            for k, v in weights.items()
+            if isinstance(v, torch.Tensor)
+            and v.is_floating_point()
+            and not bool(torch.isfinite(v).all())
+        ]
         if broken:  # no statement covers NaN or infinite weights: they are no release
             raise ValueError(
                 f"{path}: the release holds non-finite weights in {', '.join(broken[:5])}: "
@@ -294,15 +299,24 @@ class PostTrainingPrivacyEngine:
         plan = None
         if exact:
             plan = plan_release(
-                mechanism=mech, epsilon=epsilon, delta=delta, sensitivity=info.value,
+                mechanism=mech,
+                epsilon=epsilon,
+                delta=delta,
+                sensitivity=info.value,
                 dim=sum(named[n].numel() for n in names),
                 dtype=release_dtype([named[n].dtype for n in names]),
-            )  # fmt: skip
+            )
             scale = plan.scale
             _check_clamp(named, names, plan=plan)
-        statement = statement_for(mechanism=mech, epsilon=epsilon, delta=delta, scale=scale,
-                                  sensitivity=info, noise="secure" if is_secure(generator)
-                                  else "seeded", plan=plan)  # fmt: skip
+        statement = statement_for(
+            mechanism=mech,
+            epsilon=epsilon,
+            delta=delta,
+            scale=scale,
+            sensitivity=info,
+            noise="secure" if is_secure(generator) else "seeded",
+            plan=plan,
+        )
         narrow = ", ".join(
             sorted({str(named[n].dtype) for n in names if is_narrow(named[n].dtype)})
         )
@@ -314,8 +328,11 @@ class PostTrainingPrivacyEngine:
             for name in names:
                 p = named[name]
                 if plan is not None:
-                    p.copy_(exact_release(p, mechanism=mech, scale=scale, grid=plan.grid,
-                                          generator=generator))  # fmt: skip
+                    p.copy_(
+                        exact_release(
+                            p, mechanism=mech, scale=scale, grid=plan.grid, generator=generator
+                        )
+                    )
                 else:
                     noise = mech.sample(tuple(p.shape), scale=scale, generator=generator)
                     p.add_(noise.to(device=p.device, dtype=p.dtype))
@@ -358,10 +375,12 @@ def _record(accountant: PipelineAccountant, statement: PrivacyStatement, *, dim:
         )
     assert statement.sensitivity is not None and statement.noise_scale is not None
     accountant.record_release(
-        mechanism=statement.mechanism, scale=statement.noise_scale,
-        sensitivity=statement.grid_sensitivity or statement.sensitivity.value, dim=dim,
+        mechanism=statement.mechanism,
+        scale=statement.noise_scale,
+        sensitivity=statement.grid_sensitivity or statement.sensitivity.value,
+        dim=dim,
         neighbouring=statement.neighbouring,
-    )  # fmt: skip
+    )
 
 
 def _split_parameters(
@@ -410,9 +429,15 @@ FLOAT_NOTE = (
 
 
 def statement_for(
-    *, mechanism: AdditiveNoiseMechanism, epsilon: float, delta: float, scale: float,
-    sensitivity: SensitivityInfo, noise: str = "secure", plan: ReleasePlan | None = None,
-) -> PrivacyStatement:  # fmt: skip
+    *,
+    mechanism: AdditiveNoiseMechanism,
+    epsilon: float,
+    delta: float,
+    scale: float,
+    sensitivity: SensitivityInfo,
+    noise: str = "secure",
+    plan: ReleasePlan | None = None,
+) -> PrivacyStatement:
     """What a one-shot release of ``mechanism`` at ``scale`` may claim.
 
     ``plan`` is the grid of an exact release (its statement names γ, B and the calibrated
@@ -438,9 +463,10 @@ def statement_for(
         epsilon=epsilon
     ):
         actual = mechanism.achieved_delta(
-            epsilon=epsilon, scale=scale,
+            epsilon=epsilon,
+            scale=scale,
             sensitivity=sensitivity.value if plan is None else plan.sensitivity,
-        )  # fmt: skip
+        )
         if not actual < 1:
             raise InfeasibleRelease(
                 f"epsilon={epsilon:g}: the textbook Gaussian sigma achieves no delta < 1 here "
@@ -452,16 +478,27 @@ def statement_for(
             f"textbook Gaussian sigma is proven only for epsilon < 1; at epsilon={epsilon:g} "
             f"it achieves delta={actual:.3g} (exact Gaussian profile), {stated}"
         )
-    common: dict[str, Any] = {"mechanism": mechanism.name, "noise_scale": float(scale),
-                              "sensitivity": sensitivity, "noise": noise}  # fmt: skip
+    common: dict[str, Any] = {
+        "mechanism": mechanism.name,
+        "noise_scale": float(scale),
+        "sensitivity": sensitivity,
+        "noise": noise,
+    }
     if plan is not None:
-        common.update(grid=plan.grid.gamma, clamp=plan.grid.clamp,
-                      grid_sensitivity=plan.sensitivity)  # fmt: skip
+        common.update(
+            grid=plan.grid.gamma, clamp=plan.grid.clamp, grid_sensitivity=plan.sensitivity
+        )
     else:
         notes.append(FLOAT_NOTE)
-        return PrivacyStatement(epsilon=math.inf, delta=0.0, guarantee=Guarantee.NONE,
-                                neighbouring="", nominal_epsilon=float(epsilon),
-                                notes=tuple(notes), **common)  # fmt: skip
+        return PrivacyStatement(
+            epsilon=math.inf,
+            delta=0.0,
+            guarantee=Guarantee.NONE,
+            neighbouring="",
+            nominal_epsilon=float(epsilon),
+            notes=tuple(notes),
+            **common,
+        )
     source = sensitivity.source
     if source is SensitivitySource.SAMPLED_MEMBERS:
         notes.append(
@@ -470,9 +507,15 @@ def statement_for(
             "data sets can be told apart from it; Rubinstein & Aldà's random-DP needs "
             "neighbouring sets drawn from the population, not from the members"
         )
-        return PrivacyStatement(epsilon=math.inf, delta=0.0, guarantee=Guarantee.NONE,
-                                neighbouring="", nominal_epsilon=float(epsilon),
-                                notes=tuple(notes), **common)  # fmt: skip
+        return PrivacyStatement(
+            epsilon=math.inf,
+            delta=0.0,
+            guarantee=Guarantee.NONE,
+            neighbouring="",
+            nominal_epsilon=float(epsilon),
+            notes=tuple(notes),
+            **common,
+        )
     if source is SensitivitySource.SAMPLED:
         guarantee = Guarantee.RANDOM_DP
         notes.append(
@@ -495,6 +538,10 @@ def statement_for(
                 "does for every pair of neighbouring data sets"
             )
     return PrivacyStatement(
-        epsilon=float(epsilon), delta=claimed_delta, guarantee=guarantee,
-        neighbouring=sensitivity.neighbouring, notes=tuple(notes), **common,
-    )  # fmt: skip
+        epsilon=float(epsilon),
+        delta=claimed_delta,
+        guarantee=guarantee,
+        neighbouring=sensitivity.neighbouring,
+        notes=tuple(notes),
+        **common,
+    )

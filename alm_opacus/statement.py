@@ -257,10 +257,15 @@ class PrivacyStatement:
         check_guarantee(guarantee=g, delta=self.delta, source=None if info is None else info.source)
         # The one place a claim meets its noise. For a release on a grid (issue 19) pass the
         # sensitivity the scale was calibrated to (the clean one plus the grid's inflation).
-        check_claim(mechanism=self.mechanism, guarantee=g, epsilon=self.epsilon,
-                    delta=self.delta, scale=self.noise_scale,
-                    sensitivity=None if info is None else info.value,
-                    norm=None if info is None else info.norm)  # fmt: skip
+        check_claim(
+            mechanism=self.mechanism,
+            guarantee=g,
+            epsilon=self.epsilon,
+            delta=self.delta,
+            scale=self.noise_scale,
+            sensitivity=None if info is None else info.value,
+            norm=None if info is None else info.norm,
+        )
 
     def _check_types(self) -> None:
         """Every field has its type: a number where a number belongs (never a string or a
@@ -355,8 +360,13 @@ class PrivacyStatement:
     @classmethod
     def unprotected(cls, *, mechanism: str = "none") -> PrivacyStatement:
         """The statement of a release with no protection."""
-        return cls(epsilon=math.inf, delta=0.0, guarantee=Guarantee.NONE, mechanism=mechanism,
-                   neighbouring="")  # fmt: skip
+        return cls(
+            epsilon=math.inf,
+            delta=0.0,
+            guarantee=Guarantee.NONE,
+            mechanism=mechanism,
+            neighbouring="",
+        )
 
     @property
     def seeded(self) -> bool:
@@ -634,30 +644,44 @@ def check_claim(
 
 
 _GAUSSIAN = ClaimRule(
-    pure=False, norm="l2", epsilon=analysis.gaussian_epsilon,
+    pure=False,
+    norm="l2",
+    epsilon=analysis.gaussian_epsilon,
     profile="the analytic Gaussian profile (Balle & Wang 2018, Theorem 8)",
-)  # fmt: skip
+)
 # For delta > 0, ALM and Laplace use their scalar profiles: the least a release with this L1
 # bound proves (a one-coordinate shift attains it; docs/accounting.md: also the most).
 _LOGISTIC = ClaimRule(
-    pure=True, norm="l1", epsilon=analysis.logistic_epsilon, bound="Delta_1 / s (ALM)",
+    pure=True,
+    norm="l1",
+    epsilon=analysis.logistic_epsilon,
+    bound="Delta_1 / s (ALM)",
     profile="the scalar logistic profile",
-)  # fmt: skip
+)
 _GAUSSIAN_DPSGD = ClaimRule(pure=False)
 for _name, _rule in {
     "alm": _LOGISTIC,
     "logistic": _LOGISTIC,
-    "laplace": ClaimRule(pure=True, norm="l1", epsilon=analysis.laplace_epsilon,
-                         bound="Delta_1 / b (Laplace)", profile="the Laplace profile"),
-    "l2-laplace": ClaimRule(pure=True, norm="l2", epsilon=_pure_epsilon,
-                            bound="Delta_2 / b (L2 Laplace, Chaudhuri et al. 2011)",
-                            profile="the randomized-response profile of pure Delta_2 / b"),
+    "laplace": ClaimRule(
+        pure=True,
+        norm="l1",
+        epsilon=analysis.laplace_epsilon,
+        bound="Delta_1 / b (Laplace)",
+        profile="the Laplace profile",
+    ),
+    "l2-laplace": ClaimRule(
+        pure=True,
+        norm="l2",
+        epsilon=_pure_epsilon,
+        bound="Delta_2 / b (L2 Laplace, Chaudhuri et al. 2011)",
+        profile="the randomized-response profile of pure Delta_2 / b",
+    ),
     "gaussian": _GAUSSIAN,
     "gaussian-classic": _GAUSSIAN,
     "lu-gaussian": _GAUSSIAN_DPSGD,
     "dp-sgd": _GAUSSIAN_DPSGD,
     "dp-sgd on encoder and head": _GAUSSIAN_DPSGD,
-}.items():  # fmt: skip
+}.items():
     register_claim_rule(_name, _rule)
 
 
@@ -674,8 +698,9 @@ def describe(statement: PrivacyStatement) -> str:
     if g is Guarantee.NONE:
         return "no guarantee" + (
             f" (noise calibrated to a nominal epsilon={s.nominal_epsilon:g}, nothing proven)"
-            if s.nominal_epsilon is not None else ""
-        )  # fmt: skip
+            if s.nominal_epsilon is not None
+            else ""
+        )
     if g is Guarantee.RANDOM_DP:
         info = s.sensitivity
         assert info is not None

@@ -366,20 +366,37 @@ def dperm_statement(
         if plan is not None
         else L2LaplaceNoise.calibrate(epsilon=epsilon, sensitivity=fit.sensitivity.value)
     )
-    notes = _noise_notes(num_params=fit.num_params, scale=scale, seeded=source == "seeded",
-                         plan=plan)  # fmt: skip
-    common: dict[str, Any] = {"mechanism": L2LaplaceNoise.name, "noise_scale": scale,
-                              "sensitivity": fit.sensitivity, "noise": source}  # fmt: skip
+    notes = _noise_notes(
+        num_params=fit.num_params, scale=scale, seeded=source == "seeded", plan=plan
+    )
+    common: dict[str, Any] = {
+        "mechanism": L2LaplaceNoise.name,
+        "noise_scale": scale,
+        "sensitivity": fit.sensitivity,
+        "noise": source,
+    }
     if plan is None:
-        return PrivacyStatement(epsilon=math.inf, delta=0.0, guarantee=Guarantee.NONE,
-                                neighbouring="", nominal_epsilon=float(epsilon), notes=notes,
-                                **common)  # fmt: skip
+        return PrivacyStatement(
+            epsilon=math.inf,
+            delta=0.0,
+            guarantee=Guarantee.NONE,
+            neighbouring="",
+            nominal_epsilon=float(epsilon),
+            notes=notes,
+            **common,
+        )
     grid = plan.release.grid
     return PrivacyStatement(
-        epsilon=float(epsilon), delta=plan.delta, guarantee=Guarantee.APPROX_DP, notes=notes,
-        neighbouring=fit.sensitivity.neighbouring, grid=grid.gamma, clamp=grid.clamp,
-        grid_sensitivity=plan.release.sensitivity, **common,
-    )  # fmt: skip
+        epsilon=float(epsilon),
+        delta=plan.delta,
+        guarantee=Guarantee.APPROX_DP,
+        notes=notes,
+        neighbouring=fit.sensitivity.neighbouring,
+        grid=grid.gamma,
+        clamp=grid.clamp,
+        grid_sensitivity=plan.release.sensitivity,
+        **common,
+    )
 
 
 def expected_noise_norm(*, dim: int, epsilon: float, sensitivity: float) -> float:

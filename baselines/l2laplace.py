@@ -159,8 +159,14 @@ def exact_plan(*, epsilon: float, sensitivity: float, dim: int) -> ExactL2Plan:
     Raises:
         ValueError: on a bad budget, sensitivity or dim.
     """
-    plan = plan_release(mechanism=L2LaplaceNoise(), epsilon=epsilon, delta=0.0,
-                        sensitivity=sensitivity, dim=dim, dtype=torch.float64)  # fmt: skip
+    plan = plan_release(
+        mechanism=L2LaplaceNoise(),
+        epsilon=epsilon,
+        delta=0.0,
+        sensitivity=sensitivity,
+        dim=dim,
+        dtype=torch.float64,
+    )
     floor = create_mechanism("gaussian").calibrate(
         epsilon=epsilon, delta=FLOOR_DELTA, sensitivity=plan.sensitivity
     )
@@ -178,8 +184,11 @@ def perturb_exact(params: Params, *, plan: ExactL2Plan, generator: NoiseGenerato
     for w in flat:
         v = float(standard_normal((len(w) + 1,), generator=generator).square().sum())
         sigma = max(plan.release.scale * math.sqrt(v), plan.floor)
-        rows.append(exact_release(w, mechanism="gaussian", scale=sigma, grid=plan.release.grid,
-                                  generator=generator))  # fmt: skip
+        rows.append(
+            exact_release(
+                w, mechanism="gaussian", scale=sigma, grid=plan.release.grid, generator=generator
+            )
+        )
     return _unflatten(torch.stack(rows), params, keys)
 
 

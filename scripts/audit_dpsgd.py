@@ -38,8 +38,13 @@ from alm_opacus.training.audit import (
 )
 
 #: What the numbers depend on besides this script.
-DEPS = ("alm_opacus/training", "alm_opacus/accounting", "alm_opacus/mechanisms",
-        "alm_opacus/attacks/metrics.py", "constraints.txt")  # fmt: skip
+DEPS = (
+    "alm_opacus/training",
+    "alm_opacus/accounting",
+    "alm_opacus/mechanisms",
+    "alm_opacus/attacks/metrics.py",
+    "constraints.txt",
+)
 #: Trials per world and phase: the Gaussian's (ε, δ) claim lives in tails that need more.
 DEFAULT_TRIALS = "alm=20000,laplace=20000,gaussian=100000"
 
@@ -61,8 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--sample-rate", type=float, default=0.5)
     p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--trials", type=_trials, default=_trials(DEFAULT_TRIALS),
-                   help=f"per world and phase, per mechanism ({DEFAULT_TRIALS})")  # fmt: skip
+    p.add_argument(
+        "--trials",
+        type=_trials,
+        default=_trials(DEFAULT_TRIALS),
+        help=f"per world and phase, per mechanism ({DEFAULT_TRIALS})",
+    )
     p.add_argument("--confidence", type=float, default=0.999, help="per seed and audit")
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--out", type=Path, default=Path("runs/audit_dpsgd"))
@@ -74,8 +83,9 @@ def _audit(config: CanaryAuditConfig, seeds: list[int]) -> dict[str, Any]:
     start = time.perf_counter()
     sigma = calibrated_noise_multiplier(config)
     good = run_canary_audits(config, seeds=seeds, noise_multiplier=sigma)
-    bad = run_canary_audits(config, seeds=seeds, noise_multiplier=sigma,
-                            make_optimizer=miscalibrated_optimizer(0.5))  # fmt: skip
+    bad = run_canary_audits(
+        config, seeds=seeds, noise_multiplier=sigma, make_optimizer=miscalibrated_optimizer(0.5)
+    )
     claim = good[0].accountant_epsilon
 
     def bounds(results: list[CanaryAuditResult]) -> list[float]:
@@ -139,9 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     if missing or args.seeds < 1:
         parser.error(f"--trials has no count for {missing}" if missing else "--seeds must be ≥ 1")
     try:
-        base = CanaryAuditConfig(target_epsilon=args.epsilon, target_delta=args.delta,
-                                 sample_rate=args.sample_rate, steps=args.steps,
-                                 confidence=args.confidence)  # fmt: skip
+        base = CanaryAuditConfig(
+            target_epsilon=args.epsilon,
+            target_delta=args.delta,
+            sample_rate=args.sample_rate,
+            steps=args.steps,
+            confidence=args.confidence,
+        )
         configs = [replace(base, noise_mechanism=m, trials=args.trials[m]) for m in mechanisms]
     except ValueError as exc:
         parser.error(str(exc))
@@ -149,24 +163,39 @@ def main(argv: list[str] | None = None) -> int:
     for config in configs:
         rows.append(_audit(config, list(range(args.seeds))))
         print(f"{config.noise_mechanism}: {rows[-1]}", flush=True)
-    shown = ["--mechanisms", args.mechanisms, "--epsilon", repr(args.epsilon),
-             "--delta", repr(args.delta), "--sample-rate", repr(args.sample_rate),
-             "--steps", str(args.steps),
-             "--trials", ",".join(f"{m}={args.trials[m]}" for m in mechanisms),
-             "--confidence", repr(args.confidence), "--seeds", str(args.seeds)]  # fmt: skip
+    shown = [
+        "--mechanisms",
+        args.mechanisms,
+        "--epsilon",
+        repr(args.epsilon),
+        "--delta",
+        repr(args.delta),
+        "--sample-rate",
+        repr(args.sample_rate),
+        "--steps",
+        str(args.steps),
+        "--trials",
+        ",".join(f"{m}={args.trials[m]}" for m in mechanisms),
+        "--confidence",
+        repr(args.confidence),
+        "--seeds",
+        str(args.seeds),
+    ]
     if args.write is not None:
         shown += ["--write", relative(args.write)]
     command = shlex.join(["python", "scripts/audit_dpsgd.py", *shown])
     table = _table(rows, base, command)
-    atomic_write_json(args.out / "audit_dpsgd.json",
-                      {"command": command, "configs": [c.to_dict() for c in configs],
-                       "rows": rows})  # fmt: skip
+    atomic_write_json(
+        args.out / "audit_dpsgd.json",
+        {"command": command, "configs": [c.to_dict() for c in configs], "rows": rows},
+    )
     atomic_write_text(args.out / "audit_dpsgd.md", table)
     print(table)
     if args.write is not None:
         try:
-            write_block(args.write, name="audit", script=__file__, args=shown, deps=DEPS,
-                        body=table)  # fmt: skip
+            write_block(
+                args.write, name="audit", script=__file__, args=shown, deps=DEPS, body=table
+            )
         except (OSError, ValueError) as exc:
             print(f"{args.write}: {exc}", file=sys.stderr)
             return 2

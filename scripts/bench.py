@@ -77,9 +77,19 @@ def full_run(work: Path, *, dataset: str = "digits") -> dict[str, Any]:
     """``--methods all`` on ``dataset`` in a child process from an empty cache, then again
     with ``--resume``; the child's peak RSS from the kernel."""
     out = work / f"full-{dataset}"
-    cmd = [sys.executable, str(ROOT / "scripts" / "compare.py"), "--dataset", dataset,
-           "--methods", "all", "--out", str(out), "--cache-dir", str(work / "full" / "cache"),
-           "--no-progress"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts" / "compare.py"),
+        "--dataset",
+        dataset,
+        "--methods",
+        "all",
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(work / "full" / "cache"),
+        "--no-progress",
+    ]
     # an empty cache: the per-user encoder cache too
     env = {**os.environ, "ALM_OPACUS_ENCODER_CACHE": str(work / "full" / "encoders")}
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -117,38 +127,54 @@ def help_cost(repeats: int = 3) -> dict[str, Any]:
 
     helped = fastest([sys.executable, str(ROOT / "scripts" / "compare.py"), "--help"])
     torch_import = fastest([sys.executable, "-c", "import torch"])
-    return {"help_seconds": helped, "import_torch_seconds": torch_import,
-            "ratio": helped / torch_import, "target_seconds": 2.0}  # fmt: skip
+    return {
+        "help_seconds": helped,
+        "import_torch_seconds": torch_import,
+        "ratio": helped / torch_import,
+        "target_seconds": 2.0,
+    }
 
 
 def attack_cost(work: Path) -> dict[str, Any]:
     """All attacks on one release of the unprotected head, once prepared."""
-    data = prepare(RunConfig(out=str(work / "attack"), cache_dir=str(work / "full" / "cache"),
-                             progress=False))  # fmt: skip
+    data = prepare(
+        RunConfig(out=str(work / "attack"), cache_dir=str(work / "full" / "cache"), progress=False)
+    )
     context = MethodContext(num_classes=data.num_classes, head=dataset_spec("digits").head)
     x_in, y_in = data.part("members")
     x_out, y_out = data.part("nonmembers")
     method = create_method("none")
     release = method.release(
-        method.prepare(features=x_in, labels=y_in, seed=0, context=context), features=x_in,
-        labels=y_in, epsilon=float("inf"), delta=0.0, seed=0, draw=0, context=context,
-    )  # fmt: skip
+        method.prepare(features=x_in, labels=y_in, seed=0, context=context),
+        features=x_in,
+        labels=y_in,
+        epsilon=float("inf"),
+        delta=0.0,
+        seed=0,
+        draw=0,
+        context=context,
+    )
     pool = data.part("attacker")
     trainer = plain_shadow_trainer(context)
     features, labels = torch.cat([x_in, x_out]), torch.cat([y_in, y_out])
     with torch_threads(1):
         t0 = time.perf_counter()
         prepared = prepare_attacks(
-            knowledge=AttackerKnowledge(features=pool[0], labels=pool[1], trainer=trainer,
-                                        num_classes=data.num_classes),
-            seed=0, candidate_features=features, candidate_labels=labels,
-        )  # fmt: skip
+            knowledge=AttackerKnowledge(
+                features=pool[0], labels=pool[1], trainer=trainer, num_classes=data.num_classes
+            ),
+            seed=0,
+            candidate_features=features,
+            candidate_labels=labels,
+        )
         t1 = time.perf_counter()
         target = AttackTarget(
-            predict=release.predict_proba, features=features, labels=labels,
+            predict=release.predict_proba,
+            features=features,
+            labels=labels,
             is_member=np.r_[np.ones(len(y_in), bool), np.zeros(len(y_out), bool)],
             num_classes=data.num_classes,
-        )  # fmt: skip
+        )
         results = prepared.attack(target)
         t2 = time.perf_counter()
     return {
@@ -165,17 +191,20 @@ def main() -> None:
     parser.add_argument("--out", default="bench.json")
     parser.add_argument("--skip-full-run", action="store_true")
     parser.add_argument(
-        "--mnist", action="store_true",
+        "--mnist",
+        action="store_true",
         help="also time compare.py --dataset mnist --methods all (minutes; mnist runs after "
         "digits so the peak RSS read after it is mnist's only if it is the larger)",
-    )  # fmt: skip
-    parser.add_argument("--only-exact", action="store_true",
-                        help="only the exact-noise benchmarks (seconds)")  # fmt: skip
+    )
     parser.add_argument(
-        "--ray", action="store_true",
+        "--only-exact", action="store_true", help="only the exact-noise benchmarks (seconds)"
+    )
+    parser.add_argument(
+        "--ray",
+        action="store_true",
         help="also time --dataset mnist --methods all on a local Ray cluster against "
         "in-process (minutes; scripts/bench_ray.py; needs the cluster extra)",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     report: dict[str, Any] = {"torch_threads": torch.get_num_threads(), "help": help_cost()}
     with torch_threads(1):  # the draw and torch.normal on the same footing
@@ -193,18 +222,30 @@ def main() -> None:
         report["full_runs"] = [full_run(work, dataset=name) for name in runs]
         if not args.skip_full_run:
             report["first_run"] = bench_first_run()
-        data = prepare(RunConfig(out=str(work / "bench"), cache_dir=str(work / "full" / "cache"),
-                                 progress=False))  # fmt: skip
+        data = prepare(
+            RunConfig(
+                out=str(work / "bench"), cache_dir=str(work / "full" / "cache"), progress=False
+            )
+        )
         x, y = data.part("members")
-        sampler = bench_sampler(features=x, labels=y, num_classes=data.num_classes, m=200,
-                                config=dataset_spec("digits").head, autograd_pairs=0)  # fmt: skip
+        sampler = bench_sampler(
+            features=x,
+            labels=y,
+            num_classes=data.num_classes,
+            m=200,
+            config=dataset_spec("digits").head,
+            autograd_pairs=0,
+        )
         report["sampler"] = {k: v for k, v in sampler.items() if np.ndim(v) == 0}
         report["sampler"]["target_ratio"] = 10
         report["attacks"] = attack_cost(work)
         report["baselines"] = bench_baselines(
-            features=x, labels=y, num_classes=data.num_classes,
-            images=data.inputs("images", "members"), encoder=data.encoder,
-        )  # fmt: skip
+            features=x,
+            labels=y,
+            num_classes=data.num_classes,
+            images=data.inputs("images", "members"),
+            encoder=data.encoder,
+        )
     report["dpsgd"] = bench_dpsgd()
     Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(format_table(report))
@@ -220,12 +261,18 @@ def format_table(report: dict[str, Any]) -> str:
     for full in report.get("full_runs", []):
         name = full["dataset"]
         rows += [
-            (f"{name} --methods all, empty cache (s)", f"{full['seconds']:.1f}",
-             f"<= {full['target_seconds']:g}"),
-            (f"{name} peak RSS so far (GiB)", f"{full['peak_rss_gib']:.2f}",
-             f"<= {full['target_rss_gib']:g}"),
+            (
+                f"{name} --methods all, empty cache (s)",
+                f"{full['seconds']:.1f}",
+                f"<= {full['target_seconds']:g}",
+            ),
+            (
+                f"{name} peak RSS so far (GiB)",
+                f"{full['peak_rss_gib']:.2f}",
+                f"<= {full['target_rss_gib']:g}",
+            ),
             (f"{name} second run --resume (s)", f"{full['resume_seconds']:.1f}", "<= 10"),
-        ]  # fmt: skip
+        ]
     if "first_run" in report:
         rows += first_run_rows(report["first_run"])
     if "sampler" not in report:
@@ -234,18 +281,27 @@ def format_table(report: dict[str, Any]) -> str:
     s = report["sampler"]
     rows += [
         ("sampler batched vs sequential, m=200", f"{s['ratio']:.1f}x", ">= 10x"),
-        ("  batched / sequential (s)",
-         f"{s['seconds_batched']:.2f} / {s['seconds_sequential']:.1f}", ""),
-        ("attacks on one release, prepared (s)", f"{report['attacks']['attack_seconds']:.3f}",
-         "<= 5"),
+        (
+            "  batched / sequential (s)",
+            f"{s['seconds_batched']:.2f} / {s['seconds_sequential']:.1f}",
+            "",
+        ),
+        (
+            "attacks on one release, prepared (s)",
+            f"{report['attacks']['attack_seconds']:.3f}",
+            "<= 5",
+        ),
         ("  preparing shadows + references (s)", f"{report['attacks']['prepare_seconds']:.1f}", ""),
-    ]  # fmt: skip
+    ]
     b = report["baselines"]
     rows += [
         ("DP-SGD vs non-private head training", f"{b['dpsgd_vs_plain']['ratio']:.1f}x", ""),
-        ("DP-SGD retrain vs post-training re-protect",
-         f"{b['retrain_vs_reprotect']['ratio']:.0f}x", "large (ALM paper)"),
-    ]  # fmt: skip
+        (
+            "DP-SGD retrain vs post-training re-protect",
+            f"{b['retrain_vs_reprotect']['ratio']:.0f}x",
+            "large (ALM paper)",
+        ),
+    ]
     if "full_vs_head" in b:
         f = b["full_vs_head"]
         rows += [

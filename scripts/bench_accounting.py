@@ -89,32 +89,52 @@ def bench_calibration(
         sigma, seconds, peak = _measured(
             functools.partial(
                 find_noise_multiplier,
-                target_epsilon=target, target_delta=delta, sample_rate=sample_rate, steps=steps,
+                target_epsilon=target,
+                target_delta=delta,
+                sample_rate=sample_rate,
+                steps=steps,
             )
-        )  # fmt: skip
+        )
         acc = PipelineAccountant()
         acc.step(noise_multiplier=sigma, sample_rate=sample_rate, num_steps=steps)
         rows.append(
-            {"target_epsilon": target, "noise_multiplier": sigma,
-             "epsilon": acc.get_epsilon(delta), "seconds": seconds, "peak_mib": peak}
-        )  # fmt: skip
+            {
+                "target_epsilon": target,
+                "noise_multiplier": sigma,
+                "epsilon": acc.get_epsilon(delta),
+                "seconds": seconds,
+                "peak_mib": peak,
+            }
+        )
     opacus = []
     for target in opacus_targets:
         sigma, seconds, peak = _measured(
             functools.partial(
                 get_noise_multiplier,
-                target_epsilon=target, target_delta=delta, sample_rate=sample_rate, steps=steps,
+                target_epsilon=target,
+                target_delta=delta,
+                sample_rate=sample_rate,
+                steps=steps,
                 accountant=ACCOUNTANT_NAME,
             )
-        )  # fmt: skip
+        )
         opacus.append(
-            {"target_epsilon": target, "noise_multiplier": sigma, "seconds": seconds,
-             "peak_mib": peak}
-        )  # fmt: skip
+            {
+                "target_epsilon": target,
+                "noise_multiplier": sigma,
+                "seconds": seconds,
+                "peak_mib": peak,
+            }
+        )
     small_q = _measured(
-        functools.partial(find_noise_multiplier, target_epsilon=1.0, target_delta=delta,
-                          sample_rate=0.01, steps=1000)
-    )  # fmt: skip
+        functools.partial(
+            find_noise_multiplier,
+            target_epsilon=1.0,
+            target_delta=delta,
+            sample_rate=0.01,
+            steps=1000,
+        )
+    )
     return {
         "setting": {"sample_rate": sample_rate, "steps": steps, "delta": delta},
         "small_rate": {
@@ -164,23 +184,27 @@ def grid_facts(*, delta: float = 1e-5) -> dict[str, float]:
       dp_accounting's own ε(δ) readout is from ours on the same PLD (it underflows and snaps
       to grid points).
     """
-    sigma = find_noise_multiplier(target_epsilon=1.0, target_delta=delta, sample_rate=0.5,
-                                  steps=60)  # fmt: skip
+    sigma = find_noise_multiplier(target_epsilon=1.0, target_delta=delta, sample_rate=0.5, steps=60)
     acc = PipelineAccountant()
     acc.history = [(sigma, 0.5, 60)]
     coarse = acc.get_delta(0.0 + 1e-12, value_discretization_interval=1e-4 * 2.0**-7)
     finer = acc.get_delta(0.0 + 1e-12, value_discretization_interval=1e-4 * 2.0**-10)
-    big = find_noise_multiplier(target_epsilon=1e4, target_delta=delta, sample_rate=0.5,
-                                steps=60)  # fmt: skip
+    big = find_noise_multiplier(target_epsilon=1e4, target_delta=delta, sample_rate=0.5, steps=60)
     wide = PipelineAccountant()
     wide.history = [(big, 0.5, 60)]
     ours = wide.get_epsilon(delta)
     h = interval_for_epsilon(ours)
     pld = wide.privacy_loss_distribution(value_discretization_interval=h)
     theirs = pld.get_epsilon_for_delta(delta) if pld is not None else math.nan
-    return {"sigma_1": sigma, "drift": finer / coarse - 1.0, "sigma_1e4": big,
-            "epsilon_1e4": ours, "dp_accounting_1e4": theirs,
-            "dp_accounting_step": theirs - ours, "interval_1e4": h}  # fmt: skip
+    return {
+        "sigma_1": sigma,
+        "drift": finer / coarse - 1.0,
+        "sigma_1e4": big,
+        "epsilon_1e4": ours,
+        "dp_accounting_1e4": theirs,
+        "dp_accounting_step": theirs - ours,
+        "interval_1e4": h,
+    }
 
 
 def _table(rows: list[dict[str, float]]) -> str:
@@ -190,8 +214,12 @@ def _table(rows: list[dict[str, float]]) -> str:
     )
     lines = [head, "|" + "---|" * 10]
     for r in rows:
-        cells = [f"{r['noise_multiplier']:g}", f"{r['sample_rate']:g}", f"{int(r['steps'])}",
-                 f"{r['reference']:.4f}"]  # fmt: skip
+        cells = [
+            f"{r['noise_multiplier']:g}",
+            f"{r['sample_rate']:g}",
+            f"{int(r['steps'])}",
+            f"{r['reference']:.4f}",
+        ]
         for name in ("alm_pld", "prv", "prv_estimate", "prv_lower", "rdp", "alm_pld_fixed_grid"):
             value = r.get(name, math.nan)
             gap = r.get(f"{name}_vs_reference", value / r["reference"] - 1.0)
@@ -215,9 +243,14 @@ def _cost_table(bench: dict[str, Any]) -> str:
             f"| {r['target_epsilon']:g} | {r['noise_multiplier']:.4g} | {r['epsilon']:.4g} "
             f"| {r['seconds']:.2f} | {r['peak_mib']:.1f} |"
         )
-    lines += ["", "Opacus's own `get_noise_multiplier(accountant=\"alm_pld\")` (its bisection, "
-              "0.01 absolute tolerance), and ours at q = 0.01, 1000 steps:", "",
-              "| call | target ε | σ | seconds | peak MiB |", "|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        'Opacus\'s own `get_noise_multiplier(accountant="alm_pld")` (its bisection, '
+        "0.01 absolute tolerance), and ours at q = 0.01, 1000 steps:",
+        "",
+        "| call | target ε | σ | seconds | peak MiB |",
+        "|---|---|---|---|---|",
+    ]
     for r in bench["opacus_get_noise_multiplier"]:
         lines.append(
             f"| Opacus, q = {setting['sample_rate']:g}, {setting['steps']} steps "
@@ -268,8 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     shown = ["--delta", repr(args.delta), "--write", relative(args.write)]
     try:
         for name, block in blocks.items():
-            write_block(args.write, name=name, script=__file__, args=shown, deps=DEPS,
-                        body=block)  # fmt: skip
+            write_block(args.write, name=name, script=__file__, args=shown, deps=DEPS, body=block)
     except (OSError, ValueError) as exc:
         print(f"{args.write}: {exc}", file=sys.stderr)
         return 2

@@ -361,16 +361,24 @@ def format_ablation(report: dict[str, Any]) -> str:
 
 
 #: What the ablation depends on besides this script (a change makes the doc's block stale).
-ABLATION_DEPS = ("alm_opacus/attacks", "alm_opacus/heads.py", "alm_opacus/run",
-                 "alm_opacus/ssl", "alm_opacus/data", "constraints.txt")  # fmt: skip
+ABLATION_DEPS = (
+    "alm_opacus/attacks",
+    "alm_opacus/heads.py",
+    "alm_opacus/run",
+    "alm_opacus/ssl",
+    "alm_opacus/data",
+    "constraints.txt",
+)
 
 
 def markdown_ablation(report: dict[str, Any]) -> str:
     """The ablation as a markdown table: AUC (TPR at 1% FPR) per split seed and the mean, then
     the shadow classifiers' AUC on held-out shadow examples (what chooses between them)."""
     seeds = report["split_seeds"]
-    lines = ["| variant | " + " | ".join(f"split {s}" for s in seeds) + " | mean |",
-             "|---|" + "---|" * (len(seeds) + 1)]  # fmt: skip
+    lines = [
+        "| variant | " + " | ".join(f"split {s}" for s in seeds) + " | mean |",
+        "|---|" + "---|" * (len(seeds) + 1),
+    ]
     for row, per in report["auc"].items():
         tpr = report["tpr_at_fpr_0.01"][row]
         cells = [f"{per[s]:.3f} ({tpr[s]:.3f})" for s in seeds]
@@ -379,8 +387,9 @@ def markdown_ablation(report: dict[str, Any]) -> str:
     for k, per in report["shadow_held_out_auc"].items():
         cells = [f"{per[s]:.3f}" for s in seeds]
         mean = f"{np.mean([per[s] for s in seeds]):.3f}"
-        lines.append(f"| shadow {k}: AUC on held-out shadow examples | " + " | ".join(cells)
-                     + f" | {mean} |")  # fmt: skip
+        lines.append(
+            f"| shadow {k}: AUC on held-out shadow examples | " + " | ".join(cells) + f" | {mean} |"
+        )
     return "\n".join(lines)
 
 
@@ -401,9 +410,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split-seeds", default="0,1,2", help="--ablation: split seeds")
     parser.add_argument("--attacker-seeds", default="1,2,3", help="--ablation: attacker seeds")
     parser.add_argument(
-        "--write", type=Path, default=None,
+        "--write",
+        type=Path,
+        default=None,
         help="--ablation: replace the generated block attack-ablation of this doc",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     if args.ablation:
         result = ablation(
@@ -415,10 +426,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
         if args.write is not None:
-            shown = ["--ablation", "--split-seeds", args.split_seeds, "--attacker-seeds",
-                     args.attacker_seeds, "--write", relative(args.write)]  # fmt: skip
-            write_block(args.write, name="attack-ablation", script=__file__, args=shown,
-                        deps=ABLATION_DEPS, body=markdown_ablation(result))  # fmt: skip
+            shown = [
+                "--ablation",
+                "--split-seeds",
+                args.split_seeds,
+                "--attacker-seeds",
+                args.attacker_seeds,
+                "--write",
+                relative(args.write),
+            ]
+            write_block(
+                args.write,
+                name="attack-ablation",
+                script=__file__,
+                args=shown,
+                deps=ABLATION_DEPS,
+                body=markdown_ablation(result),
+            )
         return 0
     report = bench_attacks(
         split_seed=args.split_seed,

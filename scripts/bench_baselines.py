@@ -197,18 +197,27 @@ def bench_full_vs_head(
     Returns:
         ``seconds_full``, ``seconds_head``, ``ratio`` (full / head) and the encoder's size.
     """
-    common: dict[str, Any] = {"num_classes": num_classes, "config": config, "epsilon": epsilon,
-                              "delta": delta, "accountant": accountant,
-                              "sigmas": SigmaCache()}  # fmt: skip
+    common: dict[str, Any] = {
+        "num_classes": num_classes,
+        "config": config,
+        "epsilon": epsilon,
+        "delta": delta,
+        "accountant": accountant,
+        "sigmas": SigmaCache(),
+    }
     train_dpsgd_head(features, labels, head=head, seed=0, noise_seed=0, **common)  # warm sigma
     counter = iter(range(1, 10**6))
     full = _median_seconds(
         lambda: dpsgd_full_finetune(
-            encoder=encoder, images=images, labels=labels, seed=0, noise_seed=next(counter),
+            encoder=encoder,
+            images=images,
+            labels=labels,
+            seed=0,
+            noise_seed=next(counter),
             **common,
         ),
         repeats,
-    )  # fmt: skip
+    )
     one = _median_seconds(
         lambda: train_dpsgd_head(
             features, labels, head=head, seed=0, noise_seed=next(counter), **common

@@ -63,8 +63,9 @@ OURS = ("alm", "laplace", "gaussian")
 def mlp(width: int) -> nn.Module:
     """784 -> width -> 256 -> 10 (width 1024: 1,068,810 parameters), seeded."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(784, width), nn.ReLU(), nn.Linear(width, 256), nn.ReLU(),
-                         nn.Linear(256, 10))  # fmt: skip
+    return nn.Sequential(
+        nn.Linear(784, width), nn.ReLU(), nn.Linear(width, 256), nn.ReLU(), nn.Linear(256, 10)
+    )
 
 
 def head() -> nn.Module:
@@ -103,9 +104,13 @@ def _private(kind: str, *, model: nn.Module, batch: int) -> tuple[nn.Module, Any
         clip = 1.0 if kind == "gaussian" else l1_clip(1.0, params=model)
         extra = {"noise_mechanism": kind}
     private, dp_optimizer, _ = engine.make_private(
-        module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=1.0,
-        max_grad_norm=clip, **extra,
-    )  # fmt: skip
+        module=model,
+        optimizer=optimizer,
+        data_loader=loader,
+        noise_multiplier=1.0,
+        max_grad_norm=clip,
+        **extra,
+    )
     return private, dp_optimizer
 
 
@@ -167,8 +172,9 @@ def bench_step(
     workers = {}
     for kind in kinds:
         ours, theirs = context.Pipe()
-        process = context.Process(target=_step_worker, args=(kind, model, width, threads, theirs),
-                                  daemon=True)  # fmt: skip
+        process = context.Process(
+            target=_step_worker, args=(kind, model, width, threads, theirs), daemon=True
+        )
         process.start()
         workers[kind] = (process, ours)
     samples: dict[str, list[list[float]]] = {kind: [] for kind in kinds}
@@ -220,8 +226,9 @@ def _optimizer_ms(parts: dict[str, float]) -> float:
     return parts["clip"] + parts["noise"] + parts["rest"]
 
 
-def _rank(rank: int, world: int, init_file: str, out: str, width: int, batch: int,
-          steps: int) -> None:  # fmt: skip
+def _rank(
+    rank: int, world: int, init_file: str, out: str, width: int, batch: int, steps: int
+) -> None:
     """One rank of `bench_distributed`: ``steps`` timed steps on a fixed local batch."""
     import os
     import socket
@@ -230,8 +237,13 @@ def _rank(rank: int, world: int, init_file: str, out: str, width: int, batch: in
     os.environ["GLOO_SOCKET_IFNAME"] = "lo" if "lo" in names else names[0]
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=300))  # fmt: skip
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=300),
+    )
     try:
         reduce_seconds = [0.0]
         all_reduce = dist.all_reduce
@@ -248,12 +260,17 @@ def _rank(rank: int, world: int, init_file: str, out: str, width: int, batch: in
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         x, y = _batch(batch * world)
         x, y = x[rank::world], y[rank::world]  # this rank's half of the global batch
-        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y),
-                                             batch_size=len(y))  # fmt: skip
+        loader = torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(x, y), batch_size=len(y)
+        )
         private, dp_optimizer, _ = PrivacyEngine().make_private(
-            module=DPDDP(model), optimizer=optimizer, data_loader=loader, noise_multiplier=1.0,
-            max_grad_norm=l1_clip(1.0, params=model), noise_mechanism="alm",
-        )  # fmt: skip
+            module=DPDDP(model),
+            optimizer=optimizer,
+            data_loader=loader,
+            noise_multiplier=1.0,
+            max_grad_norm=l1_clip(1.0, params=model),
+            noise_mechanism="alm",
+        )
         dist.all_reduce = timed_all_reduce
         _step(private, dp_optimizer, x, y)  # warm-up
         dist.barrier()
@@ -298,8 +315,12 @@ def bench_distributed(
         samples per second of each, their ratio, and each rank's all-reduce share.
     """
     with tempfile.TemporaryDirectory() as tmp:
-        context = mp.spawn(_rank, args=(world, f"{tmp}/rendezvous", tmp, width, batch, steps),
-                           nprocs=world, join=False)  # fmt: skip
+        context = mp.spawn(
+            _rank,
+            args=(world, f"{tmp}/rendezvous", tmp, width, batch, steps),
+            nprocs=world,
+            join=False,
+        )
         try:
             while not context.join(timeout=5):
                 pass
@@ -338,30 +359,60 @@ def format_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     spread = report["distributed"]
     rows: list[tuple[str, str, str]] = []
     for step in report["steps"]:
-        rows.append((f"DP-SGD step, {step['model']} ({step['parameters']:,} params, batch "
-                     f"{step['batch']}): ours / Opacus Gaussian", "", ""))  # fmt: skip
+        rows.append(
+            (
+                f"DP-SGD step, {step['model']} ({step['parameters']:,} params, batch "
+                f"{step['batch']}): ours / Opacus Gaussian",
+                "",
+                "",
+            )
+        )
         for kind in OURS:
             r = step["ratios"][kind]
-            rows.append((f"  {kind}: total (without noise)",
-                         f"{r['total']:.2f}x ({r['without_noise']:.2f}x)", "<= 1.05x"))  # fmt: skip
-            rows.append((f"  {kind}: optimizer (clip, noise, rest); clipping alone",
-                         f"{r['optimizer']:.2f}x; {r['clip']:.2f}x", ""))  # fmt: skip
-            rows.append((f"  {kind}: noise share of the step",
-                         f"{step['noise_share'][kind]:.0%}", ""))  # fmt: skip
+            rows.append(
+                (
+                    f"  {kind}: total (without noise)",
+                    f"{r['total']:.2f}x ({r['without_noise']:.2f}x)",
+                    "<= 1.05x",
+                )
+            )
+            rows.append(
+                (
+                    f"  {kind}: optimizer (clip, noise, rest); clipping alone",
+                    f"{r['optimizer']:.2f}x; {r['clip']:.2f}x",
+                    "",
+                )
+            )
+            rows.append(
+                (f"  {kind}: noise share of the step", f"{step['noise_share'][kind]:.0%}", "")
+            )
         for kind in ("opacus", *OURS):
             parts = step[kind]
-            rows.append((f"  {kind}: backward / clip / noise / step (ms)",
-                         f"{parts['forward_backward']:.1f} / {parts['clip']:.1f} / "
-                         f"{parts['noise']:.1f} / {parts['total']:.1f}", ""))  # fmt: skip
+            rows.append(
+                (
+                    f"  {kind}: backward / clip / noise / step (ms)",
+                    f"{parts['forward_backward']:.1f} / {parts['clip']:.1f} / "
+                    f"{parts['noise']:.1f} / {parts['total']:.1f}",
+                    "",
+                )
+            )
     rows += [
-        (f"DP-SGD alm, {spread['world']} gloo ranks vs 1 process, 1 thread each (samples/s)",
-         f"{spread['samples_per_second']:.0f} / {spread['samples_per_second_one_process']:.0f}",
-         f"{spread['speedup']:.2f}x"),
-        (f"  1 process on {spread['world']} threads (samples/s)",
-         f"{spread['samples_per_second_one_process_all_threads']:.0f}", ""),
-        ("  all-reduce share of a step, per rank",
-         " / ".join(f"{s:.0%}" for s in spread["all_reduce_share"]), ""),
-    ]  # fmt: skip
+        (
+            f"DP-SGD alm, {spread['world']} gloo ranks vs 1 process, 1 thread each (samples/s)",
+            f"{spread['samples_per_second']:.0f} / {spread['samples_per_second_one_process']:.0f}",
+            f"{spread['speedup']:.2f}x",
+        ),
+        (
+            f"  1 process on {spread['world']} threads (samples/s)",
+            f"{spread['samples_per_second_one_process_all_threads']:.0f}",
+            "",
+        ),
+        (
+            "  all-reduce share of a step, per rank",
+            " / ".join(f"{s:.0%}" for s in spread["all_reduce_share"]),
+            "",
+        ),
+    ]
     return rows
 
 
@@ -378,8 +429,10 @@ def markdown(steps: list[dict[str, Any]]) -> str:
         parts = " / ".join(f"{base[p]:.1f}" for p in PARTS)
         ratios = " | ".join(f"{step['ratios'][kind]['total']:.2f}x" for kind in OURS)
         alone = " / ".join(f"{step['ratios'][kind]['optimizer']:.2f}x" for kind in OURS)
-        lines.append(f"| {step['model']}, {step['parameters']:,} weights, batch {step['batch']} "
-                     f"| {base['total']:.1f} ({parts}) | {ratios} | {alone} |")  # fmt: skip
+        lines.append(
+            f"| {step['model']}, {step['parameters']:,} weights, batch {step['batch']} "
+            f"| {base['total']:.1f} ({parts}) | {ratios} | {alone} |"
+        )
     first = steps[0]
     lines += [
         "",
@@ -396,8 +449,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--out", default=None, help="also write the report as JSON here")
-    parser.add_argument("--write", type=Path, default=None,
-                        help="replace the dpsgd-step block of docs/dpsgd_noise.md")  # fmt: skip
+    parser.add_argument(
+        "--write",
+        type=Path,
+        default=None,
+        help="replace the dpsgd-step block of docs/dpsgd_noise.md",
+    )
     args = parser.parse_args()
     report = bench_dpsgd(width=args.width, rounds=args.rounds)
     for row in format_rows(report):
@@ -405,10 +462,22 @@ def main() -> None:
     if args.out:
         atomic_write_text(args.out, json.dumps(report, indent=2) + "\n")
     if args.write is not None:
-        shown = ["--rounds", str(args.rounds), "--width", str(args.width), "--write",
-                 relative(args.write)]  # fmt: skip
-        write_block(args.write, name="dpsgd-step", script=__file__, args=shown, deps=DEPS,
-                    body=markdown(report["steps"]))  # fmt: skip
+        shown = [
+            "--rounds",
+            str(args.rounds),
+            "--width",
+            str(args.width),
+            "--write",
+            relative(args.write),
+        ]
+        write_block(
+            args.write,
+            name="dpsgd-step",
+            script=__file__,
+            args=shown,
+            deps=DEPS,
+            body=markdown(report["steps"]),
+        )
         print(f"written: {args.write}")
 
 

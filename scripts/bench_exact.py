@@ -72,12 +72,12 @@ def bench_draws(*, n: int = 1_000_000, repeats: int = 7) -> dict[str, Any]:
         mech = create_mechanism(name)
         grid = grid_for(sensitivity=1.0, norm=mech.norm, dim=n)
         widened = inflated_sensitivity(sensitivity=1.0, norm=mech.norm, dim=n, grid=grid)
-        scale = mech.calibrate(epsilon=1.0, delta=1e-5 if not mech.pure else 0.0,
-                               sensitivity=widened)  # fmt: skip
+        scale = mech.calibrate(
+            epsilon=1.0, delta=1e-5 if not mech.pure else 0.0, sensitivity=widened
+        )
         plans[name] = (mech, scale, grid)
     paths = ("exact", "tensor", "float")
-    best = {key: math.inf for key in ["normal", *(f"{m}:{p}" for m in MECHANISMS
-                                                   for p in paths)]}  # fmt: skip
+    best = {key: math.inf for key in ["normal", *(f"{m}:{p}" for m in MECHANISMS for p in paths)]}
     compiled = first_pass_kernel("alm") is not None
 
     def timed(key: str, fn: Callable[[], object]) -> None:
@@ -88,8 +88,9 @@ def bench_draws(*, n: int = 1_000_000, repeats: int = 7) -> dict[str, Any]:
     for _ in range(repeats):
         timed("normal", lambda: torch.normal(0.0, 1.0, (n,)))
         for name, (mech, scale, grid) in plans.items():
-            draw = partial(discrete_noise, n, mechanism=mech, scale=scale, grid=grid,
-                           generator=generator)  # fmt: skip
+            draw = partial(
+                discrete_noise, n, mechanism=mech, scale=scale, grid=grid, generator=generator
+            )
             timed(f"{name}:exact", draw)
             exact_module._USE_KERNELS = False  # the tensor first pass (numba missing)
             try:
@@ -98,8 +99,12 @@ def bench_draws(*, n: int = 1_000_000, repeats: int = 7) -> dict[str, Any]:
                 exact_module._USE_KERNELS = True
             timed(f"{name}:float", partial(mech.sample, n, scale=scale, generator=generator))
     normal = best["normal"]
-    out: dict[str, Any] = {"coordinates": n, "torch_normal_seconds": normal, "repeats": repeats,
-                           "compiled_first_pass": compiled}  # fmt: skip
+    out: dict[str, Any] = {
+        "coordinates": n,
+        "torch_normal_seconds": normal,
+        "repeats": repeats,
+        "compiled_first_pass": compiled,
+    }
     for name, (_, scale, grid) in plans.items():
         exact, tensor, floats = (best[f"{name}:{p}"] for p in paths)
         out[name] = {
@@ -116,8 +121,9 @@ def bench_draws(*, n: int = 1_000_000, repeats: int = 7) -> dict[str, Any]:
     return out
 
 
-def bench_step(*, features: int = 576, classes: int = 10, batch: int = 256,
-               repeats: int = 7) -> dict[str, Any]:  # fmt: skip
+def bench_step(
+    *, features: int = 576, classes: int = 10, batch: int = 256, repeats: int = 7
+) -> dict[str, Any]:
     """One exact DP-SGD step per mechanism against Opacus's Gaussian step (same model and
     batch, sigma = 1, clip 1): the whole step (forward, backward with per-sample gradients,
     clip, noise, update), and the optimizer's part alone (clip, noise, update)."""
@@ -140,16 +146,23 @@ def bench_step(*, features: int = 576, classes: int = 10, batch: int = 256,
         return whole, optimizer
 
     def opacus(module: nn.Module) -> DPOptimizer:
-        return DPOptimizer(torch.optim.SGD(module.parameters(), lr=0.1), noise_multiplier=1.0,
-                           max_grad_norm=1.0, expected_batch_size=batch)  # fmt: skip
+        return DPOptimizer(
+            torch.optim.SGD(module.parameters(), lr=0.1),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            expected_batch_size=batch,
+        )
 
     out: dict[str, Any] = {"parameters": (features + 1) * classes, "batch": batch}
 
     def ours(module: nn.Module, name: str) -> DPOptimizer:
         return MechanismDPOptimizer(
-            torch.optim.SGD(module.parameters(), lr=0.1), noise_multiplier=1.0,
-            max_grad_norm=1.0, expected_batch_size=batch, noise_mechanism=name,
-        )  # fmt: skip
+            torch.optim.SGD(module.parameters(), lr=0.1),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            expected_batch_size=batch,
+            noise_mechanism=name,
+        )
 
     # warm both up first: a process's first dozen Opacus steps run ~1.7x slower, which
     # flattered every ratio when Opacus was timed first and cold
@@ -160,9 +173,12 @@ def bench_step(*, features: int = 576, classes: int = 10, batch: int = 256,
     out["opacus_gaussian_seconds"], out["opacus_gaussian_optimizer_seconds"] = whole, part
     for name in MECHANISMS:
         seconds, optimizer = timed(partial(ours, name=name))
-        out[name] = {"seconds": seconds, "ratio": seconds / whole,
-                     "optimizer_seconds": optimizer,
-                     "optimizer_ratio": optimizer / part}  # fmt: skip
+        out[name] = {
+            "seconds": seconds,
+            "ratio": seconds / whole,
+            "optimizer_seconds": optimizer,
+            "optimizer_ratio": optimizer / part,
+        }
     return out
 
 
@@ -178,13 +194,22 @@ def inflation_table() -> list[dict[str, Any]]:
                 grid = grid_for(sensitivity=1.0, norm=norm, dim=dim, dtype=dtype)
                 release = inflated_sensitivity(sensitivity=1.0, norm=norm, dim=dim, grid=grid)
                 step = step_grid(max_grad_norm=1.0, norm=norm, dim=dim)
-                during = inflated_sensitivity(sensitivity=1.0, norm=norm, dim=dim, grid=step,
-                                              rounding=0.5)  # fmt: skip
-                rows.append({"head": head, "dim": dim, "mechanism": name, "norm": norm,
-                             "dtype": str(dtype).replace("torch.", ""),
-                             "grid_exponent": grid.exponent, "release_inflation": release - 1,
-                             "step_grid_exponent": step.exponent,
-                             "step_inflation": during - 1})  # fmt: skip
+                during = inflated_sensitivity(
+                    sensitivity=1.0, norm=norm, dim=dim, grid=step, rounding=0.5
+                )
+                rows.append(
+                    {
+                        "head": head,
+                        "dim": dim,
+                        "mechanism": name,
+                        "norm": norm,
+                        "dtype": str(dtype).replace("torch.", ""),
+                        "grid_exponent": grid.exponent,
+                        "release_inflation": release - 1,
+                        "step_grid_exponent": step.exponent,
+                        "step_inflation": during - 1,
+                    }
+                )
     return rows
 
 
@@ -204,9 +229,11 @@ def _markdown(
         )
     worst = max(max(r["release_inflation"], r["step_inflation"]) for r in table)
     lines.append("")
-    lines.append(f"Largest inflation at the shipped heads: {100 * worst:.2f}% (bound: 0.78%), "
-                 "at sensitivity 1; it depends on Δ only through where Δ/w(d) falls between "
-                 "two powers of two, and never exceeds 2⁻⁷.")  # fmt: skip
+    lines.append(
+        f"Largest inflation at the shipped heads: {100 * worst:.2f}% (bound: 0.78%), "
+        "at sensitivity 1; it depends on Δ only through where Δ/w(d) falls between "
+        "two powers of two, and never exceeds 2⁻⁷."
+    )
     if draws is not None:
         ratios = ", ".join(f"{m} {draws[m]['ratio']:.1f}x" for m in MECHANISMS)
         tensor = ", ".join(f"{m} {draws[m]['tensor_ratio']:.1f}x" for m in MECHANISMS)
@@ -214,45 +241,70 @@ def _markdown(
         path = "compiled (numba)" if draws["compiled_first_pass"] else "tensor (numba missing)"
         lines.append("")
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-        lines.append(f"Exact draw of {draws['coordinates']:,} coordinates against "
-                     f"`torch.normal` (float32, one thread), measured by "
-                     f"`scripts/bench_exact.py` on a shared {os.cpu_count()}-core machine at "
-                     f"load average {load:.1f}, first pass {path}: {ratios} (target ≤ 3x; "
-                     f"the tensor first pass, the fallback where numba does not import: "
-                     f"{tensor}; the floating-point path it replaces: {old}).")  # fmt: skip
+        lines.append(
+            f"Exact draw of {draws['coordinates']:,} coordinates against "
+            f"`torch.normal` (float32, one thread), measured by "
+            f"`scripts/bench_exact.py` on a shared {os.cpu_count()}-core machine at "
+            f"load average {load:.1f}, first pass {path}: {ratios} (target ≤ 3x; "
+            f"the tensor first pass, the fallback where numba does not import: "
+            f"{tensor}; the floating-point path it replaces: {old})."
+        )
     if step is not None:
         steps = ", ".join(f"{m} {step[m]['ratio']:.1f}x" for m in MECHANISMS)
         parts = ", ".join(f"{m} {step[m]['optimizer_ratio']:.1f}x" for m in MECHANISMS)
         lines.append("")
-        lines.append(f"One exact DP-SGD step of a {step['parameters']}-weight linear head, "
-                     f"batch {step['batch']}, against Opacus's Gaussian step, both optimizers "
-                     f"on Opacus's `GradSampleModule`: {steps} (forward, backward and step); "
-                     f"the optimizer's part alone: {parts}. This isolates what exact clipping "
-                     "and exact noise cost; `alm_opacus.training.PrivacyEngine` also keeps "
-                     "per-sample gradients in reused buffers, and `scripts/bench_dpsgd.py` "
-                     "times the two engines step against step.")  # fmt: skip
+        lines.append(
+            f"One exact DP-SGD step of a {step['parameters']}-weight linear head, "
+            f"batch {step['batch']}, against Opacus's Gaussian step, both optimizers "
+            f"on Opacus's `GradSampleModule`: {steps} (forward, backward and step); "
+            f"the optimizer's part alone: {parts}. This isolates what exact clipping "
+            "and exact noise cost; `alm_opacus.training.PrivacyEngine` also keeps "
+            "per-sample gradients in reused buffers, and `scripts/bench_dpsgd.py` "
+            "times the two engines step against step."
+        )
     return "\n".join(lines)
 
 
 def bench_exact(*, repeats: int = 7) -> dict[str, Any]:
     """Everything above, as one JSON-able dict (``scripts/bench.py`` includes it)."""
-    return {"draws": bench_draws(repeats=repeats), "step": bench_step(repeats=repeats),
-            "inflation": inflation_table()}  # fmt: skip
+    return {
+        "draws": bench_draws(repeats=repeats),
+        "step": bench_step(repeats=repeats),
+        "inflation": inflation_table(),
+    }
 
 
 def format_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     """Rows for ``scripts/bench.py``'s table."""
     draws, step = report["draws"], report["step"]
-    rows = [(f"exact {m} draw, 1M coords, vs torch.normal", f"{draws[m]['ratio']:.1f}x",
-             f"<= {TARGET_DRAW_RATIO:g}x") for m in MECHANISMS]  # fmt: skip
-    rows += [(f"  tensor first pass ({m}, no numba) vs torch.normal",
-              f"{draws[m]['tensor_ratio']:.1f}x", "") for m in MECHANISMS]  # fmt: skip
-    rows += [(f"  float {m} draw (replaced) vs torch.normal", f"{draws[m]['float_ratio']:.1f}x",
-              "") for m in MECHANISMS]  # fmt: skip
-    rows += [(f"exact DP-SGD {m} step vs Opacus Gaussian step", f"{step[m]['ratio']:.1f}x", "")
-             for m in MECHANISMS]  # fmt: skip
-    rows += [(f"  its optimizer part ({m}) vs Opacus's", f"{step[m]['optimizer_ratio']:.1f}x", "")
-             for m in MECHANISMS]  # fmt: skip
+    rows = [
+        (
+            f"exact {m} draw, 1M coords, vs torch.normal",
+            f"{draws[m]['ratio']:.1f}x",
+            f"<= {TARGET_DRAW_RATIO:g}x",
+        )
+        for m in MECHANISMS
+    ]
+    rows += [
+        (
+            f"  tensor first pass ({m}, no numba) vs torch.normal",
+            f"{draws[m]['tensor_ratio']:.1f}x",
+            "",
+        )
+        for m in MECHANISMS
+    ]
+    rows += [
+        (f"  float {m} draw (replaced) vs torch.normal", f"{draws[m]['float_ratio']:.1f}x", "")
+        for m in MECHANISMS
+    ]
+    rows += [
+        (f"exact DP-SGD {m} step vs Opacus Gaussian step", f"{step[m]['ratio']:.1f}x", "")
+        for m in MECHANISMS
+    ]
+    rows += [
+        (f"  its optimizer part ({m}) vs Opacus's", f"{step[m]['optimizer_ratio']:.1f}x", "")
+        for m in MECHANISMS
+    ]
     worst = max(max(r["release_inflation"], r["step_inflation"]) for r in report["inflation"])
     rows.append(("grid inflation of sensitivity, shipped heads", f"{100 * worst:.2f}%", "< 1%"))
     return rows
@@ -278,8 +330,9 @@ def main() -> None:
     if args.write is not None:
         block = _markdown(report["inflation"], report["draws"], report["step"])
         shown = ["--repeats", str(args.repeats), "--write", relative(args.write)]
-        write_block(args.write, name="exact-grid", script=__file__, args=shown, deps=DEPS,
-                    body=block)  # fmt: skip
+        write_block(
+            args.write, name="exact-grid", script=__file__, args=shown, deps=DEPS, body=block
+        )
         print(f"written: {args.write}")
 
 

@@ -80,20 +80,45 @@ def _differences(a: Path, b: Path) -> list[str]:
     left, right = _table(a), _table(b)
     if set(left) != set(right):
         return [f"rows differ: {sorted(set(left) ^ set(right))[:3]}"]
-    return [f"{key} {col}: {row[col]} vs {right[key][col]}" for key, row in left.items()
-            for col in row if col != "seconds" and row[col] != right[key][col]]  # fmt: skip
+    return [
+        f"{key} {col}: {row[col]} vs {right[key][col]}"
+        for key, row in left.items()
+        for col in row
+        if col != "seconds" and row[col] != right[key][col]
+    ]
 
 
 def grid(work: Path, *, dataset: str, methods: str, extra: list[str]) -> dict[str, Any]:
     """Both runs of the grid, each in a child process; their wall times and agreement. The
     Ray run starts a local cluster of all this machine's CPUs (one worker per CPU)."""
     warm = work / "warm"
-    base = [sys.executable, str(ROOT / "scripts" / "compare.py"), "--dataset", dataset,
-            "--methods", methods, "--reproducible-noise", "--no-progress", *extra]  # fmt: skip
+    base = [
+        sys.executable,
+        str(ROOT / "scripts" / "compare.py"),
+        "--dataset",
+        dataset,
+        "--methods",
+        methods,
+        "--reproducible-noise",
+        "--no-progress",
+        *extra,
+    ]
     # pre-training once (its time is the same in both runs and is not what is compared)
-    subprocess.run([*base, "--methods", "none", "--attacks", "none", "--out",
-                    str(work / "warm-run"), "--cache-dir", str(warm)],
-                   check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [
+            *base,
+            "--methods",
+            "none",
+            "--attacks",
+            "none",
+            "--out",
+            str(work / "warm-run"),
+            "--cache-dir",
+            str(warm),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     seconds: dict[str, float] = {}
     for name, flags in (("in-process", []), ("ray", ["--executor", "ray"])):
         cache = work / f"cache-{name}"
@@ -102,57 +127,72 @@ def grid(work: Path, *, dataset: str, methods: str, extra: list[str]) -> dict[st
             for file in warm.glob(pattern):
                 shutil.copy2(file, cache / file.name)
         t0 = time.perf_counter()
-        subprocess.run([*base, *flags, "--out", str(work / name), "--cache-dir", str(cache)],
-                       check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+        subprocess.run(
+            [*base, *flags, "--out", str(work / name), "--cache-dir", str(cache)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         seconds[name] = time.perf_counter() - t0
     diff = _differences(work / "in-process" / "results.csv", work / "ray" / "results.csv")
     return {
-        "dataset": dataset, "methods": methods, "extra": extra, "cpus": os.cpu_count(),
-        "seconds_in_process": seconds["in-process"], "seconds_ray": seconds["ray"],
-        "ratio": seconds["in-process"] / seconds["ray"], "target_ratio": TARGET_RATIO,
-        "tables_agree": not diff, "differences": diff[:5],
-        "load_average": os.getloadavg(), "machine_cpus": os.cpu_count(),
-    }  # fmt: skip
+        "dataset": dataset,
+        "methods": methods,
+        "extra": extra,
+        "cpus": os.cpu_count(),
+        "seconds_in_process": seconds["in-process"],
+        "seconds_ray": seconds["ray"],
+        "ratio": seconds["in-process"] / seconds["ray"],
+        "target_ratio": TARGET_RATIO,
+        "tables_agree": not diff,
+        "differences": diff[:5],
+        "load_average": os.getloadavg(),
+        "machine_cpus": os.cpu_count(),
+    }
 
 
 def docs_block(report: dict[str, Any]) -> str:
     g, o = report["grid"], report["overhead"]
     command = f"--dataset {g['dataset']} --methods {g['methods']} {' '.join(g['extra'])}".strip()
-    return "\n".join([
-        f"Measured by `scripts/bench_ray.py` on a {g['machine_cpus']}-core machine "
-        f"(1-minute load average {g['load_average'][0]:.1f} at the end, the bench's own "
-        f"processes included), "
-        f"`{command}`, warm pre-training cache:",
-        "",
-        "| measure | value | target |",
-        "|---|---|---|",
-        f"| in-process (s) | {g['seconds_in_process']:.1f} | |",
-        f"| Ray, local cluster of {g['cpus']} CPUs, start-up included (s) | "
-        f"{g['seconds_ray']:.1f} | |",
-        f"| wall-time ratio | {g['ratio']:.2f}x | >= {g['target_ratio']:g}x |",
-        f"| tables agree (every column but `seconds`) | {g['tables_agree']} | True |",
-        f"| no-op unit on Ray, per unit (ms) | {o['map_ms_per_unit']:.1f} | "
-        f"<= {o['target_ms']:g} |",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"Measured by `scripts/bench_ray.py` on a {g['machine_cpus']}-core machine "
+            f"(1-minute load average {g['load_average'][0]:.1f} at the end, the bench's own "
+            f"processes included), "
+            f"`{command}`, warm pre-training cache:",
+            "",
+            "| measure | value | target |",
+            "|---|---|---|",
+            f"| in-process (s) | {g['seconds_in_process']:.1f} | |",
+            f"| Ray, local cluster of {g['cpus']} CPUs, start-up included (s) | "
+            f"{g['seconds_ray']:.1f} | |",
+            f"| wall-time ratio | {g['ratio']:.2f}x | >= {g['target_ratio']:g}x |",
+            f"| tables agree (every column but `seconds`) | {g['tables_agree']} | True |",
+            f"| no-op unit on Ray, per unit (ms) | {o['map_ms_per_unit']:.1f} | "
+            f"<= {o['target_ms']:g} |",
+        ]
+    )
 
 
 def write_docs(report: dict[str, Any], *, args: list[str]) -> None:
     """The generated block ``bench-ray``; ``args`` are the options that decided it."""
     from alm_opacus.docblocks import write_block
 
-    write_block(DOC, name=BLOCK, script=__file__, args=args, deps=DEPS,
-                body=docs_block(report))  # fmt: skip
+    write_block(DOC, name=BLOCK, script=__file__, args=args, deps=DEPS, body=docs_block(report))
 
 
 def bench_ray(
-    *, dataset: str = "mnist", methods: str = "all", extra: list[str] | None = None,
+    *,
+    dataset: str = "mnist",
+    methods: str = "all",
+    extra: list[str] | None = None,
     cpus: int = 2,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The grid ratio and the per-unit overhead on ``cpus`` workers (see the module
     docstring)."""
     with tempfile.TemporaryDirectory() as tmp:
-        report = {"grid": grid(Path(tmp), dataset=dataset, methods=methods,
-                               extra=list(extra or []))}  # fmt: skip
+        report = {
+            "grid": grid(Path(tmp), dataset=dataset, methods=methods, extra=list(extra or []))
+        }
     report["overhead"] = unit_overhead(cpus=cpus)
     return report
 
@@ -160,13 +200,19 @@ def bench_ray(
 def format_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     g, o = report["grid"], report["overhead"]
     return [
-        (f"Ray ({g['cpus']} CPUs) vs in-process, {g['dataset']} {g['methods']}",
-         f"{g['ratio']:.2f}x", f">= {g['target_ratio']:g}x"),
+        (
+            f"Ray ({g['cpus']} CPUs) vs in-process, {g['dataset']} {g['methods']}",
+            f"{g['ratio']:.2f}x",
+            f">= {g['target_ratio']:g}x",
+        ),
         ("  in-process / Ray (s)", f"{g['seconds_in_process']:.0f} / {g['seconds_ray']:.0f}", ""),
         ("  tables agree", str(g["tables_agree"]), "True"),
-        ("no-op unit on Ray (ms per unit)", f"{o['map_ms_per_unit']:.1f}",
-         f"<= {o['target_ms']:g}"),
-    ]  # fmt: skip
+        (
+            "no-op unit on Ray (ms per unit)",
+            f"{o['map_ms_per_unit']:.1f}",
+            f"<= {o['target_ms']:g}",
+        ),
+    ]
 
 
 def main() -> None:
@@ -192,8 +238,16 @@ def main() -> None:
     if report["grid"]["differences"]:
         print("tables differ:", *report["grid"]["differences"], sep="\n  ")
     if args.write_docs:
-        shown = ["--dataset", args.dataset, "--methods", args.methods, "--cpus", str(args.cpus),
-                 *extra, "--write-docs"]  # fmt: skip
+        shown = [
+            "--dataset",
+            args.dataset,
+            "--methods",
+            args.methods,
+            "--cpus",
+            str(args.cpus),
+            *extra,
+            "--write-docs",
+        ]
         write_docs(report, args=shown)
         print(f"written: {DOC}")
 

@@ -99,8 +99,7 @@ def features_file(folder: Path, members: int, *, dim: int = DIM) -> Path:
         return path
     folder.mkdir(parents=True, exist_ok=True)
     x, y = gaussian_mixture(5 * members, seed=members, dim=dim)
-    counts = {"member": members, "non-member": members, "attacker": 2 * members,
-              "public": members}  # fmt: skip
+    counts = {"member": members, "non-member": members, "attacker": 2 * members, "public": members}
     role = np.concatenate([np.full(k, name) for name, k in counts.items()])
     tmp = path.with_suffix(".tmp.npz")
     np.savez(tmp, x=x, y=y, role=role)
@@ -113,8 +112,14 @@ def ensure_features(folder: Path, members: int) -> Path:
     (see `run_child`)."""
     path = features_path(folder, members)
     if not path.exists():
-        command = [sys.executable, __file__, "--make-features", str(members), "--unit-file",
-                   str(folder)]  # fmt: skip
+        command = [
+            sys.executable,
+            __file__,
+            "--make-features",
+            str(members),
+            "--unit-file",
+            str(folder),
+        ]
         run, _ = _stage_child(command)
         if run.code != 0 or not path.exists():
             raise RuntimeError(f"writing {path} failed (exit {run.code})")
@@ -136,9 +141,13 @@ class Unit:
         load_plugins()
         self.torch = torch
         # dpsgd: one run at the dataset's schedule (its tuning is a run per configuration)
-        self.config = RunConfig(dataset=f"features:{path}", methods=("none",), progress=False,
-                                out=str(path.parent / "unused"),
-                                options={"m": m, "dpsgd.tune": False})  # fmt: skip
+        self.config = RunConfig(
+            dataset=f"features:{path}",
+            methods=("none",),
+            progress=False,
+            out=str(path.parent / "unused"),
+            options={"m": m, "dpsgd.tune": False},
+        )
         self.data = prepare(self.config)
         self.session = Session.open(self.config, self.data)
         self.context = self.session.context
@@ -149,8 +158,7 @@ class Unit:
         from alm_opacus.heads import train_head
 
         x, y = self.members
-        return train_head(x, y, num_classes=self.data.num_classes, config=self.context.head,
-                          seed=0)  # fmt: skip
+        return train_head(x, y, num_classes=self.data.num_classes, config=self.context.head, seed=0)
 
     def release(self, name: str, *, epsilon: float = 1.0, seed: int = 0) -> Any:
         from alm_opacus.methods import create_method, method_options
@@ -158,9 +166,16 @@ class Unit:
         method = create_method(name, method_options(name, self.config.options))
         x, y = self.members
         prepared = method.prepare(features=x, labels=y, seed=seed, context=self.context)
-        return method.release(prepared, features=x, labels=y, epsilon=epsilon,
-                              delta=self.data.delta, seed=seed, draw=0,
-                              context=self.context)  # fmt: skip
+        return method.release(
+            prepared,
+            features=x,
+            labels=y,
+            epsilon=epsilon,
+            delta=self.data.delta,
+            seed=seed,
+            draw=0,
+            context=self.context,
+        )
 
 
 #: A stage: ``setup(unit) -> state`` (untimed), then ``timed(unit, state) -> info`` (timed).
@@ -185,8 +200,9 @@ def _stage_analytic(unit: Unit, state: None) -> dict[str, Any]:
     config = convex_config(unit.context.head, l2=ANALYTIC_L2, clip_radius=ANALYTIC_CLIP)
     ones = unit.torch.ones(1, len(y), dtype=unit.torch.bool)
     fit = train_convex_heads(x, y, masks=ones, num_classes=unit.data.num_classes, config=config)
-    bound = analytic_sensitivity(n=len(y), l2=config.l2, clip_radius=ANALYTIC_CLIP,
-                                 grad_tol=fit.tol)  # fmt: skip
+    bound = analytic_sensitivity(
+        n=len(y), l2=config.l2, clip_radius=ANALYTIC_CLIP, grad_tol=fit.tol
+    )
     return {"value_l2": bound.value_l2, "newton_iterations": fit.iterations}
 
 
@@ -195,10 +211,16 @@ def _stage_sampled(unit: Unit, state: None) -> dict[str, Any]:
 
     px, py = unit.data.part("public")
     sample = sample_population_sensitivity(
-        px, py, n=len(unit.members[1]), num_classes=unit.data.num_classes,
-        config=unit.context.head, seed=0, m=unit.m, population="the public split",
+        px,
+        py,
+        n=len(unit.members[1]),
+        num_classes=unit.data.num_classes,
+        config=unit.context.head,
+        seed=0,
+        m=unit.m,
+        population="the public split",
         progress=True,
-    )  # fmt: skip
+    )
     return {"m": unit.m, "value_l1": sample.value_l1, "value_l2": sample.value_l2}
 
 
@@ -208,15 +230,21 @@ RELEASE_REPEATS = 20
 
 def _stage_release(mechanism: str) -> Timed:
     def stage(unit: Unit, head: Any) -> dict[str, Any]:
-        from alm_opacus.protect import PostTrainingPrivacyEngine, SensitivityInfo
+        from alm_opacus.protect import (
+            PostTrainingPrivacyEngine,
+            SensitivityInfo,
+            SensitivitySource,
+        )
 
-        info = SensitivityInfo(value=1.0, norm="l2" if mechanism == "gaussian" else "l1",
-                               source="caller")  # type: ignore[arg-type]  # fmt: skip
+        norm = "l2" if mechanism == "gaussian" else "l1"
+        info = SensitivityInfo(value=1.0, norm=norm, source=SensitivitySource("caller"))
         for _ in range(RELEASE_REPEATS):
             PostTrainingPrivacyEngine(mechanism=mechanism).make_private(
-                head, epsilon=1.0, delta=unit.data.delta if mechanism == "gaussian" else 0.0,
+                head,
+                epsilon=1.0,
+                delta=unit.data.delta if mechanism == "gaussian" else 0.0,
                 sensitivity=info,
-            )  # fmt: skip
+            )
         return {"repeats": RELEASE_REPEATS}
 
     return stage
@@ -233,12 +261,16 @@ def _context(unit: Unit, trainer: Any = None) -> Any:
     from alm_opacus.methods import plain_shadow_trainer
 
     ev = unit.session.evaluation
-    knowledge = AttackerKnowledge(features=ev.pool[0], labels=ev.pool[1],
-                                  trainer=trainer or plain_shadow_trainer(unit.context),
-                                  num_classes=ev.num_classes,
-                                  train_size=int(ev.is_member.sum()))  # fmt: skip
-    return ShadowContext(knowledge=knowledge, config=ev.config, seed=0,
-                         candidates=(ev.features, ev.labels))  # fmt: skip
+    knowledge = AttackerKnowledge(
+        features=ev.pool[0],
+        labels=ev.pool[1],
+        trainer=trainer or plain_shadow_trainer(unit.context),
+        num_classes=ev.num_classes,
+        train_size=int(ev.is_member.sum()),
+    )
+    return ShadowContext(
+        knowledge=knowledge, config=ev.config, seed=0, candidates=(ev.features, ev.labels)
+    )
 
 
 def _stage_lira_references(unit: Unit, state: None) -> dict[str, Any]:
@@ -276,12 +308,22 @@ def _stage_metric_attacks(unit: Unit, state: tuple[Any, Any]) -> dict[str, Any]:
         attack = attack_class(name)(config=ev.config, seed=0)
         attack.fit(context)
         attacks.append(attack)
-    prepared = PreparedAttacks(attacks=tuple(attacks), config=ev.config, seed=0,
-                               num_classes=ev.num_classes, notes=(),
-                               prepare_seconds=0.0)  # fmt: skip
-    target = AttackTarget(predict=lambda q: head.predict_proba(q).float(), features=ev.features,
-                          labels=ev.labels, is_member=ev.is_member, num_classes=ev.num_classes,
-                          delta=unit.data.delta)  # fmt: skip
+    prepared = PreparedAttacks(
+        attacks=tuple(attacks),
+        config=ev.config,
+        seed=0,
+        num_classes=ev.num_classes,
+        notes=(),
+        prepare_seconds=0.0,
+    )
+    target = AttackTarget(
+        predict=lambda q: head.predict_proba(q).float(),
+        features=ev.features,
+        labels=ev.labels,
+        is_member=ev.is_member,
+        num_classes=ev.num_classes,
+        delta=unit.data.delta,
+    )
     results = [r for _ in range(5) for r in prepared.attack(target, intervals=False)]
     aggregate_results(results, claimed_epsilon=None, seed=0)
     return {"attacks": len(names), "draws": 5}
@@ -351,9 +393,13 @@ class ChildRun:
 
 
 def run_child(
-    command: list[str], *, stdout: IO[str], stderr: IO[str] | None = None,
-    poll: float | None = None, on_poll: Callable[[float, float], None] | None = None,
-) -> ChildRun:  # fmt: skip
+    command: list[str],
+    *,
+    stdout: IO[str],
+    stderr: IO[str] | None = None,
+    poll: float | None = None,
+    on_poll: Callable[[float, float], None] | None = None,
+) -> ChildRun:
     """Run ``command`` to its end, calling ``on_poll(seconds, peak_rss_gib)`` every ``poll``
     seconds while it runs (its peak so far, from /proc).
 
@@ -382,8 +428,11 @@ def run_child(
             on_poll(time.perf_counter() - start, peak)
     seconds = time.perf_counter() - start
     child.returncode = os.waitstatus_to_exitcode(reaped["status"])  # reaped: no double wait
-    return ChildRun(code=child.returncode, seconds=seconds,
-                    peak_rss_gib=max(peak, reaped["usage"].ru_maxrss / 2**20))  # fmt: skip
+    return ChildRun(
+        code=child.returncode,
+        seconds=seconds,
+        peak_rss_gib=max(peak, reaped["usage"].ru_maxrss / 2**20),
+    )
 
 
 def _driver_peak_gib() -> float:
@@ -408,9 +457,12 @@ def _stage_child(command: list[str], *, log: Path | None = None) -> tuple[ChildR
 
 
 def _stamp() -> dict[str, Any]:
-    return {"when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-            "load": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
-            "machine": platform.processor() or platform.machine()}  # fmt: skip
+    return {
+        "when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "load": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
+        "machine": platform.processor() or platform.machine(),
+    }
 
 
 class Cache:
@@ -448,18 +500,36 @@ def measure_stages(args: argparse.Namespace, cache: Cache) -> None:
         path = ensure_features(folder, n)
         stamp = _stamp()
         run, out = _stage_child(
-            [sys.executable, __file__, "--unit", stage, "--unit-file", str(path), "--m",
-             str(args.m), "--threads", str(args.threads)],
-        )  # fmt: skip
+            [
+                sys.executable,
+                __file__,
+                "--unit",
+                stage,
+                "--unit-file",
+                str(path),
+                "--m",
+                str(args.m),
+                "--threads",
+                str(args.threads),
+            ],
+        )
         if run.code != 0:
-            print(f"bench_scale: {stage} at n={n} failed (exit {run.code}); skipped",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"bench_scale: {stage} at n={n} failed (exit {run.code}); skipped", file=sys.stderr
+            )
             continue
         result = json.loads(out.strip().splitlines()[-1])
-        record = {**result, "stage": stage, "n": n, "peak_rss_gib": run.peak_rss_gib,
-                  "wall": run.seconds, "threads": args.threads, **stamp,
-                  "driver_peak_rss_gib": _driver_peak_gib(),
-                  "load_after": round(os.getloadavg()[0], 2)}  # fmt: skip
+        record = {
+            **result,
+            "stage": stage,
+            "n": n,
+            "peak_rss_gib": run.peak_rss_gib,
+            "wall": run.seconds,
+            "threads": args.threads,
+            **stamp,
+            "driver_peak_rss_gib": _driver_peak_gib(),
+            "load_after": round(os.getloadavg()[0], 2),
+        }
         cache.put(stage_key(stage, n, m=args.m, threads=args.threads), record)
 
 
@@ -478,21 +548,43 @@ def measure_paper(args: argparse.Namespace, cache: Cache) -> None:
         if record is None:
             print(f"bench_scale: {kind} at n={n} failed; see its log", file=sys.stderr)
             continue
-        cache.put(f"{kind},n={n}", {"kind": kind, "n": n, "threads": args.threads, **stamp,
-                                    **record, "driver_peak_rss_gib": _driver_peak_gib(),
-                                    "load_after": round(os.getloadavg()[0], 2)})  # fmt: skip
+        cache.put(
+            f"{kind},n={n}",
+            {
+                "kind": kind,
+                "n": n,
+                "threads": args.threads,
+                **stamp,
+                **record,
+                "driver_peak_rss_gib": _driver_peak_gib(),
+                "load_after": round(os.getloadavg()[0], 2),
+            },
+        )
 
 
 def _paper_sampler(
     path: Path, *, n: int, folder: Path, args: argparse.Namespace
 ) -> dict[str, Any] | None:
-    command = [sys.executable, __file__, "--unit", "sampled", "--unit-file", str(path),
-               "--m", "500", "--threads", str(args.threads)]  # fmt: skip
+    command = [
+        sys.executable,
+        __file__,
+        "--unit",
+        "sampled",
+        "--unit-file",
+        str(path),
+        "--m",
+        "500",
+        "--threads",
+        str(args.threads),
+    ]
     run, text = _stage_child(command, log=folder / f"paper-sampler-{n}.log")
     if run.code != 0:
         return None
-    return {**json.loads(text.strip().splitlines()[-1]), "wall": run.seconds,
-            "peak_rss_gib": run.peak_rss_gib}  # fmt: skip
+    return {
+        **json.loads(text.strip().splitlines()[-1]),
+        "wall": run.seconds,
+        "peak_rss_gib": run.peak_rss_gib,
+    }
 
 
 def _paper_grid(
@@ -505,16 +597,33 @@ def _paper_grid(
     parts = [] if args.force or not parts_file.exists() else json.loads(parts_file.read_text())
     if not parts:
         shutil.rmtree(out, ignore_errors=True)  # a fresh run from an empty cache
-    command = [sys.executable, str(ROOT / "scripts" / "compare.py"), "--dataset",
-               f"features:{path}", "--methods", GRID_METHODS, "--out", str(out), "--cache-dir",
-               str(out / "cache"), "--no-progress", *(["--resume"] if parts else [])]  # fmt: skip
-    code, parts = resumable_child(command, log=folder / f"paper-grid-{n}.log",
-                                  parts_file=parts_file, parts=parts)  # fmt: skip
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "compare.py"),
+        "--dataset",
+        f"features:{path}",
+        "--methods",
+        GRID_METHODS,
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(out / "cache"),
+        "--no-progress",
+        *(["--resume"] if parts else []),
+    ]
+    code, parts = resumable_child(
+        command, log=folder / f"paper-grid-{n}.log", parts_file=parts_file, parts=parts
+    )
     if code != 0:
         return None
-    return {"wall": sum(p["seconds"] for p in parts), "when": parts[0]["when"],
-            "load": parts[0]["load"], "peak_rss_gib": max(p["peak_rss_gib"] for p in parts),
-            "parts": len(parts), **grid_summary(out)}  # fmt: skip
+    return {
+        "wall": sum(p["seconds"] for p in parts),
+        "when": parts[0]["when"],
+        "load": parts[0]["load"],
+        "peak_rss_gib": max(p["peak_rss_gib"] for p in parts),
+        "parts": len(parts),
+        **grid_summary(out),
+    }
 
 
 def grid_summary(out: Path) -> dict[str, Any]:
@@ -530,8 +639,10 @@ def grid_summary(out: Path) -> dict[str, Any]:
     methods: dict[str, list[float]] = {}
     for (method, _), seconds in cells.items():
         methods.setdefault(method, []).append(seconds)
-    return {"cells": {m: [len(v), min(v), max(v), sum(v)] for m, v in methods.items()},
-            "rocs_bytes": (out / "rocs.json").stat().st_size}  # fmt: skip
+    return {
+        "cells": {m: [len(v), min(v), max(v), sum(v)] for m, v in methods.items()},
+        "rocs_bytes": (out / "rocs.json").stat().st_size,
+    }
 
 
 def _peak_rss_gib(pid: int) -> float:
@@ -545,9 +656,13 @@ def _peak_rss_gib(pid: int) -> float:
 
 
 def resumable_child(
-    command: list[str], *, log: Path, parts_file: Path, parts: list[dict[str, Any]],
+    command: list[str],
+    *,
+    log: Path,
+    parts_file: Path,
+    parts: list[dict[str, Any]],
     poll: float = 30.0,
-) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
+) -> tuple[int, list[dict[str, Any]]]:
     """Run ``command`` as one more part of a run that may have been interrupted before.
 
     Its wall seconds and peak RSS so far go to ``parts_file`` every ``poll`` seconds, so a
@@ -625,11 +740,14 @@ def table(cache: Cache) -> str:
     loads = [r["load"] for r in every]
     threads = "/".join(map(str, sorted({r["threads"] for r in every})))
     days = ", ".join(sorted({r["when"][:10] for r in every}))
-    lines += ["", f"Wall seconds; the exponent is fitted to each stage's CPU seconds (its work, "
-              f"which other processes' load barely moves). Measured {days} on "
-              f"{every[0]['cpus']} CPUs ({every[0]['machine']}), {threads} torch thread(s) per "
-              f"stage, load average {min(loads):.1f} to {max(loads):.1f} at the start of the "
-              "units."]  # fmt: skip
+    lines += [
+        "",
+        f"Wall seconds; the exponent is fitted to each stage's CPU seconds (its work, "
+        f"which other processes' load barely moves). Measured {days} on "
+        f"{every[0]['cpus']} CPUs ({every[0]['machine']}), {threads} torch thread(s) per "
+        f"stage, load average {min(loads):.1f} to {max(loads):.1f} at the start of the "
+        "units.",
+    ]
     return "\n".join(lines)
 
 
@@ -667,17 +785,25 @@ def _parts(record: dict[str, Any]) -> str:
     k = record.get("parts", 1)
     if k <= 1:
         return ""
-    return (f"; in {k} parts (interrupted, continued with `--resume`): the sum of their wall "
-            "times, work redone after an interruption counted twice")  # fmt: skip
+    return (
+        f"; in {k} parts (interrupted, continued with `--resume`): the sum of their wall "
+        "times, work redone after an interruption counted twice"
+    )
 
 
 def _cells(record: dict[str, Any]) -> str:
     """Where the grid's time went (`grid_summary`), where recorded."""
     if "cells" not in record:
         return ""
-    each = [f"{k} {m}: " + (f"{_fmt_seconds(lo)}-{_fmt_seconds(hi)} each, "
-                            f"{_fmt_seconds(total)} in all" if k > 1 else _fmt_seconds(total))
-            for m, (k, lo, hi, total) in record["cells"].items()]  # fmt: skip
+    each = [
+        f"{k} {m}: "
+        + (
+            f"{_fmt_seconds(lo)}-{_fmt_seconds(hi)} each, {_fmt_seconds(total)} in all"
+            if k > 1
+            else _fmt_seconds(total)
+        )
+        for m, (k, lo, hi, total) in record["cells"].items()
+    ]
     return (
         f" Cells ({'; '.join(each)}); the rest is preparing the run and writing it. "
         f"`rocs.json`: {record['rocs_bytes'] / 1e6:.0f} MB."
@@ -705,8 +831,13 @@ def plot(cache: Cache, path: Path) -> None:
     if all_n:
         ref = np.array(all_n, dtype=float)
         ax.plot(ref, ref / ref[0], "k--", lw=0.8, label="slope 1 (linear)")
-    ax.set(xscale="log", yscale="log", xlabel="members n", ylabel="CPU seconds",
-           title="Each stage against n (growth exponent in the legend)")  # fmt: skip
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="members n",
+        ylabel="CPU seconds",
+        title="Each stage against n (growth exponent in the legend)",
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
@@ -737,17 +868,26 @@ def _ints(text: str) -> tuple[int, ...]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=_ints, default=SIZES, help="members n, comma list")
-    parser.add_argument("--stages", default=",".join(STAGES),
-                        help=f"comma list of {', '.join(STAGES)}")  # fmt: skip
+    parser.add_argument(
+        "--stages", default=",".join(STAGES), help=f"comma list of {', '.join(STAGES)}"
+    )
     parser.add_argument("--m", type=int, default=500, help="sampler pairs of the sampled stage")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads per stage (the harness runs cells on 1)")  # fmt: skip
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads per stage (the harness runs cells on 1)",
+    )
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="results JSON")
     parser.add_argument("--force", action="store_true", help="redo units already cached")
     parser.add_argument("--no-stages", action="store_true", help="measure no stage")
     parser.add_argument("--paper", action="store_true", help="the issue-21 paper settings")
-    parser.add_argument("--grid-members", type=_ints, default=(10_000, 50_000),
-                        help="members of the --paper grid runs")  # fmt: skip
+    parser.add_argument(
+        "--grid-members",
+        type=_ints,
+        default=(10_000, 50_000),
+        help="members of the --paper grid runs",
+    )
     parser.add_argument("--write", action="store_true", help="write docs/scale.md and the plot")
     parser.add_argument("--unit", help=argparse.SUPPRESS)
     parser.add_argument("--unit-file", type=Path, help=argparse.SUPPRESS)
@@ -771,8 +911,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.paper:
         measure_paper(args, cache)
     if args.write:
-        shown = ["--sizes", ",".join(map(str, args.sizes)), "--stages", ",".join(args.stages),
-                 "--m", str(args.m), "--threads", str(args.threads)]  # fmt: skip
+        shown = [
+            "--sizes",
+            ",".join(map(str, args.sizes)),
+            "--stages",
+            ",".join(args.stages),
+            "--m",
+            str(args.m),
+            "--threads",
+            str(args.threads),
+        ]
         if args.paper:
             shown += ["--paper", "--grid-members", ",".join(map(str, args.grid_members))]
         write_docs(cache, args=[*shown, "--write"])

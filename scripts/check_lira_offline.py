@@ -42,8 +42,14 @@ DOC = ROOT / "docs" / "threat_model.md"
 BLOCK = "lira-offline-check"
 #: What the numbers depend on besides this script: the victim's features and head, the
 #: attacks compared, and the pinned libraries (scikit-learn, scipy).
-DEPS = ("alm_opacus/attacks", "alm_opacus/heads.py", "alm_opacus/run", "alm_opacus/ssl",
-        "alm_opacus/data", "constraints.txt")  # fmt: skip
+DEPS = (
+    "alm_opacus/attacks",
+    "alm_opacus/heads.py",
+    "alm_opacus/run",
+    "alm_opacus/ssl",
+    "alm_opacus/data",
+    "constraints.txt",
+)
 
 
 @dataclass(frozen=True)
@@ -255,8 +261,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.update_docs:
         from alm_opacus.docblocks import write_block
 
-        shown = ["--dataset", args.dataset, "--num-reference", str(args.num_reference),
-                 "--seed", str(args.seed), "--update-docs"]  # fmt: skip
+        shown = [
+            "--dataset",
+            args.dataset,
+            "--num-reference",
+            str(args.num_reference),
+            "--seed",
+            str(args.seed),
+            "--update-docs",
+        ]
         write_block(DOC, name=BLOCK, script=__file__, args=shown, deps=DEPS, body=text)
         print(f"written: {DOC}")
     return 0

@@ -54,16 +54,19 @@ CANDIDATES: dict[str, HeadConfig] = {
 def _grad_norm(
     head: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, config: HeadConfig
 ) -> float:
-    params = {k: v.detach().clone().unsqueeze(0).requires_grad_(True)
-              for k, v in head.state_dict().items()}  # fmt: skip
+    params = {
+        k: v.detach().clone().unsqueeze(0).requires_grad_(True)
+        for k, v in head.state_dict().items()
+    }
     masks = torch.ones(1, len(y), dtype=torch.bool)
     loss = head_objective(params, x.to(config.torch_dtype), y, masks, config=config).sum()
     grads = torch.autograd.grad(loss, list(params.values()))
     return float(torch.cat([g.flatten() for g in grads]).norm())
 
 
-def _smallest_epsilon(session: Session, prepared: Any, mechanism: str, reference: float,
-                      draws: int) -> tuple[float, float]:  # fmt: skip
+def _smallest_epsilon(
+    session: Session, prepared: Any, mechanism: str, reference: float, draws: int
+) -> tuple[float, float]:
     """The smallest grid epsilon with mean utility loss <= 0.1, and that loss."""
     mech = create_mechanism(mechanism)
     x_out, y_out = session.data.part("nonmembers")
@@ -90,9 +93,15 @@ def _smallest_epsilon(session: Session, prepared: Any, mechanism: str, reference
 
 
 def measure(dataset: str, name: str, head: HeadConfig, *, cache: str, draws: int) -> dict[str, Any]:
-    config = RunConfig(dataset=dataset, methods=("alm", "gaussian"), head=head,
-                       attacks=("loss", "lira-online"), cache_dir=cache, progress=False,
-                       options={"m": 200})  # fmt: skip
+    config = RunConfig(
+        dataset=dataset,
+        methods=("alm", "gaussian"),
+        head=head,
+        attacks=("loss", "lira-online"),
+        cache_dir=cache,
+        progress=False,
+        options={"m": 200},
+    )
     start = time.perf_counter()
     data = prepare(config)
     session = Session.open(config, data)
@@ -102,26 +111,32 @@ def measure(dataset: str, name: str, head: HeadConfig, *, cache: str, draws: int
     x_in, y_in = data.part("members")
     prepared = session.prepared_for("alm", 0)
     eps_alm, loss_alm = _smallest_epsilon(session, prepared, "alm", reference, draws)
-    eps_gauss, loss_gauss = _smallest_epsilon(session, session.prepared_for("gaussian", 0),
-                                              "gaussian", reference, draws)  # fmt: skip
+    eps_gauss, loss_gauss = _smallest_epsilon(
+        session, session.prepared_for("gaussian", 0), "gaussian", reference, draws
+    )
     return {
-        "recipe": name, "config": dataclasses.asdict(head), "test_accuracy": reference,
+        "recipe": name,
+        "config": dataclasses.asdict(head),
+        "test_accuracy": reference,
         "auc": {r.attack: r.mia_auc for r in rows},
         "best_auc": max(r.mia_auc for r in rows),
         "grad_norm": _grad_norm(none_head, x_in, y_in, head),
         "sensitivity_l1": prepared.sensitivity["l1"].value,
         "sensitivity_l2": prepared.sensitivity["l2"].value,
-        "alm_epsilon_for_loss_0.1": eps_alm, "alm_loss_there": loss_alm,
-        "gaussian_epsilon_for_loss_0.1": eps_gauss, "gaussian_loss_there": loss_gauss,
+        "alm_epsilon_for_loss_0.1": eps_alm,
+        "alm_loss_there": loss_alm,
+        "gaussian_epsilon_for_loss_0.1": eps_gauss,
+        "gaussian_loss_there": loss_gauss,
         "seconds": time.perf_counter() - start,
-    }  # fmt: skip
+    }
 
 
 def choose(results: list[dict[str, Any]]) -> str:
     """The criterion of docs/recipes.md."""
     best_acc = max(r["test_accuracy"] for r in results)
-    eligible = [r for r in results
-                if r["best_auc"] >= 0.60 and r["test_accuracy"] >= best_acc - 0.03]  # fmt: skip
+    eligible = [
+        r for r in results if r["best_auc"] >= 0.60 and r["test_accuracy"] >= best_acc - 0.03
+    ]
     pool = eligible or results
     return min(pool, key=lambda r: (r["alm_epsilon_for_loss_0.1"], -r["best_auc"]))["recipe"]
 
@@ -152,9 +167,17 @@ def render(args: argparse.Namespace, results: list[dict[str, Any]], chosen: str)
 
 
 #: What the measurements depend on besides this script (a change makes the block stale).
-DEPS = ("alm_opacus/heads.py", "alm_opacus/posthoc.py", "alm_opacus/protect.py",
-        "alm_opacus/sensitivity", "alm_opacus/mechanisms", "alm_opacus/attacks",
-        "alm_opacus/ssl", "alm_opacus/data", "constraints.txt")  # fmt: skip
+DEPS = (
+    "alm_opacus/heads.py",
+    "alm_opacus/posthoc.py",
+    "alm_opacus/protect.py",
+    "alm_opacus/sensitivity",
+    "alm_opacus/mechanisms",
+    "alm_opacus/attacks",
+    "alm_opacus/ssl",
+    "alm_opacus/data",
+    "constraints.txt",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,31 +188,48 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help="comma list of candidate names")
     parser.add_argument("--out", default=None, help="write the measurements as JSON here")
     parser.add_argument(
-        "--markdown", type=Path, default=None,
+        "--markdown",
+        type=Path,
+        default=None,
         help="replace this dataset's generated block recipes:DATASET (alm_opacus.docblocks)",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     load_plugins()
     torch.set_num_threads(1)
     names = list(CANDIDATES) if args.only is None else args.only.split(",")
     results = []
     for name in names:
-        results.append(measure(args.dataset, name, CANDIDATES[name], cache=args.cache_dir,
-                               draws=args.draws))  # fmt: skip
+        results.append(
+            measure(args.dataset, name, CANDIDATES[name], cache=args.cache_dir, draws=args.draws)
+        )
         r = results[-1]
-        print(f"{name:28s} acc={r['test_accuracy']:.3f} best_auc={r['best_auc']:.3f} "
-              f"grad={r['grad_norm']:.2e} L1={r['sensitivity_l1']:.4g} "
-              f"L2={r['sensitivity_l2']:.4g} alm_eps={r['alm_epsilon_for_loss_0.1']:g} "
-              f"gauss_eps={r['gaussian_epsilon_for_loss_0.1']:g} ({r['seconds']:.0f} s)",
-              flush=True)  # fmt: skip
+        print(
+            f"{name:28s} acc={r['test_accuracy']:.3f} best_auc={r['best_auc']:.3f} "
+            f"grad={r['grad_norm']:.2e} L1={r['sensitivity_l1']:.4g} "
+            f"L2={r['sensitivity_l2']:.4g} alm_eps={r['alm_epsilon_for_loss_0.1']:g} "
+            f"gauss_eps={r['gaussian_epsilon_for_loss_0.1']:g} ({r['seconds']:.0f} s)",
+            flush=True,
+        )
     chosen = choose(results)
     print(f"chosen: {chosen}")
     if args.markdown is not None:
-        shown = ["--dataset", args.dataset, "--draws", str(args.draws),
-                 *(["--only", args.only] if args.only else []),
-                 "--markdown", relative(args.markdown)]  # fmt: skip
-        write_block(args.markdown, name=f"recipes:{args.dataset}", script=__file__, args=shown,
-                    deps=DEPS, body=render(args, results, chosen))  # fmt: skip
+        shown = [
+            "--dataset",
+            args.dataset,
+            "--draws",
+            str(args.draws),
+            *(["--only", args.only] if args.only else []),
+            "--markdown",
+            relative(args.markdown),
+        ]
+        write_block(
+            args.markdown,
+            name=f"recipes:{args.dataset}",
+            script=__file__,
+            args=shown,
+            deps=DEPS,
+            body=render(args, results, chosen),
+        )
     if args.out:
         Path(args.out).write_text(
             json.dumps({"dataset": args.dataset, "chosen": chosen, "candidates": results}, indent=2)

@@ -74,8 +74,7 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="rewrite the block in the doc")
     args = parser.parse_args()
     if args.write:
-        write_block(DOC, name=BLOCK, script=__file__, args=["--write"], deps=DEPS,
-                    body=table())  # fmt: skip
+        write_block(DOC, name=BLOCK, script=__file__, args=["--write"], deps=DEPS, body=table())
     print(table())
 
 

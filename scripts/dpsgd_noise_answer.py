@@ -61,9 +61,17 @@ MECHANISMS = ("gaussian", "alm", "laplace")
 LR_GRID = tuple(dict.fromkeys(c["lr"] for c in TUNING_GRID))
 L2_CLIP_GRID = tuple(dict.fromkeys(c["max_grad_norm"] for c in TUNING_GRID))
 #: What the table depends on besides this script (a change makes the doc's block stale).
-DEPS = ("alm_opacus/training", "alm_opacus/accounting", "alm_opacus/mechanisms",
-        "alm_opacus/heads.py", "alm_opacus/ssl", "alm_opacus/data", "baselines/dpsgd",
-        "baselines/_common.py", "constraints.txt")  # fmt: skip
+DEPS = (
+    "alm_opacus/training",
+    "alm_opacus/accounting",
+    "alm_opacus/mechanisms",
+    "alm_opacus/heads.py",
+    "alm_opacus/ssl",
+    "alm_opacus/data",
+    "baselines/dpsgd",
+    "baselines/_common.py",
+    "constraints.txt",
+)
 
 
 def head_params(*, d: int, num_classes: int, hidden: int | None) -> int:
@@ -201,12 +209,18 @@ def _load(name: str, cache_dir: str) -> _Data:
     n = len(data.part("members")[1])
     tr, va = public_tuning_split(len(y_pub), n_members=n, seed=derive_seed("answer", name))
     return _Data(
-        name=name, members=data.part("members"), nonmembers=data.part("nonmembers"),
-        tune=(x_pub[tr], y_pub[tr]), validation=(x_pub[va], y_pub[va]),
-        num_classes=data.num_classes, delta=data.delta, epochs=epochs, batch=batch,
+        name=name,
+        members=data.part("members"),
+        nonmembers=data.part("nonmembers"),
+        tune=(x_pub[tr], y_pub[tr]),
+        validation=(x_pub[va], y_pub[va]),
+        num_classes=data.num_classes,
+        delta=data.delta,
+        epochs=epochs,
+        batch=batch,
         # Same Poisson rate on the tuning part as on the members (same sigma).
         tune_batch=max(1, round(batch * len(tr) / n)),
-    )  # fmt: skip
+    )
 
 
 def _cell(
@@ -228,10 +242,20 @@ def _cell(
         xy: tuple[Tensor, Tensor], cfg: DPSGDConfig, noise_seed: int | None, seed: int
     ) -> torch.nn.Module:
         return train_dpsgd_head(
-            xy[0], xy[1], num_classes=data.num_classes, head=config, config=cfg, epsilon=eps,
-            delta=data.delta, accountant="alm_pld", seed=seed, noise_seed=noise_seed,
-            sigmas=sigmas, backend=ALM_TRAINING, mechanism=mech,
-        ).head  # fmt: skip
+            xy[0],
+            xy[1],
+            num_classes=data.num_classes,
+            head=config,
+            config=cfg,
+            epsilon=eps,
+            delta=data.delta,
+            accountant="alm_pld",
+            seed=seed,
+            noise_seed=noise_seed,
+            sigmas=sigmas,
+            backend=ALM_TRAINING,
+            mechanism=mech,
+        ).head
 
     def score(cfg: DPSGDConfig) -> float:
         tuned = DPSGDConfig(cfg.lr, cfg.max_grad_norm, data.epochs, data.tune_batch)
@@ -256,15 +280,26 @@ def _cell(
         results.append(_loss_auc_and_accuracy(model, *data.members, *data.nonmembers))
     n = len(data.members[1])
     sigma = sigmas.cached(
-        epsilon=eps, delta=data.delta, sample_rate=1.0 / -(-n // data.batch), epochs=data.epochs,
-        accountant="alm_pld", mechanism=mech, dim=params,
-    )  # fmt: skip
+        epsilon=eps,
+        delta=data.delta,
+        sample_rate=1.0 / -(-n // data.batch),
+        epochs=data.epochs,
+        accountant="alm_pld",
+        mechanism=mech,
+        dim=params,
+    )
     return Row(
-        dataset=data.name, head=head, params=params, mechanism=mech, epsilon=eps,
-        sigma=float("nan") if sigma is None else sigma, lr=chosen.lr, clip=chosen.max_grad_norm,
+        dataset=data.name,
+        head=head,
+        params=params,
+        mechanism=mech,
+        epsilon=eps,
+        sigma=float("nan") if sigma is None else sigma,
+        lr=chosen.lr,
+        clip=chosen.max_grad_norm,
         accuracy=statistics.median(r[0] for r in results),
         auc=statistics.median(r[1] for r in results),
-    )  # fmt: skip
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,10 +312,12 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         data = _load(ds, args.cache_dir)
         (n, d), k = data.members[0].shape, data.num_classes
-        print(f"{ds}: n={n} d={d} delta={data.delta:g} schedule={data.epochs}x{data.batch} "
-              f"public tuning {len(data.tune[1])}+{len(data.validation[1])} (batch "
-              f"{data.tune_batch}); features {time.perf_counter() - start:.0f}s",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{ds}: n={n} d={d} delta={data.delta:g} schedule={data.epochs}x{data.batch} "
+            f"public tuning {len(data.tune[1])}+{len(data.validation[1])} (batch "
+            f"{data.tune_batch}); features {time.perf_counter() - start:.0f}s",
+            file=sys.stderr,
+        )
         for hidden in heads:
             name = "linear" if hidden is None else f"mlp-{hidden}"
             params = head_params(d=d, num_classes=k, hidden=hidden)
@@ -291,23 +328,46 @@ def main(argv: list[str] | None = None) -> int:
                 for eps in (float(e) for e in args.epsilons.split(",")):
                     t0 = time.perf_counter()
                     row = _cell(
-                        data, head=name, hidden=hidden, params=params, mech=mech, eps=eps,
-                        sigmas=sigmas, draws=args.draws, tuning_draws=args.tuning_draws,
-                    )  # fmt: skip
+                        data,
+                        head=name,
+                        hidden=hidden,
+                        params=params,
+                        mech=mech,
+                        eps=eps,
+                        sigmas=sigmas,
+                        draws=args.draws,
+                        tuning_draws=args.tuning_draws,
+                    )
                     rows.append(row)
-                    print(f"  {name} ({params}) {mech} eps={eps:g}: acc={row.accuracy:.3f} "
-                          f"auc={row.auc:.3f} sigma={row.sigma:.3g} lr={row.lr:g} "
-                          f"clip={row.clip:.3g} [{time.perf_counter() - t0:.1f}s]",
-                          file=sys.stderr, flush=True)  # fmt: skip
+                    print(
+                        f"  {name} ({params}) {mech} eps={eps:g}: acc={row.accuracy:.3f} "
+                        f"auc={row.auc:.3f} sigma={row.sigma:.3g} lr={row.lr:g} "
+                        f"clip={row.clip:.3g} [{time.perf_counter() - t0:.1f}s]",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     table = render_table(rows)
     print(table)
     if args.write is not None:
-        shown = ["--datasets", args.datasets, "--heads", args.heads, "--max-params",
-                 str(args.max_params), "--mechanisms", args.mechanisms, "--epsilons",
-                 args.epsilons, "--draws", str(args.draws), "--tuning-draws",
-                 str(args.tuning_draws), "--write", relative(args.write)]  # fmt: skip
-        write_block(args.write, name="answer", script=__file__, args=shown, deps=DEPS,
-                    body=table)  # fmt: skip
+        shown = [
+            "--datasets",
+            args.datasets,
+            "--heads",
+            args.heads,
+            "--max-params",
+            str(args.max_params),
+            "--mechanisms",
+            args.mechanisms,
+            "--epsilons",
+            args.epsilons,
+            "--draws",
+            str(args.draws),
+            "--tuning-draws",
+            str(args.tuning_draws),
+            "--write",
+            relative(args.write),
+        ]
+        write_block(args.write, name="answer", script=__file__, args=shown, deps=DEPS, body=table)
     return 0
 
 

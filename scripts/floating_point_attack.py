@@ -59,20 +59,28 @@ def attack(
     for h, module in enumerate((head, other)):
         shipped = []
         for _ in range(releases):
-            out = engine.make_private(module, epsilon=helpers.EPSILON,
-                                      delta=helpers._delta(mechanism), sensitivity=info,
-                                      exact=exact)  # fmt: skip
+            out = engine.make_private(
+                module,
+                epsilon=helpers.EPSILON,
+                delta=helpers._delta(mechanism),
+                sensitivity=info,
+                exact=exact,
+            )
             shipped.append(helpers._flat(out.module))
         rel, scale = torch.stack(shipped), out.statement.noise_scale
         assert scale is not None
         if exact:
             assert out.statement.grid is not None
             grid = helpers._grid_of(out.statement.grid)
-            l0, l1 = (helpers._exact_log_likelihood(rel, c, mechanism=mechanism, scale=scale,
-                                                    grid=grid) for c in clean)  # fmt: skip
+            l0, l1 = (
+                helpers._exact_log_likelihood(rel, c, mechanism=mechanism, scale=scale, grid=grid)
+                for c in clean
+            )
         else:
-            l0, l1 = (helpers._float_log_likelihood(rel, c, mechanism=mechanism, scale=scale)
-                      for c in clean)  # fmt: skip
+            l0, l1 = (
+                helpers._float_log_likelihood(rel, c, mechanism=mechanism, scale=scale)
+                for c in clean
+            )
         impossible += int(np.sum(~np.isfinite(l1 if h == 0 else l0)))
         with np.errstate(invalid="ignore"):
             llr.append(np.nan_to_num(l0 - l1, posinf=1e300, neginf=-1e300))
@@ -88,8 +96,9 @@ def render(rows: list[Row], *, releases: int, bound: float) -> str:
         "|---|---|---|---|",
     ]
     for dtype, label, (fa, fi), (ea, ei) in rows:
-        lines.append(f"| {dtype} | {label} | {fa:.2f} / {100 * fi:.0f}% "
-                     f"| {ea:.2f} / {100 * ei:.0f}% |")  # fmt: skip
+        lines.append(
+            f"| {dtype} | {label} | {fa:.2f} / {100 * fi:.0f}% | {ea:.2f} / {100 * ei:.0f}% |"
+        )
     error = 2 / math.sqrt(2 * releases)  # two standard errors of a difference of two rates
     lines += [
         "",
@@ -111,18 +120,32 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     for dtype in helpers.DTYPES:
         for mechanism in helpers.MECHANISMS:
-            float_path, exact_path = (attack(mechanism=mechanism, dtype=dtype, exact=exact,
-                                             releases=args.releases, helpers=helpers)
-                                      for exact in (False, True))  # fmt: skip
-            rows.append((str(dtype).removeprefix("torch."), LABELS[mechanism], float_path,
-                         exact_path))  # fmt: skip
+            float_path, exact_path = (
+                attack(
+                    mechanism=mechanism,
+                    dtype=dtype,
+                    exact=exact,
+                    releases=args.releases,
+                    helpers=helpers,
+                )
+                for exact in (False, True)
+            )
+            rows.append(
+                (str(dtype).removeprefix("torch."), LABELS[mechanism], float_path, exact_path)
+            )
             print(rows[-1], flush=True)
     table = render(rows, releases=args.releases, bound=helpers.BOUND)
     print(table)
     if args.write is not None:
         shown = ["--releases", str(args.releases), "--write", relative(args.write)]
-        write_block(args.write, name="floating-point-attack", script=__file__, args=shown,
-                    deps=DEPS, body=table)  # fmt: skip
+        write_block(
+            args.write,
+            name="floating-point-attack",
+            script=__file__,
+            args=shown,
+            deps=DEPS,
+            body=table,
+        )
     return 0
 
 

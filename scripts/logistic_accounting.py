@@ -82,9 +82,12 @@ def epsilon_rows() -> list[dict[str, Any]]:
             for variant in ("before", "after"):
                 with accounting(variant):
                     row[variant] = find_noise_multiplier(
-                        target_epsilon=target, target_delta=DELTA, sample_rate=q, steps=steps,
+                        target_epsilon=target,
+                        target_delta=DELTA,
+                        sample_rate=q,
+                        steps=steps,
                         mechanism="alm",
-                    )  # fmt: skip
+                    )
             rows.append(row)
     return rows
 
@@ -134,8 +137,14 @@ def harness_rows(
         (cache / SIGMA_CACHE_FILE).unlink(missing_ok=True)  # σ depends on the accounting
         folder = out / variant
         shutil.rmtree(folder, ignore_errors=True)
-        config = RunConfig(dataset=dataset, methods=("dpsgd-alm",), epsilons=tuple(epsilons),
-                           out=str(folder), cache_dir=str(cache), progress=False)  # fmt: skip
+        config = RunConfig(
+            dataset=dataset,
+            methods=("dpsgd-alm",),
+            epsilons=tuple(epsilons),
+            out=str(folder),
+            cache_dir=str(cache),
+            progress=False,
+        )
         start = time.perf_counter()
         with accounting(variant):
             result = harness.run(config)
@@ -143,14 +152,17 @@ def harness_rows(
         for epsilon in epsilons:
             cells = [r for r in result.rows if r.method == "dpsgd-alm" and r.epsilon == epsilon]
             aucs = [r.mia_auc for r in cells if not math.isnan(r.mia_auc)]
-            rows.append({
-                "variant": variant, "epsilon": epsilon,
-                "noise_multiplier": cells[0].noise_multiplier,
-                "test_accuracy": cells[0].test_accuracy,
-                "best_auc": max(aucs) if aucs else math.nan,
-                "best_attack": max(cells, key=lambda r: r.mia_auc).attack if aucs else "",
-                "seconds": seconds,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "variant": variant,
+                    "epsilon": epsilon,
+                    "noise_multiplier": cells[0].noise_multiplier,
+                    "test_accuracy": cells[0].test_accuracy,
+                    "best_auc": max(aucs) if aucs else math.nan,
+                    "best_attack": max(cells, key=lambda r: r.mia_auc).attack if aucs else "",
+                    "seconds": seconds,
+                }
+            )
     return rows
 
 
@@ -174,8 +186,10 @@ def render_harness(rows: list[dict[str, Any]], *, dataset: str, command: str) ->
             f"| {a['best_auc']:.3f} |"
         )
     epsilons = sorted({r["epsilon"] for r in rows})
-    drops = [1 - by["after", e]["noise_multiplier"] / by["before", e]["noise_multiplier"]
-             for e in epsilons]  # fmt: skip
+    drops = [
+        1 - by["after", e]["noise_multiplier"] / by["before", e]["noise_multiplier"]
+        for e in epsilons
+    ]
     moves = ", ".join(
         f"{by['before', e]['test_accuracy']:.3f} → {by['after', e]['test_accuracy']:.3f} "
         f"(ε = {e:g})"
@@ -216,22 +230,42 @@ def main(argv: list[str] | None = None) -> int:
             epsilons = [float(e) for e in args.epsilons.split(",")]
         except ValueError:
             parser.error(f"--epsilons {args.epsilons!r} is invalid: expected numbers")
-        saved["harness"] = harness_rows(dataset=args.dataset, epsilons=epsilons,
-                                        out=args.out, cache=args.cache_dir)  # fmt: skip
-        harness_block = render_harness(saved["harness"], dataset=args.dataset,
-                                       command=command.strip())  # fmt: skip
+        saved["harness"] = harness_rows(
+            dataset=args.dataset, epsilons=epsilons, out=args.out, cache=args.cache_dir
+        )
+        harness_block = render_harness(
+            saved["harness"], dataset=args.dataset, command=command.strip()
+        )
         print(harness_block)
     atomic_write_json(args.out / "logistic_accounting.json", saved)
     if args.write is not None:
         try:
             shown = ["--write", relative(args.write)]
-            write_block(args.write, name="logistic-epsilon", script=__file__, args=shown,
-                        deps=EPSILON_DEPS, body=epsilon_block)  # fmt: skip
+            write_block(
+                args.write,
+                name="logistic-epsilon",
+                script=__file__,
+                args=shown,
+                deps=EPSILON_DEPS,
+                body=epsilon_block,
+            )
             if harness_block is not None:
-                shown = ["--harness", "--dataset", args.dataset, "--epsilons", args.epsilons,
-                         *shown]  # fmt: skip
-                write_block(args.write, name="logistic-harness", script=__file__, args=shown,
-                            deps=HARNESS_DEPS, body=harness_block)  # fmt: skip
+                shown = [
+                    "--harness",
+                    "--dataset",
+                    args.dataset,
+                    "--epsilons",
+                    args.epsilons,
+                    *shown,
+                ]
+                write_block(
+                    args.write,
+                    name="logistic-harness",
+                    script=__file__,
+                    args=shown,
+                    deps=HARNESS_DEPS,
+                    body=harness_block,
+                )
         except (OSError, ValueError) as exc:
             print(f"{args.write}: {exc}", file=sys.stderr)
             return 2

@@ -97,9 +97,16 @@ def check(shift: float) -> list[dict[str, Any]]:
         one = hockey_sticks(single, q=q, epsilons=epsilons)
         floor = float(np.max(np.abs(one - hockey_sticks(fine, q=q, epsilons=epsilons))))
         others = np.array([hockey_sticks(law, q=q, epsilons=epsilons) for law in splits])
-        rows.append({"shift": shift, "q": q, "max_excess": float(np.max(others - one)),
-                     "error_floor": floor, "largest_gap": float(np.max(one - others)),
-                     "delta_at_zero": float(one[0])})  # fmt: skip
+        rows.append(
+            {
+                "shift": shift,
+                "q": q,
+                "max_excess": float(np.max(others - one)),
+                "error_floor": floor,
+                "largest_gap": float(np.max(one - others)),
+                "delta_at_zero": float(one[0]),
+            }
+        )
     return rows
 
 
@@ -134,8 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.write is not None:
         try:
-            write_block(args.write, name="dominance", script=__file__, deps=DEPS, body=table,
-                        args=["--write", relative(args.write)])  # fmt: skip
+            write_block(
+                args.write,
+                name="dominance",
+                script=__file__,
+                deps=DEPS,
+                body=table,
+                args=["--write", relative(args.write)],
+            )
         except (OSError, ValueError) as exc:
             print(f"{args.write}: {exc}", file=sys.stderr)
             return 2

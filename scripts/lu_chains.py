@@ -26,14 +26,15 @@ DEPS = ("baselines/lu",)
 
 
 def render(*, l2: float) -> str:
-    lines = ["| setting | theirs ρ / Δω / Δz_T / Δp | ours ρ / Δω / Δz_T / Δp |",
-             "|---|---|---|"]  # fmt: skip
+    lines = ["| setting | theirs ρ / Δω / Δz_T / Δp | ours ρ / Δω / Δz_T / Δp |", "|---|---|---|"]
     for label, n, d in SETTINGS:
         c = compare_chains(n=n, input_dim=d, hidden=128, num_classes=10, l2=l2)
-        theirs = " / ".join(f"{v:.4g}" for v in (c.paper.rho, c.paper.delta_omega,
-                                                   c.paper.delta_z, c.paper.delta_p))  # fmt: skip
-        ours = " / ".join(f"{v:.4g}" for v in (c.ours.rho, c.ours.delta_omega, c.ours.delta_z,
-                                                 c.ours.delta_p))  # fmt: skip
+        theirs = " / ".join(
+            f"{v:.4g}" for v in (c.paper.rho, c.paper.delta_omega, c.paper.delta_z, c.paper.delta_p)
+        )
+        ours = " / ".join(
+            f"{v:.4g}" for v in (c.ours.rho, c.ours.delta_omega, c.ours.delta_z, c.ours.delta_p)
+        )
         lines.append(f"| {label} | {theirs} | {ours} |")
     return "\n".join(lines)
 
@@ -47,8 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.write is not None:
         shown = ["--l2", repr(args.l2), "--write", relative(args.write)]
-        write_block(args.write, name="lu-chains", script=__file__, args=shown, deps=DEPS,
-                    body=table)  # fmt: skip
+        write_block(
+            args.write, name="lu-chains", script=__file__, args=shown, deps=DEPS, body=table
+        )
     return 0
 
 

@@ -74,8 +74,15 @@ def measure(page: Path, *, width: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "probe.html"
         copy.write_text(probe)
-        dom = _run(["--virtual-time-budget=5000", f"--window-size={width},800", "--dump-dom",
-                    copy.as_uri()], Path(tmp) / "profile")  # fmt: skip
+        dom = _run(
+            [
+                "--virtual-time-budget=5000",
+                f"--window-size={width},800",
+                "--dump-dom",
+                copy.as_uri(),
+            ],
+            Path(tmp) / "profile",
+        )
     start = dom.index("SECTIONS=") + len("SECTIONS=")
     end = dom.index("</title>", start)
     return json.loads(dom[start:end].replace("&quot;", '"'))
@@ -93,8 +100,10 @@ def render(page: Path, out: Path, *, width: int = 1100, max_height: int = 1400) 
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         shot = Path(tmp) / "page.png"
-        _run([f"--window-size={width},{height}", f"--screenshot={shot}", page.resolve().as_uri()],
-             Path(tmp) / "profile")  # fmt: skip
+        _run(
+            [f"--window-size={width},{height}", f"--screenshot={shot}", page.resolve().as_uri()],
+            Path(tmp) / "profile",
+        )
         image = Image.open(shot).convert("RGB")
     tops = [(name, int(where[name])) for name in SECTIONS if name in where]
     written = []
@@ -118,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run", help="a run folder holding report.html")
     parser.add_argument("--out", default=None, help=f"image folder (default {IMAGES})")
     parser.add_argument("--width", type=int, default=1100)
-    parser.add_argument("--update-docs", action="store_true",
-                        help=f"show the images in {DOC.relative_to(ROOT)}")  # fmt: skip
+    parser.add_argument(
+        "--update-docs", action="store_true", help=f"show the images in {DOC.relative_to(ROOT)}"
+    )
     args = parser.parse_args(argv)
     page = Path(args.run) / "report.html"
     if not page.exists():

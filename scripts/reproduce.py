@@ -588,11 +588,24 @@ def main(argv: list[str] | None = None) -> int:
         if not DOC.exists() or "<!-- generated results -->" not in DOC.read_text():
             atomic_write_text(DOC, "<!-- generated results -->\n<!-- end generated results -->\n")
         body = render(runs, found, timing)
-        write_block(DOC, name="results", script=__file__, deps=DEPS, body=body,
-                    args=["--datasets", ",".join(datasets),
-                          "--split-seeds", ",".join(map(str, seeds)),
-                          "--methods", args.methods, "--compare-args", args.compare_args,
-                          "--update-docs"])  # fmt: skip
+        write_block(
+            DOC,
+            name="results",
+            script=__file__,
+            deps=DEPS,
+            body=body,
+            args=[
+                "--datasets",
+                ",".join(datasets),
+                "--split-seeds",
+                ",".join(map(str, seeds)),
+                "--methods",
+                args.methods,
+                "--compare-args",
+                args.compare_args,
+                "--update-docs",
+            ],
+        )
         print(f"written: {DOC}")
     return 0
 

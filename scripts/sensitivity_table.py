@@ -38,15 +38,20 @@ def measure(*, n: int, l2: float, radius: float, m: int) -> dict[str, float]:
     x = torch.from_numpy(np.asarray(data.images[:n]).reshape(n, -1).astype(np.float64))
     y = torch.from_numpy(np.asarray(data.labels[:n], dtype=np.int64))
     config = HeadConfig(l2=l2, clip_radius=radius)
-    sample = sample_sensitivity(x, y, num_classes=10, config=config, seed=0, m=m,
-                                solver="newton")  # fmt: skip
-    fit = train_convex_heads(x, y, masks=torch.ones(1, n, dtype=torch.bool), num_classes=10,
-                             config=config)  # fmt: skip
-    bound = analytic_sensitivity(n=n, l2=l2, clip_radius=radius, grad_tol=fit.tol,
-                                 num_params=10 * (x.shape[1] + 1))  # fmt: skip
+    sample = sample_sensitivity(x, y, num_classes=10, config=config, seed=0, m=m, solver="newton")
+    fit = train_convex_heads(
+        x, y, masks=torch.ones(1, n, dtype=torch.bool), num_classes=10, config=config
+    )
+    bound = analytic_sensitivity(
+        n=n, l2=l2, clip_radius=radius, grad_tol=fit.tol, num_params=10 * (x.shape[1] + 1)
+    )
     assert bound.value_l1 is not None
-    return {"sampled_l2": sample.value_l2, "analytic_l2": bound.value_l2,
-            "sampled_l1": sample.value_l1, "analytic_l1": bound.value_l1}  # fmt: skip
+    return {
+        "sampled_l2": sample.value_l2,
+        "analytic_l2": bound.value_l2,
+        "sampled_l1": sample.value_l1,
+        "analytic_l1": bound.value_l1,
+    }
 
 
 def render(rows: list[tuple[tuple[int, float, float], dict[str, float]]], *, m: int) -> str:
@@ -76,8 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.write is not None:
         shown = ["--m", str(args.m), "--write", relative(args.write)]
-        write_block(args.write, name="sampled-vs-analytic", script=__file__, args=shown,
-                    deps=DEPS, body=table)  # fmt: skip
+        write_block(
+            args.write,
+            name="sampled-vs-analytic",
+            script=__file__,
+            args=shown,
+            deps=DEPS,
+            body=table,
+        )
     return 0
 
 

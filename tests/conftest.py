@@ -275,8 +275,12 @@ def make_context(pixel_features):  # type: ignore[no-untyped-def]
     x, y = pixel_features
 
     def make(**fields: object) -> MethodContext:
-        defaults = {"num_classes": 10, "head": HeadConfig(), "public_features": x[200:500],
-                    "public_labels": y[200:500]}  # fmt: skip
+        defaults = {
+            "num_classes": 10,
+            "head": HeadConfig(),
+            "public_features": x[200:500],
+            "public_labels": y[200:500],
+        }
         return MethodContext(**{**defaults, **fields})  # type: ignore[arg-type]
 
     return make

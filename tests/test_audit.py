@@ -22,11 +22,15 @@ SEEDS = range(20)
 
 @pytest.mark.parametrize(
     "mechanism,epsilon,delta,informative",
-    [("alm", 1.0, 0.0, 0.4), ("alm", 3.0, 0.0, 0.4), ("laplace", 1.0, 0.0, 0.4),
-     ("gaussian", 1.0, 1e-5, 0.4),
-     # The textbook sigma is larger than the analytic one, so the audit finds less.
-     ("gaussian-classic", 0.5, 1e-5, 0.05)],
-)  # fmt: skip
+    [
+        ("alm", 1.0, 0.0, 0.4),
+        ("alm", 3.0, 0.0, 0.4),
+        ("laplace", 1.0, 0.0, 0.4),
+        ("gaussian", 1.0, 1e-5, 0.4),
+        # The textbook sigma is larger than the analytic one, so the audit finds less.
+        ("gaussian-classic", 0.5, 1e-5, 0.05),
+    ],
+)
 def test_mechanism_audit_is_tight_and_never_violated(
     mechanism: str, epsilon: float, delta: float, informative: float
 ) -> None:
@@ -45,16 +49,20 @@ def test_mechanism_audit_is_tight_and_never_violated(
         grid = np.quantile(np.r_[out_world[:n], in_world[:n]], np.linspace(0.5, 0.999, 60))
         scores = [
             epsilon_lower_bound(
-                false_positives=int((out_world[:n] > t).sum()), negatives=n,
-                false_negatives=int((in_world[:n] <= t).sum()), positives=n, delta=delta,
+                false_positives=int((out_world[:n] > t).sum()),
+                negatives=n,
+                false_negatives=int((in_world[:n] <= t).sum()),
+                positives=n,
+                delta=delta,
             )[0]
             for t in grid
-        ]  # fmt: skip
+        ]
         best = grid[int(np.argmax(scores))]
         fp = int((out_world[n:] > best).sum())
         fn = int((in_world[n:] <= best).sum())
-        eps, _, _ = epsilon_lower_bound(false_positives=fp, negatives=n, false_negatives=fn,
-                                        positives=n, delta=delta)  # fmt: skip
+        eps, _, _ = epsilon_lower_bound(
+            false_positives=fp, negatives=n, false_negatives=fn, positives=n, delta=delta
+        )
         bounds.append(eps)
     assert max(bounds) <= epsilon, (mechanism, max(bounds))
     # ...and the audit is informative: the median bound reaches a fair share of the claim.
@@ -64,12 +72,18 @@ def test_mechanism_audit_is_tight_and_never_violated(
 @pytest.mark.slow
 def test_harness_audit_over_20_seeds_never_exceeds_the_claim(tmp_path: Path) -> None:
     config = RunConfig(
-        methods=("alm", "laplace", "gaussian"), epsilons=(1.0, 8.0), seeds=tuple(SEEDS),
-        noise_draws=1, attacks=("loss", "confidence", "lira-offline"),
-        options={"sensitivity": "analytic"}, split=SplitSizes(members=60, attacker=120,
-        public=300), ssl=SSLConfig(epochs=5), out=str(tmp_path / "audit"),
-        cache_dir=str(tmp_path / "cache"), progress=False,
-    )  # fmt: skip
+        methods=("alm", "laplace", "gaussian"),
+        epsilons=(1.0, 8.0),
+        seeds=tuple(SEEDS),
+        noise_draws=1,
+        attacks=("loss", "confidence", "lira-offline"),
+        options={"sensitivity": "analytic"},
+        split=SplitSizes(members=60, attacker=120, public=300),
+        ssl=SSLConfig(epochs=5),
+        out=str(tmp_path / "audit"),
+        cache_dir=str(tmp_path / "cache"),
+        progress=False,
+    )
     torch.manual_seed(0)
     rows = run(config).rows
     audited = [r for r in rows if r.guarantee in ("pure-dp", "approx-dp")]
@@ -78,8 +92,11 @@ def test_harness_audit_over_20_seeds_never_exceeds_the_claim(tmp_path: Path) -> 
     assert {r.attack for r in audited} == {
         a + suffix for a in ("loss", "confidence", "lira-offline") for suffix in ("", CLEAN_SUFFIX)
     }
-    violations = [(r.method, r.epsilon, r.seed, r.attack, r.eps_lower_bound) for r in audited
-                  if r.eps_lower_bound > r.epsilon]  # fmt: skip
+    violations = [
+        (r.method, r.epsilon, r.seed, r.attack, r.eps_lower_bound)
+        for r in audited
+        if r.eps_lower_bound > r.epsilon
+    ]
     assert not violations
     # The unprotected head is the positive control: the same attacks do find membership.
     none = [r for r in rows if r.method == "none"]

@@ -37,9 +37,12 @@ def test_a_part_records_its_time_and_the_childs_peak_memory(
         "time.sleep(0.6)"
     )  # touches 200 MiB
     code, parts = bench.resumable_child(
-        [sys.executable, "-c", grow], log=tmp_path / "log", parts_file=parts_file, parts=[],
+        [sys.executable, "-c", grow],
+        log=tmp_path / "log",
+        parts_file=parts_file,
+        parts=[],
         poll=0.1,
-    )  # fmt: skip
+    )
     assert code == 0 and len(parts) == 1 and parts[0]["done"] is True
     assert parts[0]["seconds"] >= 0.6
     # at least the 200 MiB it touched; no upper bound: ru_maxrss includes the spawning
@@ -51,12 +54,20 @@ def test_a_part_records_its_time_and_the_childs_peak_memory(
 def test_an_interrupted_part_is_kept_and_a_failure_reported(
     bench: ModuleType, tmp_path: Path
 ) -> None:
-    before = {"when": "2026-11-27 10:00", "load": 0.5, "seconds": 100.0, "peak_rss_gib": 2.0,
-              "done": False}  # fmt: skip
+    before = {
+        "when": "2026-11-27 10:00",
+        "load": 0.5,
+        "seconds": 100.0,
+        "peak_rss_gib": 2.0,
+        "done": False,
+    }
     code, parts = bench.resumable_child(
-        [sys.executable, "-c", "raise SystemExit(3)"], log=tmp_path / "log",
-        parts_file=tmp_path / "p.json", parts=[before], poll=0.1,
-    )  # fmt: skip
+        [sys.executable, "-c", "raise SystemExit(3)"],
+        log=tmp_path / "log",
+        parts_file=tmp_path / "p.json",
+        parts=[before],
+        poll=0.1,
+    )
     assert code == 3
     assert parts[0] == before and parts[1]["done"] is False and len(parts) == 2
 
@@ -67,8 +78,15 @@ def test_the_next_invocation_resumes_and_sums_the_parts(
     out = tmp_path / "grid-10000"
     out.mkdir()
     (out / "results.csv").write_text("kept\n")
-    earlier = [{"when": "2026-11-27 10:00", "load": 0.5, "seconds": 1000.0, "peak_rss_gib": 2.5,
-                "done": False}]  # fmt: skip
+    earlier = [
+        {
+            "when": "2026-11-27 10:00",
+            "load": 0.5,
+            "seconds": 1000.0,
+            "peak_rss_gib": 2.5,
+            "done": False,
+        }
+    ]
     (out / "bench-parts.json").write_text(json.dumps(earlier))
     seen: list[list[str]] = []
 
@@ -78,8 +96,13 @@ def test_the_next_invocation_resumes_and_sums_the_parts(
         (out / "rocs.json").write_text("{}")
         if not (out / "results.csv").exists():
             (out / "results.csv").write_text("method,epsilon,seconds\nnone,inf,5.0\n")
-        part = {"when": "2026-11-28 09:00", "load": 0.1, "seconds": 500.0, "peak_rss_gib": 3.0,
-                "done": True}  # fmt: skip
+        part = {
+            "when": "2026-11-28 09:00",
+            "load": 0.1,
+            "seconds": 500.0,
+            "peak_rss_gib": 3.0,
+            "done": True,
+        }
         return 0, [*kwargs["parts"], part]
 
     monkeypatch.setattr(bench, "resumable_child", child)
@@ -87,8 +110,9 @@ def test_the_next_invocation_resumes_and_sums_the_parts(
     failed = bench.ChildRun(code=1, seconds=0.0, peak_rss_gib=0.0)
     monkeypatch.setattr(bench, "_stage_child", lambda command, log: (failed, ""))  # no sampler
     cache = bench.Cache(tmp_path / "results.json")
-    args = argparse.Namespace(cache=tmp_path / "results.json", force=False, grid_members=(10_000,),
-                              threads=1)  # fmt: skip
+    args = argparse.Namespace(
+        cache=tmp_path / "results.json", force=False, grid_members=(10_000,), threads=1
+    )
     bench.measure_paper(args, cache)
     assert "--resume" in seen[0]
     assert (out / "results.csv").read_text() == "kept\n"  # the finished cells stay
@@ -116,7 +140,11 @@ def test_the_features_are_written_by_a_child_with_the_harness_roles(
     np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, rtol=1e-5)  # unit rows
     names, counts = np.unique(role, return_counts=True)
     assert dict(zip(names.tolist(), counts.tolist(), strict=True)) == {
-        "member": 20, "non-member": 20, "attacker": 40, "public": 20}  # fmt: skip
+        "member": 20,
+        "non-member": 20,
+        "attacker": 40,
+        "public": 20,
+    }
     # the same rows as the in-process generator: the child only moves the memory elsewhere
     np.testing.assert_array_equal(x, bench.gaussian_mixture(100, seed=20)[0])
     assert bench.ensure_features(tmp_path, 20) == path  # written once
@@ -127,8 +155,7 @@ def test_a_stage_child_returns_its_last_line_and_its_exit_code(
 ) -> None:
     run, out = bench._stage_child([sys.executable, "-c", "print('a'); print('{\"x\": 1}')"])
     assert run.code == 0 and json.loads(out.strip().splitlines()[-1]) == {"x": 1}
-    run, _ = bench._stage_child([sys.executable, "-c", "raise SystemExit(4)"],
-                                log=tmp_path / "err")  # fmt: skip
+    run, _ = bench._stage_child([sys.executable, "-c", "raise SystemExit(4)"], log=tmp_path / "err")
     assert run.code == 4
 
 
@@ -138,17 +165,24 @@ def test_a_grid_summary_counts_cells_not_rows_and_goes_into_the_block(
     out = tmp_path / "grid-10000"
     out.mkdir()
     rows = [("none", "inf", 10.0)] * 2 + [("alm", "0.1", 200.0)] * 3 + [("alm", "1", 260.0)] * 3
-    lines = ["method,epsilon,attack,seconds"] + [f"{m},{e},a{i},{s}" for i, (m, e, s) in
-                                                 enumerate(rows)]  # fmt: skip
+    lines = ["method,epsilon,attack,seconds"] + [
+        f"{m},{e},a{i},{s}" for i, (m, e, s) in enumerate(rows)
+    ]
     (out / "results.csv").write_text("\n".join(lines) + "\n")
     (out / "rocs.json").write_bytes(b"x" * 3_000_000)
     summary = bench.grid_summary(out)
-    assert summary == {"cells": {"none": [1, 10.0, 10.0, 10.0],
-                                 "alm": [2, 200.0, 260.0, 460.0]},
-                       "rocs_bytes": 3_000_000}  # fmt: skip
+    assert summary == {
+        "cells": {"none": [1, 10.0, 10.0, 10.0], "alm": [2, 200.0, 260.0, 460.0]},
+        "rocs_bytes": 3_000_000,
+    }
     cache = bench.Cache(tmp_path / "results.json")
-    record = {"n": 10_000, "wall": 600.0, "peak_rss_gib": 1.0, "when": "2026-11-27 10:00",
-              "load": 0.5}  # fmt: skip
+    record = {
+        "n": 10_000,
+        "wall": 600.0,
+        "peak_rss_gib": 1.0,
+        "when": "2026-11-27 10:00",
+        "load": 0.5,
+    }
     cache.put("paper-grid,n=10000", {**record, **summary})
     block = bench.paper_block(cache)
     assert "2 alm: 3.3 min-4.3 min each, 7.7 min in all" in block

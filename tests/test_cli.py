@@ -16,8 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _python(code: str) -> str:
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=ROOT, check=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+        timeout=600,
+    )
     return done.stdout.strip()
 
 
@@ -110,10 +116,23 @@ def test_parsed_defaults_match_an_explicit_default_run(tmp_path: Path) -> None:
     base = ["--out", str(tmp_path / "a"), "--cache-dir", str(tmp_path / "c")]
     plain = parse_config(base)
     d = catalogue.DEFAULTS
-    explicit = parse_config([
-        *base, "--noise-draws", str(d["RunConfig.noise_draws"]), "--seeds", "0",
-        "--split-seed", "0", "--device", "cpu", "--methods", "none", "--attacks", "all",
-    ])  # fmt: skip
+    explicit = parse_config(
+        [
+            *base,
+            "--noise-draws",
+            str(d["RunConfig.noise_draws"]),
+            "--seeds",
+            "0",
+            "--split-seed",
+            "0",
+            "--device",
+            "cpu",
+            "--methods",
+            "none",
+            "--attacks",
+            "all",
+        ]
+    )
     assert dataclasses.asdict(plain) == dataclasses.asdict(explicit)
 
 

@@ -31,11 +31,19 @@ def _separable(n: int = 240, d: int = 8, seed: int = 0) -> tuple[torch.Tensor, t
 def test_a_dpsgd_head_trains_on_the_device_it_is_given(mechanism: str) -> None:
     x, y = _separable()
     run = train_dpsgd_head(
-        x, y, num_classes=3, head=HeadConfig(), device=CUDA,
+        x,
+        y,
+        num_classes=3,
+        head=HeadConfig(),
+        device=CUDA,
         config=DPSGDConfig(lr=2.0, max_grad_norm=1.0, epochs=3, batch_size=40),
-        epsilon=8.0, delta=1e-5, accountant="alm_pld", seed=0, noise_seed=0,
+        epsilon=8.0,
+        delta=1e-5,
+        accountant="alm_pld",
+        seed=0,
+        noise_seed=0,
         mechanism=mechanism,
-    )  # fmt: skip
+    )
     assert {p.device.type for p in run.head.parameters()} == {"cuda"}
     assert 0 < run.epsilon_spent <= 8.0
     accuracy = (run.head(x.to(CUDA)).argmax(1).cpu() == y).float().mean().item()
@@ -47,9 +55,11 @@ def test_a_release_draws_its_noise_on_the_device_of_the_module(mechanism: str) -
     head = torch.nn.Linear(8, 3).to(CUDA)
     norm = "l2" if mechanism == "gaussian" else "l1"
     released = PostTrainingPrivacyEngine(mechanism=mechanism).make_private(
-        head, epsilon=1.0, delta=1e-5 if mechanism == "gaussian" else 0.0,
+        head,
+        epsilon=1.0,
+        delta=1e-5 if mechanism == "gaussian" else 0.0,
         sensitivity=SensitivityInfo(value=0.1, norm=norm, source="caller"),  # type: ignore[arg-type]
-    )  # fmt: skip
+    )
     noisy = dict(released.module.named_parameters())
     for name, clean in head.named_parameters():
         assert noisy[name].device.type == "cuda"
@@ -65,9 +75,13 @@ def test_opacus_training_with_logistic_and_laplace_noise_on_the_device(mechanism
     loader = DataLoader(TensorDataset(x.to(CUDA), y.to(CUDA)), batch_size=40)
     engine = PrivacyEngine()
     model, optimizer, loader = engine.make_private(
-        module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=1.0,
-        max_grad_norm=l1_clip(1.0, params=model), noise_mechanism=mechanism,
-    )  # fmt: skip
+        module=model,
+        optimizer=optimizer,
+        data_loader=loader,
+        noise_multiplier=1.0,
+        max_grad_norm=l1_clip(1.0, params=model),
+        noise_mechanism=mechanism,
+    )
     for xb, yb in loader:
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(xb), yb).backward()

@@ -70,8 +70,9 @@ def test_every_block_is_filled_by_the_script_it_names(doc: str, name: str, write
 
 def test_the_logistic_epsilon_block_is_current() -> None:
     module = script("logistic_accounting")
-    table = {(r[0], r[3]): r for r in rows(block("accounting.md", "logistic-epsilon")) if
-             len(r) == 7}  # fmt: skip
+    table = {
+        (r[0], r[3]): r for r in rows(block("accounting.md", "logistic-epsilon")) if len(r) == 7
+    }
     for label, q, steps in module.SCHEDULES[:1]:
         for sigma in (1.0, 8.0):
             cells = table[label, f"{sigma:g}"]
@@ -90,17 +91,21 @@ def test_the_harness_block_states_the_sigmas_each_accounting_calibrates() -> Non
         for variant, cell in (("before", cells[1]), ("after", cells[2])):
             with module.accounting(variant):
                 sigma = find_noise_multiplier(
-                    target_epsilon=float(cells[0]), target_delta=1e-5, sample_rate=q,
-                    steps=steps, mechanism="alm",
-                )  # fmt: skip
+                    target_epsilon=float(cells[0]),
+                    target_delta=1e-5,
+                    sample_rate=q,
+                    steps=steps,
+                    mechanism="alm",
+                )
             assert f"{sigma:.4g}" == cell, (variant, cells)
 
 
 def test_the_cost_block_states_the_sigmas_the_search_finds() -> None:
     table = {r[0]: r for r in rows(block("accounting.md", "accounting-cost")) if len(r) == 5}
     for target in ("0.1", "1", "10"):
-        sigma = find_noise_multiplier(target_epsilon=float(target), target_delta=1e-5,
-                                      sample_rate=0.5, steps=60)  # fmt: skip
+        sigma = find_noise_multiplier(
+            target_epsilon=float(target), target_delta=1e-5, sample_rate=0.5, steps=60
+        )
         assert f"{sigma:.4g}" == table[target][1]
 
 

@@ -56,8 +56,15 @@ def repo(tmp_path: Path) -> Path:
 
 
 def _write(repo: Path, body: str = "| a | 0.913 |", args: tuple[str, ...] = ("--n", "3")) -> None:
-    write_block(repo / "doc.md", name="table", script="scripts/measure.py", args=args,
-                deps=("lib",), body=body, root=repo)  # fmt: skip
+    write_block(
+        repo / "doc.md",
+        name="table",
+        script="scripts/measure.py",
+        args=args,
+        deps=("lib",),
+        body=body,
+        root=repo,
+    )
 
 
 def _stale(repo: Path) -> str | None:
@@ -87,13 +94,21 @@ def test_a_written_block_is_fresh_and_names_its_command(repo: Path) -> None:
         (lambda r: (r / "lib" / "new.py").write_text("Y = 1\n"), "is stale"),
         (lambda r: (r / "lib" / "maths.py").unlink(), "is stale"),
         (lambda r: (r / "scripts" / "measure.py").unlink(), "a file that is gone"),
-        (lambda r: (r / "doc.md").write_text((r / "doc.md").read_text().replace("0.913", "0.931")),
-         "edited by hand"),
-        (lambda r: (r / "doc.md").write_text((r / "doc.md").read_text().replace("--n 3", "--n 4")),
-         "is stale"),
+        (
+            lambda r: (r / "doc.md").write_text(
+                (r / "doc.md").read_text().replace("0.913", "0.931")
+            ),
+            "edited by hand",
+        ),
+        (
+            lambda r: (r / "doc.md").write_text(
+                (r / "doc.md").read_text().replace("--n 3", "--n 4")
+            ),
+            "is stale",
+        ),
     ],
     ids=["script", "dep", "new-dep-file", "dep-removed", "script-gone", "hand-edit", "args"],
-)  # fmt: skip
+)
 def test_a_block_is_stale_when_what_made_it_changes(repo: Path, change, needle: str) -> None:  # type: ignore[no-untyped-def]
     _write(repo)
     change(repo)
@@ -122,8 +137,15 @@ def test_placeholders_hold_no_numbers_and_markers_must_pair(repo: Path) -> None:
         find_blocks(repo / "doc.md")
     (repo / "doc.md").write_text(text)
     with pytest.raises(ValueError, match="no generated block 'other'"):
-        write_block(repo / "doc.md", name="other", script="scripts/measure.py", args=(),
-                    deps=(), body="x", root=repo)  # fmt: skip
+        write_block(
+            repo / "doc.md",
+            name="other",
+            script="scripts/measure.py",
+            args=(),
+            deps=(),
+            body="x",
+            root=repo,
+        )
 
 
 def test_a_pending_notice_covers_exactly_the_change_it_names(repo: Path) -> None:

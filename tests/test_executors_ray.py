@@ -38,10 +38,16 @@ ROOT = Path(__file__).resolve().parents[1]
 #: which cells ran before them in a process), post-training methods sharing one
 #: preparation (sampler chunks), DP-SGD (tuning, its own adaptive attacker), shadow and LiRA
 #: reference banks in chunks of 4 heads.
-SMALL = {"methods": ("alm", "laplace", "dperm", "dpsgd"), "epsilons": (1.0, 8.0),
-         "noise_draws": 2, "attacks": ("loss", "shadow", "lira-offline"), "options": {"m": 16},
-         "attack_options": {"num_shadow": 8, "num_reference": 8, "heads_per_seed": 4},
-         "reproducible_noise": True, "progress": False}  # fmt: skip
+SMALL = {
+    "methods": ("alm", "laplace", "dperm", "dpsgd"),
+    "epsilons": (1.0, 8.0),
+    "noise_draws": 2,
+    "attacks": ("loss", "shadow", "lira-offline"),
+    "options": {"m": 16},
+    "attack_options": {"num_shadow": 8, "num_reference": 8, "heads_per_seed": 4},
+    "reproducible_noise": True,
+    "progress": False,
+}
 
 
 def _cache(shared_cache: Path, where: Path) -> Path:
@@ -134,7 +140,7 @@ def cluster(list_ray_processes: Any, deadline: Any) -> Iterator[Any]:
         nodes = Cluster(
             initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": small}
         )
-        nodes.add_node(num_cpus=1, object_store_memory=small)  # fmt: skip
+        nodes.add_node(num_cpus=1, object_store_memory=small)
         ray.init(address=nodes.address, include_dashboard=False, configure_logging=False)
     try:
         nodes.wait_for_nodes(timeout=deadline(60))
@@ -252,9 +258,21 @@ def test_a_killed_driver_resumes_to_the_same_table(
     this shared machine, may start some then: counted as the driver's, they outlived it and
     failed the test). Whatever of it is left at the end is killed, pass or fail; every wait
     has a deadline scaled for the machine's load."""
-    flags = ["--methods", "alm", "--epsilons", "1,2,4,8", "--attacks", "loss",
-             "--noise-draws", "1", "--m", "8", "--num-reference", "4",
-             "--reproducible-noise"]  # fmt: skip
+    flags = [
+        "--methods",
+        "alm",
+        "--epsilons",
+        "1,2,4,8",
+        "--attacks",
+        "loss",
+        "--noise-draws",
+        "1",
+        "--m",
+        "8",
+        "--num-reference",
+        "4",
+        "--reproducible-noise",
+    ]
     straight = tmp_path / "straight"
     cache = _cache(default_pipeline.config.cache_path, tmp_path / "cache")
     run_seconds = 600  # for one small run on an idle machine: generous
@@ -264,8 +282,13 @@ def test_a_killed_driver_resumes_to_the_same_table(
     ray_cache = _cache(default_pipeline.config.cache_path, tmp_path / "ray-cache")
     flags = [*flags, "--out", str(out), "--cache-dir", str(ray_cache), "--executor", "ray"]
     log = tmp_path / "driver.log"
-    killer = [sys.executable, str(ROOT / "tests" / "_killed_driver.py"), "2", "--no-progress",
-              *flags]  # fmt: skip
+    killer = [
+        sys.executable,
+        str(ROOT / "tests" / "_killed_driver.py"),
+        "2",
+        "--no-progress",
+        *flags,
+    ]
     with log.open("w") as err:
         driver = processes.popen(killer, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
     killed_cluster: set[int] = set()

@@ -53,10 +53,17 @@ def test_the_three_examples_run_in_the_harness(tmp_path, isolated) -> None:  # t
     _load(tmp_path, "# my_package/four_digits.py", "four_digits_example")
     _load(tmp_path, "# my_package/max_probability.py", "max_probability_example")
     assert "max-probability" in available_attacks()
-    config = RunConfig(dataset="four-digits", methods=("rounded", "alm"), epsilons=(1.0,),
-                       noise_draws=1, attacks=("max-probability", "loss"),
-                       options={"rounded.decimals": 2, "m": 4}, out=str(tmp_path / "run"),
-                       cache_dir=str(tmp_path / "cache"), progress=False)  # fmt: skip
+    config = RunConfig(
+        dataset="four-digits",
+        methods=("rounded", "alm"),
+        epsilons=(1.0,),
+        noise_draws=1,
+        attacks=("max-probability", "loss"),
+        options={"rounded.decimals": 2, "m": 4},
+        out=str(tmp_path / "run"),
+        cache_dir=str(tmp_path / "cache"),
+        progress=False,
+    )
     rows = run(config).rows
     got = {(r.method, r.attack) for r in rows}
     assert ("rounded", "max-probability") in got and ("alm", "max-probability-clean") in got

@@ -43,11 +43,25 @@ def test_a_stuck_test_fails_at_its_limit_and_its_children_end(
     (tmp_path / "test_stuck.py").write_text(STUCK)
     env = {**os.environ, "ALM_OPACUS_TEST_TIME_SCALE": "1"}
     done = processes.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
-         str(tmp_path / "base"), str(tmp_path / "test_stuck.py")],
-        timeout=240, check=False, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--basetemp",
+            str(tmp_path / "base"),
+            str(tmp_path / "test_stuck.py"),
+        ],
+        timeout=240,
+        check=False,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     out = done.stdout
     assert done.returncode == 1, out
     assert "3 failed" in out, out

@@ -65,8 +65,15 @@ def test_pretraining_sees_only_the_public_split(tmp_path: Path, monkeypatch) -> 
 @pytest.mark.slow
 def test_methods_none_writes_the_contract_table(tmp_path: Path, shared_cache: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "run"
-    args = ["--methods", "none", "--out", str(out), "--cache-dir", str(shared_cache),
-            "--no-progress"]  # fmt: skip
+    args = [
+        "--methods",
+        "none",
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(shared_cache),
+        "--no-progress",
+    ]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "tensorboard --logdir" in printed and "none" in printed
@@ -135,8 +142,11 @@ def test_unknown_method_lists_the_registered_names(capsys) -> None:  # type: ign
 def test_script_exit_code_is_2_for_an_unknown_method() -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "compare.py"), "--methods", "nosuch"],
-        capture_output=True, text=True, check=False, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
     assert proc.returncode == 2
     assert "unknown method 'nosuch'" in proc.stderr
 
@@ -178,9 +188,23 @@ def test_config_json_lists_the_tuning_grids_and_choices(tmp_path: Path, shared_c
     import json
 
     out = tmp_path / "tuned"
-    args = ["--methods", "dpsgd,alm", "--epsilons", "1", "--noise-draws", "1", "--attacks",
-            "loss", "--m", "8", "--out", str(out), "--cache-dir", str(shared_cache),
-            "--no-progress"]  # fmt: skip
+    args = [
+        "--methods",
+        "dpsgd,alm",
+        "--epsilons",
+        "1",
+        "--noise-draws",
+        "1",
+        "--attacks",
+        "loss",
+        "--m",
+        "8",
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(shared_cache),
+        "--no-progress",
+    ]
     assert main(args) == 0
     settings = json.loads((out / "config.json").read_text())
     grids = settings["tuning_grids"]
@@ -249,8 +273,9 @@ def _pixel_probe(seen: list[tuple[str, tuple[int, ...]]]):  # type: ignore[no-un
                 seen.append(("query", tuple(x.shape)))
                 return prepared.predict_proba(x.reshape(len(x), -1).double()).float()
 
-            return Release(method=self.name, statement=PrivacyStatement.unprotected(),
-                           predict_proba=predict)  # fmt: skip
+            return Release(
+                method=self.name, statement=PrivacyStatement.unprotected(), predict_proba=predict
+            )
 
     return Probe
 
@@ -265,9 +290,14 @@ def test_an_image_method_is_trained_tested_and_attacked_on_images(
     seen: list[tuple[str, tuple[int, ...]]] = []
     monkeypatch.setitem(registry.METHODS._items, "pixel-probe", _pixel_probe(seen))
     config = harness.RunConfig(
-        methods=("pixel-probe",), epsilons=(1.0,), noise_draws=1, attacks=("loss",),
-        out=str(tmp_path / "run"), cache_dir=str(shared_cache), progress=False,
-    )  # fmt: skip
+        methods=("pixel-probe",),
+        epsilons=(1.0,),
+        noise_draws=1,
+        attacks=("loss",),
+        out=str(tmp_path / "run"),
+        cache_dir=str(shared_cache),
+        progress=False,
+    )
     assert registry.method_class("pixel-probe").inputs == "images"
     result = harness.run(config)
     assert seen[:2] == [("prepare", (150, 1, 8, 8)), ("release", (150, 1, 8, 8))]
@@ -281,8 +311,9 @@ def test_an_image_method_is_trained_tested_and_attacked_on_images(
         rows = getattr(data.split, part)
         return torch.from_numpy(to_float(ds.images[rows])).reshape(-1, 64).double()
 
-    head = train_head(flat("members"), data.part("members")[1], num_classes=10,
-                      config=config.recipe, seed=0)  # fmt: skip
+    head = train_head(
+        flat("members"), data.part("members")[1], num_classes=10, config=config.recipe, seed=0
+    )
     expected = accuracy(head.predict_proba(flat("nonmembers")), data.part("nonmembers")[1])
     probe = [r for r in result.rows if r.method == "pixel-probe"]
     assert probe and probe[0].test_accuracy == pytest.approx(expected, abs=1e-9)
@@ -293,10 +324,15 @@ def test_an_image_method_is_trained_tested_and_attacked_on_images(
 def test_dpsgd_full_runs_in_the_harness_on_images(tmp_path: Path, shared_cache: Path) -> None:
     options = {"dpsgd-full.epochs": 2, "dpsgd-full.lr": 0.1, "dpsgd-full.clip": 1.0}
     config = harness.RunConfig(
-        methods=("dpsgd-full",), epsilons=(2.0,), noise_draws=1, attacks=("loss",),
-        out=str(tmp_path / "run"), cache_dir=str(shared_cache), progress=False,
+        methods=("dpsgd-full",),
+        epsilons=(2.0,),
+        noise_draws=1,
+        attacks=("loss",),
+        out=str(tmp_path / "run"),
+        cache_dir=str(shared_cache),
+        progress=False,
         options=options,
-    )  # fmt: skip
+    )
     rows = [r for r in harness.run(config).rows if r.method == "dpsgd-full"]
     assert len(rows) == 1
     row = rows[0]

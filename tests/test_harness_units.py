@@ -23,8 +23,9 @@ from alm_opacus.run.writer import RunWriter, run_settings
 
 
 def test_the_grid_puts_the_baseline_first_in_every_seed() -> None:
-    config = RunConfig(methods=("alm", "none", "laplace"), epsilons=(1.0, 2.0), seeds=(3, 4),
-                       noise_draws=2)  # fmt: skip
+    config = RunConfig(
+        methods=("alm", "none", "laplace"), epsilons=(1.0, 2.0), seeds=(3, 4), noise_draws=2
+    )
     cells = plan_cells(config)
     methods = ["none", "alm", "alm", "laplace", "laplace", "no-leak"]
     assert [c.method for c in cells[:6]] == methods
@@ -56,11 +57,22 @@ def test_cells_side_by_side_start_every_method_first() -> None:
     spread = spread_by_method(cells)
     assert sorted(spread, key=cells.index) == cells  # a permutation
     names = [(c.method, c.epsilon, c.seed) for c in spread]
-    assert names[:8] == [("none", math.inf, 3), ("alm", 1.0, 3), ("laplace", 1.0, 3),
-                         ("no-leak", math.inf, 3), ("none", math.inf, 4), ("alm", 1.0, 4),
-                         ("laplace", 1.0, 4), ("no-leak", math.inf, 4)]  # fmt: skip
-    assert names[8:12] == [("alm", 2.0, 3), ("laplace", 2.0, 3),
-                           ("alm", 2.0, 4), ("laplace", 2.0, 4)]  # fmt: skip
+    assert names[:8] == [
+        ("none", math.inf, 3),
+        ("alm", 1.0, 3),
+        ("laplace", 1.0, 3),
+        ("no-leak", math.inf, 3),
+        ("none", math.inf, 4),
+        ("alm", 1.0, 4),
+        ("laplace", 1.0, 4),
+        ("no-leak", math.inf, 4),
+    ]
+    assert names[8:12] == [
+        ("alm", 2.0, 3),
+        ("laplace", 2.0, 3),
+        ("alm", 2.0, 4),
+        ("laplace", 2.0, 4),
+    ]
     for group in {(c.method, c.seed) for c in cells}:  # plan order within a (method, seed)
         assert [c for c in spread if (c.method, c.seed) == group] == [
             c for c in cells if (c.method, c.seed) == group
@@ -69,10 +81,16 @@ def test_cells_side_by_side_start_every_method_first() -> None:
 
 @pytest.fixture(scope="module")
 def session(default_pipeline):  # type: ignore[no-untyped-def]
-    config = RunConfig(methods=("alm", "gaussian-classic"), epsilons=(1.0,), noise_draws=2,
-                       attacks=("loss", "lira-online"), options={"m": 6},
-                       reproducible_noise=True, progress=False,
-                       cache_dir=str(default_pipeline.config.cache_path))  # fmt: skip
+    config = RunConfig(
+        methods=("alm", "gaussian-classic"),
+        epsilons=(1.0,),
+        noise_draws=2,
+        attacks=("loss", "lira-online"),
+        options={"m": 6},
+        reproducible_noise=True,
+        progress=False,
+        cache_dir=str(default_pipeline.config.cache_path),
+    )
     return Session.open(config, default_pipeline)
 
 
@@ -111,9 +129,20 @@ def test_the_writer_rewrites_every_file_after_a_cell_and_resumes(tmp_path: Path)
     out = tmp_path
     settings = run_settings(config)
     w = RunWriter(out, settings=settings, resume=False)
-    row = ResultRow(dataset="digits", method="alm", epsilon=1.0, delta=0.0, guarantee="pure-dp",
-                    sensitivity=1.0, noise_scale=1.0, seed=0, test_accuracy=0.5,
-                    utility_loss=0.4, attack="loss", mia_auc=0.55)  # fmt: skip
+    row = ResultRow(
+        dataset="digits",
+        method="alm",
+        epsilon=1.0,
+        delta=0.0,
+        guarantee="pure-dp",
+        sensitivity=1.0,
+        noise_scale=1.0,
+        seed=0,
+        test_accuracy=0.5,
+        utility_loss=0.4,
+        attack="loss",
+        mia_auc=0.55,
+    )
     w.add(
         CellOutcome(
             rows=[row],

@@ -120,9 +120,13 @@ def test_head_independent_of_batch_and_mask_means_subset(
     alone = train_heads(x, y, masks=masks[2:3], num_classes=10, config=config, seed=2)
     rows = masks[2]
     subset = train_heads(
-        x[rows], y[rows], masks=torch.ones(1, int(rows.sum()), dtype=torch.bool),
-        num_classes=10, config=config, seed=2,
-    )  # fmt: skip
+        x[rows],
+        y[rows],
+        masks=torch.ones(1, int(rows.sum()), dtype=torch.bool),
+        num_classes=10,
+        config=config,
+        seed=2,
+    )
     for k in batch:
         assert _rel(alone[k][0], batch[k][2]) < 1e-12
         assert _rel(subset[k][0], batch[k][2]) < 1e-10
@@ -153,16 +157,29 @@ def test_errors(data: tuple[torch.Tensor, torch.Tensor]) -> None:
     x, y = data
     config = HeadConfig(steps=2)
     with pytest.raises(ValueError, match="masks must be"):
-        train_heads(x, y, masks=torch.ones(2, N + 1, dtype=torch.bool), num_classes=10,
-                    config=config, seed=0)  # fmt: skip
+        train_heads(
+            x,
+            y,
+            masks=torch.ones(2, N + 1, dtype=torch.bool),
+            num_classes=10,
+            config=config,
+            seed=0,
+        )
     empty = torch.ones(2, N, dtype=torch.bool)
     empty[1] = False
     with pytest.raises(ValueError, match="at least one example"):
         train_heads(x, y, masks=empty, num_classes=10, config=config, seed=0)
     with pytest.raises(ValueError, match="labels"):
         train_heads(x, y[:-1], masks=empty[:1], num_classes=10, config=config, seed=0)
-    for bad in ({"kind": "cnn"}, {"steps": 0}, {"lr": 0.0}, {"l2": -1.0}, {"l2": float("nan")},
-                {"clip_radius": 0.0}, {"dtype": "float16"}):  # fmt: skip
+    for bad in (
+        {"kind": "cnn"},
+        {"steps": 0},
+        {"lr": 0.0},
+        {"l2": -1.0},
+        {"l2": float("nan")},
+        {"clip_radius": 0.0},
+        {"dtype": "float16"},
+    ):
         with pytest.raises(ValueError, match=next(iter(bad))):
             HeadConfig(**bad)  # type: ignore[arg-type]
     assert utility_loss(protected=0.9, unprotected=1.0) == pytest.approx(0.1)

@@ -41,8 +41,10 @@ def test_a_full_disk_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 @pytest.mark.parametrize(
     ("a", "b"),
     [
-        ({"x": torch.ones(3), "y": [1, 2.5]},
-         {"x": torch.ones(3, dtype=torch.float64), "y": [1, 2.5]}),
+        (
+            {"x": torch.ones(3), "y": [1, 2.5]},
+            {"x": torch.ones(3, dtype=torch.float64), "y": [1, 2.5]},
+        ),
         ({"x": torch.ones(3)}, {"x": torch.ones(1, 3)}),
         ({"x": [1, 2]}, {"x": (1, 2)}),
         ({"x": 1}, {"x": 1.0}),
@@ -51,7 +53,7 @@ def test_a_full_disk_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         ({"x": 0.1}, {"x": 0.1 + 2**-56}),
         ({"ab": "c"}, {"a": "bc"}),
     ],
-)  # fmt: skip
+)
 def test_content_digest_tells_apart_what_differs(a: object, b: object) -> None:
     assert content_digest(a) != content_digest(b)
 

@@ -18,23 +18,38 @@ from alm_opacus.statement import Guarantee
 
 L1 = SensitivityInfo(value=0.5, norm="l1", source="analytic")
 L2 = SensitivityInfo(value=0.5, norm="l2", source="analytic")
-SAMPLED = SensitivityInfo(value=0.5, norm="l1", source="sampled", m=200, gamma=0.05,
-                          confidence=0.999, population="a public sample")  # fmt: skip
+SAMPLED = SensitivityInfo(
+    value=0.5,
+    norm="l1",
+    source="sampled",
+    m=200,
+    gamma=0.05,
+    confidence=0.999,
+    population="a public sample",
+)
 
 
 def _pure(epsilon: float, relation: str = "replace-one") -> LedgerRecord:
-    return LedgerRecord(guarantee=Guarantee.PURE_DP, epsilon=epsilon, delta=0.0,
-                        neighbouring=relation)  # fmt: skip
+    return LedgerRecord(
+        guarantee=Guarantee.PURE_DP, epsilon=epsilon, delta=0.0, neighbouring=relation
+    )
 
 
 def _approx(epsilon: float, delta: float, relation: str = "replace-one") -> LedgerRecord:
-    return LedgerRecord(guarantee=Guarantee.APPROX_DP, epsilon=epsilon, delta=delta,
-                        neighbouring=relation)  # fmt: skip
+    return LedgerRecord(
+        guarantee=Guarantee.APPROX_DP, epsilon=epsilon, delta=delta, neighbouring=relation
+    )
 
 
 def _random(epsilon: float, gamma: float, confidence: float, delta: float = 0.0) -> LedgerRecord:
-    return LedgerRecord(guarantee=Guarantee.RANDOM_DP, epsilon=epsilon, delta=delta,
-                        neighbouring="replace-one", gamma=gamma, confidence=confidence)  # fmt: skip
+    return LedgerRecord(
+        guarantee=Guarantee.RANDOM_DP,
+        epsilon=epsilon,
+        delta=delta,
+        neighbouring="replace-one",
+        gamma=gamma,
+        confidence=confidence,
+    )
 
 
 @pytest.fixture
@@ -87,14 +102,25 @@ def test_random_dp_mixed_with_dp_is_random_dp_with_every_parameter(strong: Ledge
 @pytest.mark.parametrize(
     "records",
     [
-        [_pure(1.0), LedgerRecord(guarantee=Guarantee.NONE, epsilon=math.inf, delta=0.0,
-                                  neighbouring="")],
+        [
+            _pure(1.0),
+            LedgerRecord(guarantee=Guarantee.NONE, epsilon=math.inf, delta=0.0, neighbouring=""),
+        ],
         [_random(1.0, 0.5, 0.9), _random(1.0, 0.6, 0.9)],  # gammas past 1: nothing left
         [_approx(1.0, 0.6), _approx(1.0, 0.6)],  # deltas past 1
-        [_pure(1.0), LedgerRecord(guarantee=Guarantee.RANDOM_DP, epsilon=1.0, delta=0.0,
-                                  neighbouring="add-remove", gamma=0.1, confidence=0.9)],
+        [
+            _pure(1.0),
+            LedgerRecord(
+                guarantee=Guarantee.RANDOM_DP,
+                epsilon=1.0,
+                delta=0.0,
+                neighbouring="add-remove",
+                gamma=0.1,
+                confidence=0.9,
+            ),
+        ],
     ],
-)  # fmt: skip
+)
 def test_what_bounds_nothing_leaves_no_guarantee(records: list[LedgerRecord]) -> None:
     total = compose_records(records)
     assert total.guarantee is Guarantee.NONE and total.epsilon == math.inf and total.notes
@@ -109,13 +135,27 @@ def test_mixed_relations_are_stated_under_replace_one_by_group_privacy() -> None
 
 def test_laplace_and_gaussian_releases_compose_through_the_accountant() -> None:
     # Independent reference: dp_accounting's PLD accountant on the same two mechanisms.
-    laplace = LedgerRecord(guarantee=Guarantee.PURE_DP, epsilon=1.0, delta=0.0,
-                           neighbouring="replace-one", mechanism="laplace", scale=0.5,
-                           sensitivity=0.5, dim=10)  # fmt: skip
+    laplace = LedgerRecord(
+        guarantee=Guarantee.PURE_DP,
+        epsilon=1.0,
+        delta=0.0,
+        neighbouring="replace-one",
+        mechanism="laplace",
+        scale=0.5,
+        sensitivity=0.5,
+        dim=10,
+    )
     sigma = analysis.analytic_gaussian_scale(epsilon=1.0, delta=1e-5, sensitivity=0.5)
-    gauss = LedgerRecord(guarantee=Guarantee.APPROX_DP, epsilon=1.0, delta=1e-5,
-                         neighbouring="replace-one", mechanism="gaussian", scale=sigma,
-                         sensitivity=0.5, dim=10)  # fmt: skip
+    gauss = LedgerRecord(
+        guarantee=Guarantee.APPROX_DP,
+        epsilon=1.0,
+        delta=1e-5,
+        neighbouring="replace-one",
+        mechanism="gaussian",
+        scale=sigma,
+        sensitivity=0.5,
+        dim=10,
+    )
     total = compose_records([laplace, gauss])
     reference = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-5)
     reference.compose(dp_event.LaplaceDpEvent(noise_multiplier=1.0))  # b / sensitivity

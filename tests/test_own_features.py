@@ -52,8 +52,21 @@ def test_the_documented_flow_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     argv = shlex.split(command)
     assert argv[:2] == ["python", "scripts/compare.py"]
     # the command as documented, made quick: one epsilon, one draw, two attacks, m = 20
-    quick = ["--out", "run", "--cache-dir", "cache", "--no-progress", "--epsilons", "1",
-             "--noise-draws", "1", "--attacks", "loss,lira-offline", "--opt", "m=20"]  # fmt: skip
+    quick = [
+        "--out",
+        "run",
+        "--cache-dir",
+        "cache",
+        "--no-progress",
+        "--epsilons",
+        "1",
+        "--noise-draws",
+        "1",
+        "--attacks",
+        "loss,lira-offline",
+        "--opt",
+        "m=20",
+    ]
     assert main([*argv[2:], *quick]) == 0
     rows = (tmp_path / "run" / "results.csv").read_text().splitlines()
     assert {"none", "alm", "dpsgd"} <= {r.split(",")[1] for r in rows[1:]}

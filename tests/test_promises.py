@@ -45,12 +45,22 @@ def _replay(noisy: torch.nn.Module, *, statement: PrivacyStatement, seed: int) -
     assert statement.grid is not None and statement.noise_scale is not None
     grid = Grid(exponent=math.frexp(statement.grid)[1] - 1, limit=2**53, bound=2**52)
     gen = make_generator(seed=seed)
-    return torch.cat([
-        (p.detach() - statement.grid * discrete_noise(
-            tuple(p.shape), mechanism=statement.mechanism, scale=statement.noise_scale,
-            grid=grid, generator=gen).to(p)).flatten()
-        for p in noisy.parameters()
-    ])  # fmt: skip
+    return torch.cat(
+        [
+            (
+                p.detach()
+                - statement.grid
+                * discrete_noise(
+                    tuple(p.shape),
+                    mechanism=statement.mechanism,
+                    scale=statement.noise_scale,
+                    grid=grid,
+                    generator=gen,
+                ).to(p)
+            ).flatten()
+            for p in noisy.parameters()
+        ]
+    )
 
 
 def test_a_seeded_release_is_replayed_and_a_secure_one_is_not(head) -> None:  # type: ignore[no-untyped-def]
@@ -60,14 +70,19 @@ def test_a_seeded_release_is_replayed_and_a_secure_one_is_not(head) -> None:  # 
     scale, grid = seeded.statement.noise_scale, seeded.statement.grid
     assert scale is not None and grid is not None and seeded.statement.noise == "seeded"
     # Trying seeds 0..1999 finds it: the recovered weights are the clean ones on the grid.
-    hits = [s for s in range(2000)
-            if float((_replay(seeded, statement=seeded.statement, seed=s) - clean).abs().max())
-            <= grid / 2]  # fmt: skip
+    hits = [
+        s
+        for s in range(2000)
+        if float((_replay(seeded, statement=seeded.statement, seed=s) - clean).abs().max())
+        <= grid / 2
+    ]
     assert hits == [1234]
     secure = engine.make_private(head, epsilon=1.0, sensitivity=ANALYTIC)
     assert secure.statement.noise == "secure" and "seeded" not in str(secure.statement)
-    best = min(float((_replay(secure, statement=secure.statement, seed=s) - clean).abs().max())
-               for s in range(2000))  # fmt: skip
+    best = min(
+        float((_replay(secure, statement=secure.statement, seed=s) - clean).abs().max())
+        for s in range(2000)
+    )
     assert best > scale  # no seed explains the noise: it came from the keystream
 
 
@@ -76,12 +91,18 @@ def test_harness_releases_replay_only_with_reproducible_noise(data, reproducible
     """The audit's attack: from the noisy weights, the statement and config.json's values
     (method, seed, draw, epsilon), regenerate the noise and subtract it."""
     x, y, px, py = data
-    context = MethodContext(num_classes=10, head=FAST, public_features=px, public_labels=py,
-                            noise=NoisePolicy(reproducible=reproducible))  # fmt: skip
+    context = MethodContext(
+        num_classes=10,
+        head=FAST,
+        public_features=px,
+        public_labels=py,
+        noise=NoisePolicy(reproducible=reproducible),
+    )
     method = create_method("laplace", options={"sensitivity": "sampled", "m": 6})
     prepared = method.prepare(features=x, labels=y, seed=0, context=context)
-    release = method.release(prepared, features=x, labels=y, epsilon=2.0, delta=0.0, seed=0,
-                             draw=3, context=context)  # fmt: skip
+    release = method.release(
+        prepared, features=x, labels=y, epsilon=2.0, delta=0.0, seed=0, draw=3, context=context
+    )
     st = release.statement
     assert st.noise == ("seeded" if reproducible else "secure") and st.noise_scale is not None
     assert release.module is not None
@@ -145,8 +166,9 @@ def test_a_partial_release_must_declare_the_rest_public(head) -> None:  # type: 
     engine = PostTrainingPrivacyEngine(mechanism="alm")
     with pytest.raises(ValueError, match=r"\['fc.bias'\] would be released without noise"):
         engine.make_private(head, epsilon=1.0, sensitivity=ANALYTIC, parameters=["fc.weight"])
-    release = engine.make_private(head, epsilon=1.0, sensitivity=ANALYTIC,
-                                  parameters=["fc.weight"], public=["fc.bias"])  # fmt: skip
+    release = engine.make_private(
+        head, epsilon=1.0, sensitivity=ANALYTIC, parameters=["fc.weight"], public=["fc.bias"]
+    )
     assert release.statement.unprotected_parameters == ("fc.bias",)
     assert "released without noise (declared public): fc.bias" in str(release.statement)
     assert torch.equal(release.module.fc.bias, head.fc.bias)  # type: ignore[union-attr]
@@ -190,8 +212,13 @@ class _Payload:
 def test_a_release_file_that_would_run_code_is_refused(head, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     marker = tmp_path / "marker"
     path = tmp_path / "evil.pt"
-    state = {"kind": "alm_opacus.protected-module", "statement": _Payload(marker),
-             "protected": [], "shapes": {}, "state_dict": {}}  # fmt: skip
+    state = {
+        "kind": "alm_opacus.protected-module",
+        "statement": _Payload(marker),
+        "protected": [],
+        "shapes": {},
+        "state_dict": {},
+    }
     torch.save(state, path)
     assert not marker.exists()
     with pytest.raises(ValueError, match="only tensors and plain data"):
@@ -209,12 +236,24 @@ def test_a_release_file_that_would_run_code_is_refused(head, tmp_path: Path) -> 
     [
         ({"neighbouring": "replace-two"}, "neighbouring="),
         ({"noise": "quantum"}, "noise="),
-        ({"sensitivity": SensitivityInfo(value=1.0, norm="l1", source="analytic",
-                                         adjacency="remove-one")}, "remove-one bound"),
-        ({"sensitivity": SensitivityInfo(value=1.0, norm="l1", source="sampled-members", m=5,
-                                         gamma=0.1, confidence=0.5)}, "private members"),
+        (
+            {
+                "sensitivity": SensitivityInfo(
+                    value=1.0, norm="l1", source="analytic", adjacency="remove-one"
+                )
+            },
+            "remove-one bound",
+        ),
+        (
+            {
+                "sensitivity": SensitivityInfo(
+                    value=1.0, norm="l1", source="sampled-members", m=5, gamma=0.1, confidence=0.5
+                )
+            },
+            "private members",
+        ),
     ],
-)  # fmt: skip
+)
 def test_statements_refuse_claims_that_do_not_add_up(kwargs, match: str) -> None:  # type: ignore[no-untyped-def]
     base = {"epsilon": 1.0, "delta": 0.0, "guarantee": "pure-dp", "mechanism": "alm"}
     with pytest.raises(ValueError, match=match):
@@ -222,12 +261,27 @@ def test_statements_refuse_claims_that_do_not_add_up(kwargs, match: str) -> None
 
 
 def test_statements_round_trip_and_old_ones_still_load() -> None:
-    st = PrivacyStatement(epsilon=2.0, delta=1e-5, guarantee="approx-dp", mechanism="gaussian",
-                          neighbouring="add-remove", noise="secure", epsilon_spent=3.0,
-                          delta_spent=2e-5, unprotected_parameters=("fc.bias",))  # fmt: skip
+    st = PrivacyStatement(
+        epsilon=2.0,
+        delta=1e-5,
+        guarantee="approx-dp",
+        mechanism="gaussian",
+        neighbouring="add-remove",
+        noise="secure",
+        epsilon_spent=3.0,
+        delta_spent=2e-5,
+        unprotected_parameters=("fc.bias",),
+    )
     assert PrivacyStatement.from_dict(st.to_dict()) == st
-    old = {"epsilon": 1.0, "delta": 0.0, "guarantee": "pure-dp", "mechanism": "alm",
-           "noise_scale": 1.0, "sensitivity": None, "notes": []}  # fmt: skip
+    old = {
+        "epsilon": 1.0,
+        "delta": 0.0,
+        "guarantee": "pure-dp",
+        "mechanism": "alm",
+        "noise_scale": 1.0,
+        "sensitivity": None,
+        "notes": [],
+    }
     assert PrivacyStatement.from_dict(old).neighbouring == "replace-one"
     with pytest.raises(ValueError, match="unknown fields"):
         PrivacyStatement.from_dict({**old, "trust_me": True})
@@ -243,8 +297,7 @@ def test_make_private_records_itself_in_an_opacus_accountant(head) -> None:  # t
     accountant = PipelineAccountant()
     engine = PostTrainingPrivacyEngine(mechanism="alm")
     remove_one = SensitivityInfo(value=0.5, norm="l1", source="analytic", adjacency="remove-one")
-    release = engine.make_private(head, epsilon=1.0, sensitivity=remove_one,
-                                  accountant=accountant)  # fmt: skip
+    release = engine.make_private(head, epsilon=1.0, sensitivity=remove_one, accountant=accountant)
     assert release.statement.neighbouring == "add-remove"
     (record,) = accountant.releases
     assert record["dim"] == sum(p.numel() for p in head.parameters())

@@ -45,9 +45,12 @@ def _flat(module: torch.nn.Module) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     "mechanism,reference,norm",
-    [("alm", stats.logistic, "l1"), ("laplace", stats.laplace, "l1"),
-     ("gaussian", stats.norm, "l2")],
-)  # fmt: skip
+    [
+        ("alm", stats.logistic, "l1"),
+        ("laplace", stats.laplace, "l1"),
+        ("gaussian", stats.norm, "l2"),
+    ],
+)
 def test_release_noise_follows_the_mechanism_law(head, mechanism, reference, norm) -> None:  # type: ignore[no-untyped-def]
     engine = PostTrainingPrivacyEngine(mechanism=mechanism)
     info = SensitivityInfo(value=0.5, norm=norm, source="analytic")
@@ -70,17 +73,31 @@ def test_release_noise_follows_the_mechanism_law(head, mechanism, reference, nor
 def test_statement_kinds_follow_the_sensitivity_source(head) -> None:  # type: ignore[no-untyped-def]
     engine = PostTrainingPrivacyEngine(mechanism="alm")
     analytic = SensitivityInfo(value=1.0, norm="l1", source="analytic")
-    sampled = SensitivityInfo(value=1.0, norm="l1", source="sampled", m=200, gamma=0.05,
-                              confidence=0.99996, population="public rows")  # fmt: skip
+    sampled = SensitivityInfo(
+        value=1.0,
+        norm="l1",
+        source="sampled",
+        m=200,
+        gamma=0.05,
+        confidence=0.99996,
+        population="public rows",
+    )
     pure = engine.make_private(head, epsilon=1.0, sensitivity=analytic, seed=0).statement
     rand = engine.make_private(head, epsilon=1.0, sensitivity=sampled, seed=0).statement
     assert pure.guarantee is Guarantee.PURE_DP and pure.delta == 0
     assert rand.guarantee is Guarantee.RANDOM_DP
     assert "gamma=0.05" in str(rand) and "confidence" in str(rand)
-    gauss = PostTrainingPrivacyEngine(mechanism="gaussian").make_private(
-        head, epsilon=1.0, delta=1e-5, sensitivity=SensitivityInfo(value=1.0, norm="l2",
-        source="analytic"), seed=0,
-    ).statement  # fmt: skip
+    gauss = (
+        PostTrainingPrivacyEngine(mechanism="gaussian")
+        .make_private(
+            head,
+            epsilon=1.0,
+            delta=1e-5,
+            sensitivity=SensitivityInfo(value=1.0, norm="l2", source="analytic"),
+            seed=0,
+        )
+        .statement
+    )
     assert gauss.guarantee is Guarantee.APPROX_DP and gauss.delta == 1e-5
 
 
@@ -88,8 +105,15 @@ def test_a_public_population_sensitivity_names_its_assumption(head) -> None:  # 
     # Issue 23: the members are not drawn from the public split, so the random-DP bound
     # covers pairs containing them only if they are exchangeable with it; the statement
     # now says so, and so do its plain words.
-    sampled = SensitivityInfo(value=1.0, norm="l1", source="sampled", m=200, gamma=0.05,
-                              confidence=0.99996, population="the public split")  # fmt: skip
+    sampled = SensitivityInfo(
+        value=1.0,
+        norm="l1",
+        source="sampled",
+        m=200,
+        gamma=0.05,
+        confidence=0.99996,
+        population="the public split",
+    )
     st = (
         PostTrainingPrivacyEngine(mechanism="alm")
         .make_private(head, epsilon=1.0, sensitivity=sampled)
@@ -154,8 +178,9 @@ def test_reprotect_needs_no_retraining_and_never_leaks_clean_weights(head, tmp_p
     loaded = ProtectedModule.load(tmp_path / "release.pt", module=head)
     assert loaded.statement == a.statement
     assert torch.equal(_flat(loaded), _flat(a))
-    other = train_head(torch.randn(20, 5), torch.randint(0, 10, (20,)), num_classes=10,
-                       config=FAST, seed=0)  # fmt: skip
+    other = train_head(
+        torch.randn(20, 5), torch.randint(0, 10, (20,)), num_classes=10, config=FAST, seed=0
+    )
     with pytest.raises(ValueError, match=r"fc.weight: \[10, 64\] vs \[10, 5\]"):
         ProtectedModule.load(tmp_path / "release.pt", module=other)
 
@@ -169,8 +194,14 @@ def test_utility_loss_is_definition_6_1() -> None:
 
 def _context(pixel_features, **kwargs) -> MethodContext:  # type: ignore[no-untyped-def]
     x, y = pixel_features
-    return MethodContext(num_classes=10, head=FAST, public_features=x[200:500],
-                         public_labels=y[200:500], dataset="digits", **kwargs)  # fmt: skip
+    return MethodContext(
+        num_classes=10,
+        head=FAST,
+        public_features=x[200:500],
+        public_labels=y[200:500],
+        dataset="digits",
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize(
@@ -182,8 +213,9 @@ def test_alm_method_at_epsilon_1(small, pixel_features, source: str, expected: s
     context = _context(pixel_features, noise=NoisePolicy(reproducible=True))
     method = create_method("alm", options={"sensitivity": source, "m": 12})
     prepared = method.prepare(features=x, labels=y, seed=0, context=context)
-    release = method.release(prepared, features=x, labels=y, epsilon=1.0, delta=1e-5, seed=0,
-                             draw=0, context=context)  # fmt: skip
+    release = method.release(
+        prepared, features=x, labels=y, epsilon=1.0, delta=1e-5, seed=0, draw=0, context=context
+    )
     st = release.statement
     assert st.guarantee.value == expected and st.delta == 0.0
     assert st.epsilon == (math.inf if expected == "none" else 1.0)
@@ -203,10 +235,12 @@ def test_alm_method_at_epsilon_1(small, pixel_features, source: str, expected: s
     assert proba.shape == (len(x), 10)
     assert torch.allclose(proba.sum(1), torch.ones(len(x)), atol=1e-5)
     # Draws differ, and a repeat of the same draw is the same release.
-    again = method.release(prepared, features=x, labels=y, epsilon=1.0, delta=1e-5, seed=0,
-                           draw=0, context=context)  # fmt: skip
-    other = method.release(prepared, features=x, labels=y, epsilon=1.0, delta=1e-5, seed=0,
-                           draw=1, context=context)  # fmt: skip
+    again = method.release(
+        prepared, features=x, labels=y, epsilon=1.0, delta=1e-5, seed=0, draw=0, context=context
+    )
+    other = method.release(
+        prepared, features=x, labels=y, epsilon=1.0, delta=1e-5, seed=0, draw=1, context=context
+    )
     assert torch.equal(_flat(release.module), _flat(again.module))
     assert not torch.equal(_flat(release.module), _flat(other.module))
 
@@ -216,8 +250,9 @@ def test_adaptive_shadow_trainer_adds_the_released_noise_scale(small, pixel_feat
     context = _context(pixel_features)
     method = create_method("laplace", options={"sensitivity": "sampled", "m": 8})
     prepared = method.prepare(features=x, labels=y, seed=0, context=context)
-    release = method.release(prepared, features=x, labels=y, epsilon=0.01, delta=0.0, seed=0,
-                             draw=0, context=context)  # fmt: skip
+    release = method.release(
+        prepared, features=x, labels=y, epsilon=0.01, delta=0.0, seed=0, draw=0, context=context
+    )
     assert release.attacker is not None and not release.baseline
     trainer = release.attacker()
     masks = torch.ones(3, len(y), dtype=torch.bool)
@@ -244,14 +279,16 @@ def test_prepared_head_and_sensitivity_are_cached_on_disk(
     again = posthoc.prepare_head(features=x, labels=y, seed=3, context=context, options=options)
     assert path.stat().st_mtime_ns == stamp  # read, not recomputed
     assert again.sensitivity == first.sensitivity and again.details == first.details
-    for a, b in zip(first.head.state_dict().values(), again.head.state_dict().values(),
-                    strict=True):  # fmt: skip
+    for a, b in zip(
+        first.head.state_dict().values(), again.head.state_dict().values(), strict=True
+    ):
         assert torch.equal(a, b)
     context = _context(pixel_features, cache_dir=tmp_path)
     path.write_bytes(b"garbage")
     with pytest.warns(StaleCacheWarning, match="not a readable cache file"):
-        redone = posthoc.prepare_head(features=x, labels=y, seed=3, context=context,
-                                      options=options)  # fmt: skip
+        redone = posthoc.prepare_head(
+            features=x, labels=y, seed=3, context=context, options=options
+        )
     assert redone.sensitivity == first.sensitivity
 
 
@@ -268,15 +305,20 @@ def _scale_sensitivity(record: dict[str, Any]) -> None:
         (lambda r: [r.pop(k) for k in ("format", "code", "digest")], "older format"),
         (lambda r: r.update(code="0123456789abcdef"), "written by other code"),
         (lambda r: r.update(key=r["key"] + " "), "other inputs"),
-        (lambda r: r.update(kind="alm_opacus.shadow-heads"),
-         "expected a 'alm_opacus.posthoc-head'"),
+        (
+            lambda r: r.update(kind="alm_opacus.shadow-heads"),
+            "expected a 'alm_opacus.posthoc-head'",
+        ),
     ],
     ids=["sensitivity-x1e-6", "legacy-no-digest", "other-code", "other-key", "other-kind"],
-)  # fmt: skip
+)
 def test_an_altered_or_stale_head_cache_is_recomputed_never_used(
-    small, pixel_features, tmp_path: Path, tamper: Callable[[dict[str, Any]], object],
+    small,
+    pixel_features,
+    tmp_path: Path,
+    tamper: Callable[[dict[str, Any]], object],
     reason: str,
-) -> None:  # type: ignore[no-untyped-def]  # fmt: skip
+) -> None:  # type: ignore[no-untyped-def]
     import alm_opacus.posthoc as posthoc
 
     x, y = small
@@ -284,8 +326,7 @@ def test_an_altered_or_stale_head_cache_is_recomputed_never_used(
 
     def prepare() -> posthoc.PreparedHead:  # a new run each time: only the disk is shared
         context = _context(pixel_features, cache_dir=tmp_path)
-        return posthoc.prepare_head(features=x, labels=y, seed=3, options=options,
-                                    context=context)  # fmt: skip
+        return posthoc.prepare_head(features=x, labels=y, seed=3, options=options, context=context)
 
     first = prepare()
     (path,) = tmp_path.glob("posthoc-head-*.pt")
@@ -307,9 +348,12 @@ def test_an_altered_or_stale_head_cache_is_recomputed_never_used(
 def test_a_release_with_non_finite_weights_is_refused(head, tmp_path: Path, bad: float) -> None:  # type: ignore[no-untyped-def]
     # Issue 23: a pure-DP release whose weights were replaced by NaN loaded as if protected.
     engine = PostTrainingPrivacyEngine(mechanism="laplace")
-    release = engine.make_private(head, epsilon=1.0, seed=0,
-                                  sensitivity=SensitivityInfo(value=0.2, norm="l1",
-                                                              source="analytic"))  # fmt: skip
+    release = engine.make_private(
+        head,
+        epsilon=1.0,
+        seed=0,
+        sensitivity=SensitivityInfo(value=0.2, norm="l1", source="analytic"),
+    )
     assert release.statement.guarantee.value == "pure-dp"
     path = tmp_path / "release.pt"
     release.save(path, allow_seeded=True)

@@ -25,6 +25,12 @@ def _tool(name: str) -> str:
     ids=["ruff-check", "ruff-format", "mypy"],
 )
 def test_quality_gate_is_clean(argv: list[str]) -> None:
-    proc = subprocess.run([_tool(argv[0]), *argv[1:]], cwd=ROOT, capture_output=True, text=True,
-                          check=False, timeout=1800)  # fmt: skip
+    proc = subprocess.run(
+        [_tool(argv[0]), *argv[1:]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

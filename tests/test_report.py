@@ -35,10 +35,15 @@ from alm_opacus.run.rundir import SPLIT_FILE
 
 def _small(out: Path, cache: Path, **changes: object) -> RunConfig:
     base = RunConfig(
-        methods=("alm", "gaussian"), epsilons=(1.0, 10.0), noise_draws=2,
-        attacks=("loss", "lira-offline"), out=str(out), cache_dir=str(cache), progress=False,
+        methods=("alm", "gaussian"),
+        epsilons=(1.0, 10.0),
+        noise_draws=2,
+        attacks=("loss", "lira-offline"),
+        out=str(out),
+        cache_dir=str(cache),
+        progress=False,
         options={"m": 16},
-    )  # fmt: skip
+    )
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
@@ -236,10 +241,17 @@ def test_interrupted_run_resumes_to_the_same_table(
 
     def key(rows):  # type: ignore[no-untyped-def]
         return sorted(
-            (r.method, r.epsilon, r.attack, round(r.test_accuracy, 9), round(r.mia_auc, 9),
-             round(r.eps_lower_bound, 9), r.statement)
+            (
+                r.method,
+                r.epsilon,
+                r.attack,
+                round(r.test_accuracy, 9),
+                round(r.mia_auc, 9),
+                round(r.eps_lower_bound, 9),
+                r.statement,
+            )
             for r in rows
-        )  # fmt: skip
+        )
 
     assert key(resumed) == key(whole_rows)
     assert format_tradeoff_table(resumed) == format_tradeoff_table(whole_rows)

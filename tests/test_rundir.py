@@ -25,8 +25,20 @@ from alm_opacus.run.harness import load_plugins
 from alm_opacus.run.row_rules import SCALE_TOLERANCE, row_rule_problem
 from alm_opacus.run.rundir import DEFAULT_CACHE, SHARED_FILES, SPLIT_FILE, RunFolder, check_rows
 
-TINY = ["--methods", "none,alm", "--epsilons", "1", "--noise-draws", "1", "--attacks", "loss",
-        "--m", "4", "--no-progress", "--reproducible-noise"]  # fmt: skip
+TINY = [
+    "--methods",
+    "none,alm",
+    "--epsilons",
+    "1",
+    "--noise-draws",
+    "1",
+    "--attacks",
+    "loss",
+    "--m",
+    "4",
+    "--no-progress",
+    "--reproducible-noise",
+]
 
 
 def _exit(argv: list[str]) -> int:
@@ -48,8 +60,10 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], needle: str) -> None:
 
 
 def _table(out: Path) -> list[tuple[object, ...]]:
-    return [(r.method, r.epsilon, r.attack, r.test_accuracy, r.mia_auc, r.statement)
-            for r in read_results(out / "results.csv")]  # fmt: skip
+    return [
+        (r.method, r.epsilon, r.attack, r.test_accuracy, r.mia_auc, r.statement)
+        for r in read_results(out / "results.csv")
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +116,9 @@ def test_resume_with_another_config_names_the_keys(finished, tmp_path, shared_ca
 @pytest.mark.slow
 def test_resume_after_an_interruption_gives_the_same_table(finished, tmp_path, shared_cache):  # type: ignore[no-untyped-def]
     out = tmp_path / "run"
-    config = parse_config([*TINY, "--epsilons", "1,2", "--out", str(out), "--cache-dir",
-                           str(shared_cache)])  # fmt: skip
+    config = parse_config(
+        [*TINY, "--epsilons", "1,2", "--out", str(out), "--cache-dir", str(shared_cache)]
+    )
     seen: list[harness.Cell] = []
 
     def stop_at_third(cell: harness.Cell) -> None:
@@ -117,7 +132,10 @@ def test_resume_after_an_interruption_gives_the_same_table(finished, tmp_path, s
     # the no-leak reference comes last in the seed).
     partial = read_results(out / "results.csv")
     assert sorted((r.method, r.epsilon, r.attack) for r in partial) == [
-        ("alm", 1.0, "loss"), ("alm", 1.0, "loss-clean"), ("none", math.inf, "loss")]  # fmt: skip
+        ("alm", 1.0, "loss"),
+        ("alm", 1.0, "loss-clean"),
+        ("none", math.inf, "loss"),
+    ]
     resumed = harness.run(RunConfig(**{**config.__dict__, "resume": True}))
     straight = tmp_path / "straight"
     harness.run(RunConfig(**{**config.__dict__, "out": str(straight)}))
@@ -234,8 +252,18 @@ def test_yaml_values_go_through_the_flag_parsers(tmp_path, capsys, yaml_text, ne
 
 
 def test_duplicates_merge_and_close_epsilons_keep_their_own_labels(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    config = parse_config(["--methods", "alm,none,alm", "--seeds", "1,1,2", "--epsilons",
-                           "0.1,0.1,0.1000001", "--out", str(tmp_path)])  # fmt: skip
+    config = parse_config(
+        [
+            "--methods",
+            "alm,none,alm",
+            "--seeds",
+            "1,1,2",
+            "--epsilons",
+            "0.1,0.1,0.1000001",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert config.methods == ("alm", "none") and config.seeds == (1, 2)
     assert config.epsilons == (0.1, 0.1000001)
     keys = {cell.key for cell in harness.plan_cells(config)}
@@ -249,9 +277,11 @@ def test_options_are_typed_and_named(tmp_path, capsys) -> None:  # type: ignore[
     alm = method_options("alm", config.options)
     laplace = method_options("laplace", config.options)
     assert (alm.m, alm.gamma) == (7, 0.1) and (laplace.m, laplace.gamma) == (200, 0.1)  # type: ignore[attr-defined]
-    for bad, needle in ((["--opt", "alm.m=many"], "alm.m='many'"),
-                        (["--opt", "alm.nosuch=1"], "unknown option alm.nosuch"),
-                        (["--opt", "nosuch.m=1"], "unknown method 'nosuch'")):  # fmt: skip
+    for bad, needle in (
+        (["--opt", "alm.m=many"], "alm.m='many'"),
+        (["--opt", "alm.nosuch=1"], "unknown option alm.nosuch"),
+        (["--opt", "nosuch.m=1"], "unknown method 'nosuch'"),
+    ):
         with pytest.raises(SystemExit):
             parse_config([*bad, "--out", str(tmp_path)])
         _one_line_error(capsys, needle)
@@ -366,8 +396,9 @@ def _rows_edit(edit):  # type: ignore[no-untyped-def]
 
 
 def _set(index: int, **changes: object):  # type: ignore[no-untyped-def]
-    return _rows_edit(lambda rows: [r.replace(**changes) if i == index else r
-                                    for i, r in enumerate(rows)])  # fmt: skip
+    return _rows_edit(
+        lambda rows: [r.replace(**changes) if i == index else r for i, r in enumerate(rows)]
+    )
 
 
 def _symlink_results(out: Path) -> None:
@@ -404,40 +435,72 @@ def _json_edit(name: str, edit):  # type: ignore[no-untyped-def]
         (_set(1, guarantee="pure-ish"), "line 3: guarantee='pure-ish' is invalid"),
         (_set(1, utility_loss=0.0), "line 3: utility_loss=0.0 is not 1 - test_accuracy"),
         (_set(1, dataset="mnist"), "line 3: dataset='mnist' is invalid"),
-        (_set(1, guarantee="pure-dp"),
-         "line 3: guarantee='pure-dp' with sensitivity_source='sampled' and delta=0.0 breaks "
-         "the statement rule"),
+        (
+            _set(1, guarantee="pure-dp"),
+            "line 3: guarantee='pure-dp' with sensitivity_source='sampled' and delta=0.0 breaks "
+            "the statement rule",
+        ),
         (_set(1, epsilon_spent=0.5), "line 3: epsilon_spent=0.5 is below epsilon=1.0"),
         (_json_edit("rocs.json", lambda items: [*items, items[0]]), "repeats the curve"),
-        (_json_edit("rocs.json", lambda items: [{**items[0], "tpr": [2.0] * len(items[0]["tpr"])},
-                                                *items[1:]]), "all in [0, 1]"),
-        (_json_edit("config.json", lambda c: {**c, "epsilons": [-1]}),
-         "'epsilons' is [-1]: expected a list of positive numbers"),
+        (
+            _json_edit(
+                "rocs.json",
+                lambda items: [{**items[0], "tpr": [2.0] * len(items[0]["tpr"])}, *items[1:]],
+            ),
+            "all in [0, 1]",
+        ),
+        (
+            _json_edit("config.json", lambda c: {**c, "epsilons": [-1]}),
+            "'epsilons' is [-1]: expected a list of positive numbers",
+        ),
     ],
-    ids=["accuracy-5", "duplicate-row", "symlinked-results", "epsilon-off-grid",
-         "method-not-run", "seed-not-run", "baseline-epsilon", "auc-1.5", "tpr-negative",
-         "negative-scale", "delta-1", "unknown-guarantee", "utility-loss-mismatch",
-         "other-dataset", "random-dp-made-pure", "spent-below-epsilon", "duplicate-roc",
-         "roc-out-of-range", "config-epsilons"],
-)  # fmt: skip
-def test_resume_refuses_rows_it_cannot_trust(finished, tmp_path, shared_cache, capsys, damage,
-                                             needle):  # type: ignore[no-untyped-def]  # fmt: skip
+    ids=[
+        "accuracy-5",
+        "duplicate-row",
+        "symlinked-results",
+        "epsilon-off-grid",
+        "method-not-run",
+        "seed-not-run",
+        "baseline-epsilon",
+        "auc-1.5",
+        "tpr-negative",
+        "negative-scale",
+        "delta-1",
+        "unknown-guarantee",
+        "utility-loss-mismatch",
+        "other-dataset",
+        "random-dp-made-pure",
+        "spent-below-epsilon",
+        "duplicate-roc",
+        "roc-out-of-range",
+        "config-epsilons",
+    ],
+)
+def test_resume_refuses_rows_it_cannot_trust(
+    finished, tmp_path, shared_cache, capsys, damage, needle
+):  # type: ignore[no-untyped-def]
     out = _copy(finished, tmp_path / "run")
     damage(out)
     stamp = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and not p.is_symlink()}
     assert _run(out, shared_cache, "--resume") == 2
     _one_line_error(capsys, needle)
-    assert {p: p.read_bytes() for p in out.rglob("*")
-            if p.is_file() and not p.is_symlink()} == stamp  # fmt: skip
+    assert {
+        p: p.read_bytes() for p in out.rglob("*") if p.is_file() and not p.is_symlink()
+    } == stamp
 
 
 @pytest.mark.slow
 def test_resume_removes_what_a_killed_run_left_behind(finished, tmp_path, shared_cache):  # type: ignore[no-untyped-def]
     out = _copy(finished, tmp_path / "run")
     before = (out / "results.csv").read_text()
-    residues = [out / ".results.csv.k2l1x.tmp", out / ".rocs.json.9a7b.tmp",
-                out / "private" / ".split.json.x0.tmp", out / ".plots.new-3f2a" / "a.png",
-                out / ".tb.old-77" / "events", out / ".probe-4242"]  # fmt: skip
+    residues = [
+        out / ".results.csv.k2l1x.tmp",
+        out / ".rocs.json.9a7b.tmp",
+        out / "private" / ".split.json.x0.tmp",
+        out / ".plots.new-3f2a" / "a.png",
+        out / ".tb.old-77" / "events",
+        out / ".probe-4242",
+    ]
     for path in residues:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("left by SIGKILL")
@@ -474,8 +537,9 @@ def test_a_refused_start_leaves_the_folder_as_it_found_it(tmp_path, monkeypatch,
 
 
 @pytest.mark.slow
-def test_a_refused_overwrite_keeps_the_previous_run(finished, tmp_path, shared_cache, capsys,
-                                                    monkeypatch):  # type: ignore[no-untyped-def]  # fmt: skip
+def test_a_refused_overwrite_keeps_the_previous_run(
+    finished, tmp_path, shared_cache, capsys, monkeypatch
+):  # type: ignore[no-untyped-def]
     from types import SimpleNamespace
 
     from alm_opacus.data import dataset_spec, load_dataset
@@ -484,8 +548,9 @@ def test_a_refused_overwrite_keeps_the_previous_run(finished, tmp_path, shared_c
     out = _copy(finished, tmp_path / "run")
     stamp = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     other = make_split(load_dataset("digits"), sizes=dataset_spec("digits").split, seed=5)
-    monkeypatch.setattr(harness, "prepare", lambda config: SimpleNamespace(
-        split=other, num_classes=10, images=None))  # fmt: skip
+    monkeypatch.setattr(
+        harness, "prepare", lambda config: SimpleNamespace(split=other, num_classes=10, images=None)
+    )
     monkeypatch.setattr(harness.RunInputs, "build", _boom)  # after private/split.json is rewritten
     assert _run(out, shared_cache, "--overwrite") == 2
     _one_line_error(capsys, "boom")
@@ -495,8 +560,7 @@ def test_a_refused_overwrite_keeps_the_previous_run(finished, tmp_path, shared_c
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["--delta", "0", "--methods", "none,alm,gaussian"],
-         "--delta=0 cannot be met by gaussian"),
+        (["--delta", "0", "--methods", "none,alm,gaussian"], "--delta=0 cannot be met by gaussian"),
         (["--delta", "0", "--methods", "dpsgd-alm"], "--delta=0 cannot be met by dpsgd-alm"),
         (["--split", "members=1"], "--split: members=1 is too small"),
         (["--split", "nonmembers=1"], "--split: nonmembers=1 is too small"),
@@ -507,9 +571,8 @@ def test_a_refused_overwrite_keeps_the_previous_run(finished, tmp_path, shared_c
         (["--num-reference", "5"], "num_reference=5 is invalid"),
         (["--resume"], "does not exist, so there is nothing to resume"),
     ],
-)  # fmt: skip
-def test_what_can_be_checked_before_the_first_cell_is(tmp_path, capsys, monkeypatch, argv,
-                                                      needle):  # type: ignore[no-untyped-def]  # fmt: skip
+)
+def test_what_can_be_checked_before_the_first_cell_is(tmp_path, capsys, monkeypatch, argv, needle):  # type: ignore[no-untyped-def]
     # Issue 23: --delta 0 was refused after the baseline cell was written, --split members=1
     # after 97 s of pre-training, without naming --split.
     started = []
@@ -525,8 +588,9 @@ def test_what_can_be_checked_before_the_first_cell_is(tmp_path, capsys, monkeypa
 
 
 def test_delta_zero_is_fine_for_pure_methods(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    config = parse_config(["--delta", "0", "--methods", "none,alm,laplace,dperm",
-                           "--out", str(tmp_path / "o")])  # fmt: skip
+    config = parse_config(
+        ["--delta", "0", "--methods", "none,alm,laplace,dperm", "--out", str(tmp_path / "o")]
+    )
     assert config.delta == 0.0
 
 

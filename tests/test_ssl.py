@@ -73,9 +73,13 @@ def test_nt_xent_rejects_bad_input(bad: dict) -> None:
 
 @pytest.mark.parametrize(
     "name,shape,out_dim",
-    [("small-cnn", (2, 1, 8, 8), 128), ("mnist-cnn", (2, 1, 28, 28), 576),
-     ("resnet18", (2, 3, 32, 32), 512), ("resnet18", (2, 3, 96, 96), 512)],
-)  # fmt: skip
+    [
+        ("small-cnn", (2, 1, 8, 8), 128),
+        ("mnist-cnn", (2, 1, 28, 28), 576),
+        ("resnet18", (2, 3, 32, 32), 512),
+        ("resnet18", (2, 3, 96, 96), 512),
+    ],
+)
 def test_encoders_give_fixed_width_features(name: str, shape: tuple, out_dim: int) -> None:
     enc = create_encoder(name, in_channels=shape[1]).eval()
     with torch.no_grad():
@@ -87,9 +91,15 @@ def test_unknown_encoder_lists_registered() -> None:
         create_encoder("nosuch", in_channels=1)
 
 
-@pytest.mark.parametrize("name,shape", [("digits", (4, 1, 8, 8)), ("mnist", (4, 1, 28, 28)),
-                                        ("cifar", (4, 3, 32, 32)),
-                                        ("stl10", (2, 3, 96, 96))])  # fmt: skip
+@pytest.mark.parametrize(
+    "name,shape",
+    [
+        ("digits", (4, 1, 8, 8)),
+        ("mnist", (4, 1, 28, 28)),
+        ("cifar", (4, 3, 32, 32)),
+        ("stl10", (2, 3, 96, 96)),
+    ],
+)
 def test_augmentations_keep_shape_and_change_views(name: str, shape: tuple) -> None:
     torch.manual_seed(0)
     x = torch.rand(*shape)
@@ -136,8 +146,9 @@ def test_pretrain_caches_and_checks_key(digits, tmp_path: Path) -> None:  # type
 def test_pretrain_resumes_after_interrupt_to_the_same_weights(digits, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
     images = digits.images[:128]
     cfg = _tiny(images)
-    clean = pretrain(images, config=cfg, key="a", cache_dir=tmp_path / "a", progress=False,
-                     checkpoint_every=1)  # fmt: skip
+    clean = pretrain(
+        images, config=cfg, key="a", cache_dir=tmp_path / "a", progress=False, checkpoint_every=1
+    )
     calls = {"n": 0}
     real = pretrain_module.nt_xent
 
@@ -149,13 +160,20 @@ def test_pretrain_resumes_after_interrupt_to_the_same_weights(digits, tmp_path, 
 
     monkeypatch.setattr(pretrain_module, "nt_xent", flaky)
     with pytest.raises(KeyboardInterrupt):
-        pretrain(images, config=cfg, key="a", cache_dir=tmp_path / "b", progress=False,
-                 checkpoint_every=1)  # fmt: skip
+        pretrain(
+            images,
+            config=cfg,
+            key="a",
+            cache_dir=tmp_path / "b",
+            progress=False,
+            checkpoint_every=1,
+        )
     assert (tmp_path / "b" / "encoder-a.partial.pt").exists()
     assert not (tmp_path / "b" / "encoder-a.pt").exists()
     monkeypatch.setattr(pretrain_module, "nt_xent", real)
-    resumed = pretrain(images, config=cfg, key="a", cache_dir=tmp_path / "b", progress=False,
-                       checkpoint_every=1)  # fmt: skip
+    resumed = pretrain(
+        images, config=cfg, key="a", cache_dir=tmp_path / "b", progress=False, checkpoint_every=1
+    )
     assert not (tmp_path / "b" / "encoder-a.partial.pt").exists()
     for a, b in zip(clean.state_dict().values(), resumed.state_dict().values(), strict=True):
         assert torch.allclose(a.float(), b.float(), atol=1e-6)
@@ -210,32 +228,45 @@ def _encoder() -> torch.nn.Module:
 
 def _valid_features(x: torch.Tensor) -> dict[str, object]:
     """A well-formed record (this code, a matching digest) holding ``x``."""
-    return {"write": {"kind": pretrain_module.FEATURES_KIND, "key": "k",
-                      "code": code_digest(*pretrain_module.CODE), "payload": {"x": x}}}  # fmt: skip
+    return {
+        "write": {
+            "kind": pretrain_module.FEATURES_KIND,
+            "key": "k",
+            "code": code_digest(*pretrain_module.CODE),
+            "payload": {"x": x},
+        }
+    }
 
 
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
         (b"garbage, not a torch file", "not a readable cache file"),
-        ({"kind": "alm_opacus.simclr-encoder", "key": "k", "x": torch.zeros(8, 4)},
-         "holds 'alm_opacus.simclr-encoder', expected a 'alm_opacus.features' cache"),
-        ({"kind": "alm_opacus.features", "key": "other", "x": torch.zeros(8, 4)},
-         "a cache for other inputs"),
-        (_valid_features(torch.zeros(7, 4)),
-         r"expected float32 features of shape \(8, D\), got torch.float32 \(7, 4\)"),
+        (
+            {"kind": "alm_opacus.simclr-encoder", "key": "k", "x": torch.zeros(8, 4)},
+            "holds 'alm_opacus.simclr-encoder', expected a 'alm_opacus.features' cache",
+        ),
+        (
+            {"kind": "alm_opacus.features", "key": "other", "x": torch.zeros(8, 4)},
+            "a cache for other inputs",
+        ),
+        (
+            _valid_features(torch.zeros(7, 4)),
+            r"expected float32 features of shape \(8, D\), got torch.float32 \(7, 4\)",
+        ),
         (_valid_features(torch.zeros(8, 4, dtype=torch.float64)), "got torch.float64"),
         ({"kind": "alm_opacus.features", "key": "k", "x": torch.zeros(8, 4)}, "older format"),
         ({"key": "k", "x": torch.zeros(8, 4)}, "holds None"),  # before the kind field existed
         ([1, 2], "holds 'list'"),
     ],
-)  # fmt: skip
+)
 def test_corrupt_foreign_or_stale_features_cache_is_recomputed(
     digits, tmp_path: Path, content: object, expected: str
 ) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "features-k.pt"
-    fresh = extract_features(_encoder(), digits.images[:8], key="k", cache_dir=tmp_path / "ok",
-                             progress=False)  # fmt: skip
+    fresh = extract_features(
+        _encoder(), digits.images[:8], key="k", cache_dir=tmp_path / "ok", progress=False
+    )
     if isinstance(content, bytes):
         path.write_bytes(content)
     elif isinstance(content, dict) and "write" in content:
@@ -243,8 +274,9 @@ def test_corrupt_foreign_or_stale_features_cache_is_recomputed(
     else:
         atomic_torch_save(content, path)
     with pytest.warns(StaleCacheWarning, match=expected) as seen:
-        again = extract_features(_encoder(), digits.images[:8], key="k", cache_dir=tmp_path,
-                                 progress=False)  # fmt: skip
+        again = extract_features(
+            _encoder(), digits.images[:8], key="k", cache_dir=tmp_path, progress=False
+        )
     message = str(seen[0].message)
     assert message.startswith(f"{path}: ") and "\n" not in message
     assert torch.equal(again, fresh)  # recomputed, never the file's content
@@ -280,10 +312,16 @@ def test_augmentations_include_mnist() -> None:
 
 @pytest.mark.parametrize(
     ("changes", "name"),
-    [({"epochs": 0}, "epochs"), ({"batch_size": 1}, "batch_size"), ({"lr": 0.0}, "lr"),
-     ({"temperature": float("nan")}, "temperature"), ({"weight_decay": -1.0}, "weight_decay"),
-     ({"encoder": ""}, "encoder"), ({"projection_dim": True}, "projection_dim")],
-)  # fmt: skip
+    [
+        ({"epochs": 0}, "epochs"),
+        ({"batch_size": 1}, "batch_size"),
+        ({"lr": 0.0}, "lr"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"weight_decay": -1.0}, "weight_decay"),
+        ({"encoder": ""}, "encoder"),
+        ({"projection_dim": True}, "projection_dim"),
+    ],
+)
 def test_sslconfig_checks_its_values(changes: dict, name: str) -> None:
     with pytest.raises(ValueError, match=rf"^{name}=.* is invalid"):
         SSLConfig(**changes)

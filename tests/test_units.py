@@ -41,8 +41,13 @@ def data(pixel_features):  # type: ignore[no-untyped-def]
 def test_sampler_chunks_are_independent_units(data, kind: str) -> None:  # type: ignore[no-untyped-def]
     x, y, px, py = data
     config = HeadConfig(steps=30)
-    common: dict[str, Any] = {"num_classes": 10, "config": config, "seed": 3, "m": 12,
-                              "chunk_size": 6}  # fmt: skip
+    common: dict[str, Any] = {
+        "num_classes": 10,
+        "config": config,
+        "seed": 3,
+        "m": 12,
+        "chunk_size": 6,
+    }
     if kind == "members":
         run = lambda mapper: sample_sensitivity(x, y, map_units=mapper, **common)  # noqa: E731
     else:
@@ -61,8 +66,14 @@ def test_bank_chunks_are_independent_units(data) -> None:  # type: ignore[no-unt
     x, y, _, _ = data
     masks = sized_masks(12, len(y), size=30, rng=np.random.default_rng(0))
     trainer = recipe_trainer(config=HeadConfig(steps=30), num_classes=10)
-    common: dict[str, Any] = {"features": x, "labels": y, "masks": masks, "trainer": trainer,
-                              "heads_per_seed": 4, "seed": 5}  # fmt: skip
+    common: dict[str, Any] = {
+        "features": x,
+        "labels": y,
+        "masks": masks,
+        "trainer": trainer,
+        "heads_per_seed": 4,
+        "seed": 5,
+    }
     calls.clear()
     serial, shuffled = train_bank(**common), train_bank(**common, map_units=shuffled_map)
     assert calls == [3]

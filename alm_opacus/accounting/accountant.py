@@ -109,9 +109,14 @@ class PipelineAccountant(IAccountant):
                 self.history.append((sigma, q, n))
             return
         record = check_noise_step(
-            {"mechanism": name, "noise_multiplier": sigma, "sample_rate": q, "num_steps": n,
-             "dim": _check_dim(dim)}
-        )  # fmt: skip
+            {
+                "mechanism": name,
+                "noise_multiplier": sigma,
+                "sample_rate": q,
+                "num_steps": n,
+                "dim": _check_dim(dim),
+            }
+        )
         last = self.noise_steps[-1] if self.noise_steps else None
         same = ("mechanism", "noise_multiplier", "sample_rate", "dim")
         if last is not None and all(last[k] == record[k] for k in same):
@@ -144,9 +149,14 @@ class PipelineAccountant(IAccountant):
                 relation of what is already recorded.
         """
         record = check_release(
-            {"mechanism": mechanism, "scale": scale, "sensitivity": sensitivity, "dim": dim,
-             "neighbouring": neighbouring}
-        )  # fmt: skip
+            {
+                "mechanism": mechanism,
+                "scale": scale,
+                "sensitivity": sensitivity,
+                "dim": dim,
+                "neighbouring": neighbouring,
+            }
+        )
         self._check_relations(extra=record["neighbouring"], what="this release")
         self.releases.append(record)
 
@@ -178,13 +188,22 @@ class PipelineAccountant(IAccountant):
 
     def _entries(self) -> list[Entry]:
         """Everything recorded, in composition order."""
-        out = [Entry("step", GAUSSIAN, float(sg), 1.0, float(q), int(n), None)
-               for sg, q, n in self.history]  # fmt: skip
+        out = [
+            Entry("step", GAUSSIAN, float(sg), 1.0, float(q), int(n), None)
+            for sg, q, n in self.history
+        ]
         out += [
-            Entry("step", s["mechanism"], s["noise_multiplier"], 1.0, s["sample_rate"],
-                   s["num_steps"], s["dim"])
+            Entry(
+                "step",
+                s["mechanism"],
+                s["noise_multiplier"],
+                1.0,
+                s["sample_rate"],
+                s["num_steps"],
+                s["dim"],
+            )
             for s in self.noise_steps
-        ]  # fmt: skip
+        ]
         out += [
             Entry("release", r["mechanism"], r["scale"], r["sensitivity"], 1.0, 1, r["dim"])
             for r in self.releases

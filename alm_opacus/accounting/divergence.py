@@ -35,8 +35,9 @@ def _parts(pld: PrivacyLossDistribution) -> Iterator[Part]:
         yield losses, np.asarray(dense._probs, dtype=np.float64), float(dense._infinity_mass)
 
 
-def _epsilon(losses: NDArray[np.float64], probs: NDArray[np.float64], inf_mass: float,
-             delta: float) -> float:  # fmt: skip
+def _epsilon(
+    losses: NDArray[np.float64], probs: NDArray[np.float64], inf_mass: float, delta: float
+) -> float:
     if inf_mass > delta:
         return math.inf
     # FFT convolution leaves round-off masses of ±1e-17; dropping the negative ones adds

@@ -277,8 +277,7 @@ def pure_step_pld(
 def _pure_build(
     *, noise_multiplier: float, sample_rate: float, dim: int | None, interval: float
 ) -> PrivacyLossDistribution:
-    return _pure_step(noise_multiplier=noise_multiplier, sample_rate=sample_rate,
-                      interval=interval)  # fmt: skip
+    return _pure_step(noise_multiplier=noise_multiplier, sample_rate=sample_rate, interval=interval)
 
 
 #: The randomized-response step profile (Theorem 2), valid for any pure (1/σ)-DP step;

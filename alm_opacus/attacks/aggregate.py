@@ -97,13 +97,21 @@ def pool_epsilon_bounds(bounds: Sequence[EpsilonBound], *, how: str = "pooled") 
         **counts, delta=first.delta, confidence=first.confidence
     )
     return EpsilonBound(
-        epsilon=eps, fpr_upper=fpr_u, fnr_upper=fnr_u, **counts, delta=first.delta,
-        confidence=first.confidence, threshold=math.nan,
+        epsilon=eps,
+        fpr_upper=fpr_u,
+        fnr_upper=fnr_u,
+        **counts,
+        delta=first.delta,
+        confidence=first.confidence,
+        threshold=math.nan,
         method=first.method if r == 1 else f"{first.method}, pooled over {r} draws",
-        ceiling=epsilon_bound_ceiling(negatives=counts["negatives"],
-                                      positives=counts["positives"], delta=first.delta,
-                                      confidence=first.confidence),
-    )  # fmt: skip
+        ceiling=epsilon_bound_ceiling(
+            negatives=counts["negatives"],
+            positives=counts["positives"],
+            delta=first.delta,
+            confidence=first.confidence,
+        ),
+    )
 
 
 def _bonferroni_max(bounds: Sequence[EpsilonBound]) -> EpsilonBound:
@@ -112,24 +120,35 @@ def _bonferroni_max(bounds: Sequence[EpsilonBound]) -> EpsilonBound:
     best: EpsilonBound | None = None
     for b in bounds:
         eps, fpr_u, fnr_u = epsilon_lower_bound(
-            false_positives=b.false_positives, negatives=b.negatives,
-            false_negatives=b.false_negatives, positives=b.positives, delta=b.delta,
+            false_positives=b.false_positives,
+            negatives=b.negatives,
+            false_negatives=b.false_negatives,
+            positives=b.positives,
+            delta=b.delta,
             confidence=each,
-        )  # fmt: skip
+        )
         if best is None or eps > best.epsilon:
             best = EpsilonBound(
-                epsilon=eps, fpr_upper=fpr_u, fnr_upper=fnr_u,
-                false_positives=b.false_positives, negatives=b.negatives,
-                false_negatives=b.false_negatives, positives=b.positives, delta=b.delta,
-                confidence=first.confidence, threshold=b.threshold,
-                method=f"{first.method}, max of {r} draws (Bonferroni)", ceiling=math.nan,
-            )  # fmt: skip
+                epsilon=eps,
+                fpr_upper=fpr_u,
+                fnr_upper=fnr_u,
+                false_positives=b.false_positives,
+                negatives=b.negatives,
+                false_negatives=b.false_negatives,
+                positives=b.positives,
+                delta=b.delta,
+                confidence=first.confidence,
+                threshold=b.threshold,
+                method=f"{first.method}, max of {r} draws (Bonferroni)",
+                ceiling=math.nan,
+            )
     assert best is not None
     ceiling = max(
-        epsilon_bound_ceiling(negatives=b.negatives, positives=b.positives, delta=b.delta,
-                              confidence=each)
+        epsilon_bound_ceiling(
+            negatives=b.negatives, positives=b.positives, delta=b.delta, confidence=each
+        )
         for b in bounds
-    )  # fmt: skip
+    )
     return dataclasses.replace(best, ceiling=ceiling)
 
 
@@ -181,17 +200,29 @@ def aggregate_results(
     for result in results:
         groups.setdefault(result.attack, []).append(result)
     return [
-        _aggregate(attack, group, claimed_epsilon=claimed_epsilon, pooling=pooling,
-                   level=interval_level, resamples=interval_resamples,
-                   seed=subseed(seed, f"aggregate-{attack}"))
+        _aggregate(
+            attack,
+            group,
+            claimed_epsilon=claimed_epsilon,
+            pooling=pooling,
+            level=interval_level,
+            resamples=interval_resamples,
+            seed=subseed(seed, f"aggregate-{attack}"),
+        )
         for attack, group in groups.items()
-    ]  # fmt: skip
+    ]
 
 
 def _aggregate(
-    attack: str, group: list[AttackResult], *, claimed_epsilon: float | None, pooling: str,
-    level: float, resamples: int, seed: int,
-) -> AggregateResult:  # fmt: skip
+    attack: str,
+    group: list[AttackResult],
+    *,
+    claimed_epsilon: float | None,
+    pooling: str,
+    level: float,
+    resamples: int,
+    seed: int,
+) -> AggregateResult:
     values = {c: np.asarray([r.to_row()[c] for r in group], dtype=np.float64) for c in MEAN_METRICS}
     # the draws' own ceiling notes give way to the pooled bound's (its ceiling is higher)
     notes = [
@@ -206,8 +237,9 @@ def _aggregate(
             raise ValueError(f"attack {attack!r}: the draws were scored on different examples")
         scores = np.stack([np.asarray(r.scores) for r in group])
         auc_ci = auc_interval(scores, member, level=level)
-        tpr_ci = tpr_intervals(scores, member, levels=TPR_FPR_LEVELS, level=level,
-                               resamples=resamples, seed=seed)  # fmt: skip
+        tpr_ci = tpr_intervals(
+            scores, member, levels=TPR_FPR_LEVELS, level=level, resamples=resamples, seed=seed
+        )
     elif len(group) == 1:
         auc_ci, tpr_ci = group[0].auc_ci, dict(group[0].tpr_ci)
     else:

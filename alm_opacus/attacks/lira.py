@@ -250,8 +250,9 @@ class LiraOnlineAttack(Attack):
                 phi, mo, _std(so, fix_out)
             )
         self.threshold = _fit_loo_threshold(loo.reshape(-1), inn.reshape(-1))
-        self.fitted = _CandidateFit.of(bank, n_pool, phi, location=loc, fixed_out=fix_out,
-                                       fixed_in=fix_in, with_in=True)  # fmt: skip
+        self.fitted = _CandidateFit.of(
+            bank, n_pool, phi, location=loc, fixed_out=fix_out, fixed_in=fix_in, with_in=True
+        )
 
     def score(self, query: TargetQuery) -> AttackScores:
         f = self.fitted

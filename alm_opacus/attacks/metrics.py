@@ -214,8 +214,9 @@ def _upper_bounds(
     every point was most of the split-half bound's cost."""
     counts = np.asarray(successes, dtype=np.float64)
     distinct, inverse = np.unique(counts, return_inverse=True)
-    _, upper = clopper_pearson(successes=distinct, trials=trials, confidence=confidence,
-                               side="upper")  # fmt: skip
+    _, upper = clopper_pearson(
+        successes=distinct, trials=trials, confidence=confidence, side="upper"
+    )
     return np.asarray(upper, dtype=np.float64)[inverse].reshape(counts.shape)
 
 
@@ -360,12 +361,21 @@ def _bound_at_decisions(
         confidence=confidence,
     )
     return EpsilonBound(
-        epsilon=eps, fpr_upper=fpr_u, fnr_upper=fnr_u, false_positives=fp, negatives=neg,
-        false_negatives=fn, positives=pos, delta=delta, confidence=confidence,
-        threshold=threshold, method=method.value,
-        ceiling=epsilon_bound_ceiling(negatives=neg, positives=pos, delta=delta,
-                                      confidence=confidence),
-    )  # fmt: skip
+        epsilon=eps,
+        fpr_upper=fpr_u,
+        fnr_upper=fnr_u,
+        false_positives=fp,
+        negatives=neg,
+        false_negatives=fn,
+        positives=pos,
+        delta=delta,
+        confidence=confidence,
+        threshold=threshold,
+        method=method.value,
+        ceiling=epsilon_bound_ceiling(
+            negatives=neg, positives=pos, delta=delta, confidence=confidence
+        ),
+    )
 
 
 def epsilon_bound_ceiling(
@@ -378,9 +388,13 @@ def epsilon_bound_ceiling(
     2.987 at delta = 0, so they cannot show that a claim of epsilon = 3 or more is violated.
     """
     return epsilon_lower_bound(
-        false_positives=0, negatives=negatives, false_negatives=0, positives=positives,
-        delta=delta, confidence=confidence,
-    )[0]  # fmt: skip
+        false_positives=0,
+        negatives=negatives,
+        false_negatives=0,
+        positives=positives,
+        delta=delta,
+        confidence=confidence,
+    )[0]
 
 
 def _bound_split_half(

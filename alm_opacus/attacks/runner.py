@@ -194,8 +194,14 @@ def prepare_attacks(
             )
         candidates = (candidate_features, candidate_labels)
     start = time.perf_counter()
-    context = ShadowContext(knowledge=knowledge, config=config, seed=seed, candidates=candidates,
-                            oracle=oracle, map_units=map_units)  # fmt: skip
+    context = ShadowContext(
+        knowledge=knowledge,
+        config=config,
+        seed=seed,
+        candidates=candidates,
+        oracle=oracle,
+        map_units=map_units,
+    )
     attacks = []
     for key in keys:
         attack = attack_class(key)(config=config, seed=subseed(seed, f"attack-{key}"))

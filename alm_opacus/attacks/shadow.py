@@ -155,9 +155,13 @@ def balanced_pairs(
 
 
 def fit_mlp(
-    x: FloatArray, y: BoolArray, picks: list[npt.NDArray[np.int64]], *, config: AttackConfig,
+    x: FloatArray,
+    y: BoolArray,
+    picks: list[npt.NDArray[np.int64]],
+    *,
+    config: AttackConfig,
     seed: int,
-) -> list[Scorer]:  # fmt: skip
+) -> list[Scorer]:
     """One MLP per group of pair indices, all trained in one batch."""
     width = max(1, max(p.size for p in picks))
     xs = torch.zeros(len(picks), width, x.shape[1])
@@ -168,9 +172,15 @@ def fit_mlp(
         ys[m, : pick.size] = torch.from_numpy(y[pick].astype(np.float32))
         weight[m, : pick.size] = 1.0
     params = train_mlp(
-        xs, ys, weight, hidden=config.attack_hidden, layers=config.attack_layers,
-        steps=config.attack_steps, lr=config.attack_lr, seed=seed,
-    )  # fmt: skip
+        xs,
+        ys,
+        weight,
+        hidden=config.attack_hidden,
+        layers=config.attack_layers,
+        steps=config.attack_steps,
+        lr=config.attack_lr,
+        seed=seed,
+    )
 
     def scorer(m: int) -> Scorer:
         one = [(w[m : m + 1], b[m : m + 1]) for w, b in params]
@@ -186,9 +196,13 @@ def fit_mlp(
 
 
 def fit_gbm(
-    x: FloatArray, y: BoolArray, picks: list[npt.NDArray[np.int64]], *, config: AttackConfig,
+    x: FloatArray,
+    y: BoolArray,
+    picks: list[npt.NDArray[np.int64]],
+    *,
+    config: AttackConfig,
     seed: int,
-) -> list[Scorer]:  # fmt: skip
+) -> list[Scorer]:
     """One gradient-boosting classifier per group (scikit-learn's defaults, seeded)."""
     del config
     scorers: list[Scorer] = []
@@ -230,8 +244,9 @@ def pair_count(config: AttackConfig, model: ShadowModel) -> int:
     return config.attack_pairs if config.attack_pairs is not None else _DEFAULT_PAIRS[model]
 
 
-def _groups(labels: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], per_class: bool,
-            num_classes: int) -> list[npt.NDArray[np.int64]]:  # fmt: skip
+def _groups(
+    labels: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], per_class: bool, num_classes: int
+) -> list[npt.NDArray[np.int64]]:
     if not per_class:
         return [rows]
     return [rows[labels[rows] == k] for k in range(num_classes)]
@@ -271,9 +286,11 @@ class ShadowModelAttack(Attack):
             )
         wanted = pair_count(cfg, chosen)
         picks = balanced_pairs(
-            is_member, groups=_groups(labels, all_rows, cfg.shadow_per_class, c),
-            size=wanted, seed=subseed(self.seed, "pairs"),
-        )  # fmt: skip
+            is_member,
+            groups=_groups(labels, all_rows, cfg.shadow_per_class, c),
+            size=wanted,
+            seed=subseed(self.seed, "pairs"),
+        )
         sizes = [int(p.size) for p in picks]
         if cfg.attack_pairs is not None and min(sizes) < cfg.attack_pairs:
             scope = "per class (min over classes)" if cfg.shadow_per_class else "in total"
@@ -288,9 +305,14 @@ class ShadowModelAttack(Attack):
         self.notes = tuple(notes)
 
     def _select(
-        self, x: FloatArray, labels: npt.NDArray[np.int64], is_member: BoolArray, *,
-        num_examples: int, num_classes: int,
-    ) -> ShadowModel:  # fmt: skip
+        self,
+        x: FloatArray,
+        labels: npt.NDArray[np.int64],
+        is_member: BoolArray,
+        *,
+        num_examples: int,
+        num_classes: int,
+    ) -> ShadowModel:
         """Compare the classifiers on the pairs of held-out shadow *examples*."""
         cfg = self.config
         rng = np.random.default_rng(subseed(self.seed, "held-out"))
@@ -301,8 +323,12 @@ class ShadowModelAttack(Attack):
         groups = _groups(labels, train_rows, cfg.shadow_per_class, num_classes)
         self.held_out_auc = {}
         for kind, fitter in _FITTERS.items():
-            picks = balanced_pairs(is_member, groups=groups, size=pair_count(cfg, kind),
-                                   seed=subseed(self.seed, "held-out-pairs"))  # fmt: skip
+            picks = balanced_pairs(
+                is_member,
+                groups=groups,
+                size=pair_count(cfg, kind),
+                seed=subseed(self.seed, "held-out-pairs"),
+            )
             scorers = fitter(x, is_member, picks, config=cfg, seed=subseed(self.seed, kind.value))
             s = _apply(scorers, x[test_rows], labels[test_rows], cfg.shadow_per_class)
             roc = roc_curve(scores=s, is_member=is_member[test_rows])

@@ -108,8 +108,9 @@ def bank_chunk(shared: BankInputs, unit: tuple[int, int]) -> tuple[Predictor, Fl
     start, seed = unit
     # a copy: inputs from an object store are read-only buffers, torch wants writable ones
     chunk = torch.from_numpy(shared.masks[start : start + shared.heads_per_seed].copy())
-    predictor = shared.trainer(shared.features, shared.labels, chunk.to(shared.features.device),
-                               seed)  # fmt: skip
+    predictor = shared.trainer(
+        shared.features, shared.labels, chunk.to(shared.features.device), seed
+    )
     with torch.no_grad():
         return predictor, to_numpy(predictor(shared.features))
 
@@ -141,10 +142,17 @@ def train_bank(
         raise ValueError(
             f"masks must be a bool array (B, {features.shape[0]}); got {masks.shape} {masks.dtype}"
         )
-    units = [(start, subseed(seed, f"bank-init-{start}"))
-             for start in range(0, num_heads, heads_per_seed)]  # fmt: skip
-    shared = BankInputs(features=features, labels=labels, masks=masks, trainer=trainer,
-                        heads_per_seed=heads_per_seed)  # fmt: skip
+    units = [
+        (start, subseed(seed, f"bank-init-{start}"))
+        for start in range(0, num_heads, heads_per_seed)
+    ]
+    shared = BankInputs(
+        features=features,
+        labels=labels,
+        masks=masks,
+        trainer=trainer,
+        heads_per_seed=heads_per_seed,
+    )
     parts = map_units(bank_chunk, units, shared=shared)
     predictors = [predictor for predictor, _ in parts]
     proba = np.concatenate([p for _, p in parts], axis=0)
@@ -294,8 +302,15 @@ def recipe_trainer(
     def trainer(features: Tensor, labels: Tensor, masks: Tensor, seed: int) -> Predictor:
         # a convex recipe's heads start from the head on all their rows (the same minimisers)
         init = warm_start(features, labels, masks=masks, num_classes=num_classes, config=config)
-        params = train_heads(features, labels, masks=masks, num_classes=num_classes,
-                             config=config, seed=seed, init=init)  # fmt: skip
+        params = train_heads(
+            features,
+            labels,
+            masks=masks,
+            num_classes=num_classes,
+            config=config,
+            seed=seed,
+            init=init,
+        )
         if protect is not None:
             params = protect(params, subseed(seed, "protect"))
 

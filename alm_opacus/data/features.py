@@ -152,8 +152,12 @@ def _member(path: Path, archive: zipfile.ZipFile, field: str) -> np.ndarray | No
     except KeyError:
         return None
     if info.compress_type != zipfile.ZIP_STORED:
-        raise _fail(path, field, "is compressed (np.savez_compressed), so it cannot be "
-                    "memory-mapped; write the file with np.savez")  # fmt: skip
+        raise _fail(
+            path,
+            field,
+            "is compressed (np.savez_compressed), so it cannot be "
+            "memory-mapped; write the file with np.savez",
+        )
     header_offset, end = _member_data(path, archive, info)
     with path.open("rb") as handle:
         handle.seek(header_offset)
@@ -195,8 +199,9 @@ def _member(path: Path, archive: zipfile.ZipFile, field: str) -> np.ndarray | No
     if nbytes == 0:
         return np.zeros(shape, dtype=dtype)
     # copy-on-write: writable for torch.from_numpy, pages shared until (never) written
-    return np.memmap(path, dtype=dtype, mode="c", offset=offset, shape=shape,
-                     order="F" if fortran else "C")  # fmt: skip
+    return np.memmap(
+        path, dtype=dtype, mode="c", offset=offset, shape=shape, order="F" if fortran else "C"
+    )
 
 
 def _check_x(path: Path, x: np.ndarray | None) -> np.ndarray:
@@ -213,12 +218,19 @@ def _check_x(path: Path, x: np.ndarray | None) -> np.ndarray:
         bad = ~np.isfinite(chunk)
         if bad.any():
             row, col = (int(v[0]) for v in np.nonzero(bad))
-            raise _fail(path, "x", f"row {start + row}, column {col} is {chunk[row, col]}; "
-                        "expected finite numbers")  # fmt: skip
+            raise _fail(
+                path,
+                "x",
+                f"row {start + row}, column {col} is {chunk[row, col]}; expected finite numbers",
+            )
         norms[start : start + len(chunk)] = np.sqrt(np.einsum("ij,ij->i", chunk, chunk))
     if (norms == 0).any():
-        raise _fail(path, "x", f"row {int(np.flatnonzero(norms == 0)[0])} is all zeros; every "
-                    "row needs a direction (rows are scaled to unit norm)")  # fmt: skip
+        raise _fail(
+            path,
+            "x",
+            f"row {int(np.flatnonzero(norms == 0)[0])} is all zeros; every "
+            "row needs a direction (rows are scaled to unit norm)",
+        )
     if np.abs(norms - 1.0).max() <= UNIT_NORM_TOLERANCE:
         return x
     return (x / norms[:, None].astype(x.dtype)).astype(x.dtype, copy=False)
@@ -248,12 +260,20 @@ def _check_y(path: Path, y: np.ndarray | None, n: int, num_classes: int | None) 
             "classes (every class needs a row)",
         )
     if labels.min() < 0 or labels.max() >= high:
-        raise _fail(path, "y", f"holds labels from {labels.min()} to {labels.max()}; expected "
-                    f"0 ... {high - 1} (num_classes={high})")  # fmt: skip
+        raise _fail(
+            path,
+            "y",
+            f"holds labels from {labels.min()} to {labels.max()}; expected "
+            f"0 ... {high - 1} (num_classes={high})",
+        )
     counts = np.bincount(labels, minlength=high)
     if (counts == 0).any():
-        raise _fail(path, "y", f"class {int(np.flatnonzero(counts == 0)[0])} has no row; "
-                    f"expected every class of 0 ... {high - 1}")  # fmt: skip
+        raise _fail(
+            path,
+            "y",
+            f"class {int(np.flatnonzero(counts == 0)[0])} has no row; "
+            f"expected every class of 0 ... {high - 1}",
+        )
     if high < 2:
         raise _fail(path, "y", "holds one class; expected at least 2")
     return labels
@@ -265,8 +285,9 @@ def _check_role(path: Path, role: np.ndarray | None, n: int) -> np.ndarray | Non
     if role.shape != (n,):
         raise _fail(path, "role", f"has shape {role.shape}; expected ({n},), one per row of x")
     if role.dtype.kind not in "US":
-        raise _fail(path, "role", f"has dtype {role.dtype}; expected strings, one of "
-                    f"{', '.join(ROLES)}")  # fmt: skip
+        raise _fail(
+            path, "role", f"has dtype {role.dtype}; expected strings, one of {', '.join(ROLES)}"
+        )
     if role.dtype.kind == "S":
         raw = np.asarray(role).view(np.uint8).reshape(n, role.dtype.itemsize)
         high = np.flatnonzero((raw >= 0x80).any(axis=1))
@@ -337,18 +358,28 @@ def _read(path: Path, mtime_ns: int, size: int) -> Dataset:
             _fields(path, archive)
             fields = {f: _member(path, archive, f) for f in FIELDS}
     except (zipfile.BadZipFile, OSError) as exc:
-        raise DataError(f"features file {path}: not a readable .npz ({exc}); expected "
-                        "np.savez(path, x=..., y=...)") from exc  # fmt: skip
+        raise DataError(
+            f"features file {path}: not a readable .npz ({exc}); expected "
+            "np.savez(path, x=..., y=...)"
+        ) from exc
     x = _check_x(path, fields["x"])
     num_classes = _check_num_classes(path, fields["num_classes"])
     labels = _check_y(path, fields["y"], x.shape[0], num_classes)
     roles = _check_role(path, fields["role"], x.shape[0])
     return Dataset(
-        name=f"{FAMILY}:{path}", images=None, features=x, labels=labels,
-        num_classes=int(labels.max()) + 1 if num_classes is None else num_classes, roles=roles,
-        meta={"source": str(path), "rows": x.shape[0], "dim": x.shape[1],
-              "mapped": isinstance(x, np.memmap)},
-    )  # fmt: skip
+        name=f"{FAMILY}:{path}",
+        images=None,
+        features=x,
+        labels=labels,
+        num_classes=int(labels.max()) + 1 if num_classes is None else num_classes,
+        roles=roles,
+        meta={
+            "source": str(path),
+            "rows": x.shape[0],
+            "dim": x.shape[1],
+            "mapped": isinstance(x, np.memmap),
+        },
+    )
 
 
 def read_features(path: str | Path) -> Dataset:
@@ -371,8 +402,10 @@ def read_features(path: str | Path) -> Dataset:
     """
     file = Path(path)
     if not file.is_file():
-        raise DataError(f"features file {file}: not found; expected an .npz written by "
-                        "np.savez(path, x=..., y=...)")  # fmt: skip
+        raise DataError(
+            f"features file {file}: not found; expected an .npz written by "
+            "np.savez(path, x=..., y=...)"
+        )
     stat = file.stat()
     return _read(file, stat.st_mtime_ns, stat.st_size)
 
@@ -399,11 +432,16 @@ def features_spec(name: str) -> DatasetSpec:
     else:
         split = default_split(rows)
     return DatasetSpec(
-        name=name, loader=lambda *, root=None: read_features(path), split=split, ssl=None,
+        name=name,
+        loader=lambda *, root=None: read_features(path),
+        split=split,
+        ssl=None,
         dpsgd=DPSGDSchedule(epochs=20, batch_size=min(256, max(1, split.members // 4))),
-        epsilons=FEATURES_EPSILONS, needs_root=False, head=FEATURES_HEAD,
+        epsilons=FEATURES_EPSILONS,
+        needs_root=False,
+        head=FEATURES_HEAD,
         description=f"{rows} rows of {dataset.meta['dim']}-d features from {path}",
-    )  # fmt: skip
+    )
 
 
 @register_dataset_family(FAMILY)

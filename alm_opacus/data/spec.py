@@ -91,8 +91,12 @@ class DatasetSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise DataError(f"DatasetSpec name={self.name!r} is invalid: expected a non-empty str")
-        expected = {"split": SplitSizes, "ssl": SSLConfig, "dpsgd": DPSGDSchedule,
-                    "head": HeadConfig}  # fmt: skip
+        expected = {
+            "split": SplitSizes,
+            "ssl": SSLConfig,
+            "dpsgd": DPSGDSchedule,
+            "head": HeadConfig,
+        }
         for part, kind in expected.items():
             value = getattr(self, part)
             if part == "ssl" and value is None:

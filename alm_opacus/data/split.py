@@ -145,8 +145,12 @@ def role_sizes(roles: np.ndarray) -> SplitSizes:
 def _resolved(sizes: SplitSizes, n: int) -> dict[str, int]:
     nonmembers = sizes.members if sizes.nonmembers is None else sizes.nonmembers
     public = n - sizes.members - nonmembers - sizes.attacker
-    return {"members": sizes.members, "nonmembers": nonmembers, "attacker": sizes.attacker,
-            "public": public if sizes.public is None else sizes.public}  # fmt: skip
+    return {
+        "members": sizes.members,
+        "nonmembers": nonmembers,
+        "attacker": sizes.attacker,
+        "public": public if sizes.public is None else sizes.public,
+    }
 
 
 def _split_by_roles(dataset: Dataset, *, sizes: SplitSizes, seed: int) -> Split:

@@ -196,8 +196,9 @@ def cell_log_pmf(mechanism: object, *, scale: float, grid: Grid, k: NDArray[np.i
     outer = law.log_tail((a + 0.5) / t)
     with np.errstate(divide="ignore"):
         log_mass = inner + np.log(-np.expm1(outer - inner))
-    return np.where(a == 0, np.log(-np.expm1(law.log_tail(np.full_like(a, 0.5 / t)))),
-                    log_mass - math.log(2.0))  # fmt: skip
+    return np.where(
+        a == 0, np.log(-np.expm1(law.log_tail(np.full_like(a, 0.5 / t)))), log_mass - math.log(2.0)
+    )
 
 
 def _support(t: float, shift: int, tail: float) -> NDArray[np.int64]:
@@ -241,6 +242,8 @@ def cell_pld(
     upper = {int(i): float(v) for i, v in zip(k, log_p, strict=True) if np.isfinite(v)}
     lower = {int(i): float(v) for i, v in zip(k, log_q, strict=True) if np.isfinite(v)}
     return pld.from_two_probability_mass_functions(
-        lower, upper, pessimistic_estimate=True,
+        lower,
+        upper,
+        pessimistic_estimate=True,
         value_discretization_interval=value_discretization_interval,
-    )  # fmt: skip
+    )

@@ -80,8 +80,10 @@ def enforce_radius(cells: list[torch.Tensor], *, norm: str, radius: float) -> li
 
 def _check_exact_range(*, radius: float, norm: str, batch: int) -> None:
     if (radius * radius if norm == "l2" else radius) * batch >= 2.0**53:
-        raise ValueError(f"radius={radius!r} cells over a batch of {batch} leaves float64's "
-                         "exact integer range; use a coarser grid")  # fmt: skip
+        raise ValueError(
+            f"radius={radius!r} cells over a batch of {batch} leaves float64's "
+            "exact integer range; use a coarser grid"
+        )
 
 
 def scaled_cells(grad_sample: torch.Tensor, factors: torch.Tensor, *, grid: Grid) -> torch.Tensor:
@@ -133,9 +135,14 @@ _SHRINK = 1.0 - 2.0**-20
 
 
 def fused_cell_sums(
-    rows: Sequence[torch.Tensor], *, budgets: Sequence[float] | None, max_grad_norm: float,
-    norm: str, grid: Grid, radius: float,
-) -> list[torch.Tensor] | None:  # fmt: skip
+    rows: Sequence[torch.Tensor],
+    *,
+    budgets: Sequence[float] | None,
+    max_grad_norm: float,
+    norm: str,
+    grid: Grid,
+    radius: float,
+) -> list[torch.Tensor] | None:
     """Σᵢ cᵢ per parameter, int64, with every example's cells cᵢ of norm ≤ ``radius``,
     computed in float32 tiles that stay in cache; ``None`` where the proof below does not
     apply (then `scaled_cells` and `enforce_radius` do the step in float64).
@@ -255,8 +262,14 @@ def _norm_tiles(rows: torch.Tensor, *, norm: str) -> tuple[torch.Tensor, int]:
     return tiles.to(torch.float64).mul_(factor).add_(width * 2.0**-126), width
 
 
-def _tile_sums(rows: torch.Tensor, scale: torch.Tensor, *, group: int,
-               tiles: tuple[torch.Tensor, int], norm: str) -> torch.Tensor:  # fmt: skip
+def _tile_sums(
+    rows: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    group: int,
+    tiles: tuple[torch.Tensor, int],
+    norm: str,
+) -> torch.Tensor:
     """Σᵢ round(scaleᵢ·rowsᵢ) exactly, int64 (see `fused_cell_sums`): the cells are float32
     integers.
 
@@ -280,8 +293,14 @@ def _tile_sums(rows: torch.Tensor, scale: torch.Tensor, *, group: int,
         largest = bounds.sqrt().mul_(1.0 + 2.0**-50) if norm == "l2" else bounds
         cell_bounds = (largest * scale.double()).mul_(1.0 + 2.0**-20).add_(0.5)
         total = np.zeros(length, dtype=np.float64)
-        kernel(rows.detach().numpy(), scale.reshape(-1).contiguous().numpy(),
-               cell_bounds.numpy(), columns, _KERNEL_WIDTH, total)  # fmt: skip
+        kernel(
+            rows.detach().numpy(),
+            scale.reshape(-1).contiguous().numpy(),
+            cell_bounds.numpy(),
+            columns,
+            _KERNEL_WIDTH,
+            total,
+        )
         return torch.from_numpy(total).to(torch.int64)
     elements = _SUM_TILE if group == 0 or group >= batch else _RUN_TILE
     width = min(max(1024, elements // max(batch, 1)), max(length, 1))

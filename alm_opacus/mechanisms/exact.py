@@ -190,8 +190,15 @@ def discrete_noise(
         if kernel is not None:  # the same pass, compiled (`alm_opacus.mechanisms.kernels`)
             doubt = kernel(w.numpy(), t, 1 << (63 - k), threshold, cells[start:stop])
         else:
-            doubt = _eager_first_pass(law, t, k, threshold, w, out[start:stop],
-                                      (v[:n], j[:n], signs[:n], small[:n], fine[:n]))  # fmt: skip
+            doubt = _eager_first_pass(
+                law,
+                t,
+                k,
+                threshold,
+                w,
+                out[start:stop],
+                (v[:n], j[:n], signs[:n], small[:n], fine[:n]),
+            )
         if len(doubt):
             index = torch.from_numpy(doubt)
             pending.append((index + start, w[index]))  # w[index] copies: the buffer is reused
@@ -214,9 +221,14 @@ def _scratch() -> _Scratch:
     got: _Scratch | None = getattr(_SCRATCH, "buffers", None)
     if got is None:
         f64, i64 = torch.float64, torch.int64
-        got = (torch.empty(_CHUNK, dtype=f64), torch.empty(_CHUNK, dtype=f64),
-               torch.empty(_CHUNK, dtype=i64), np.empty(_CHUNK, dtype=np.bool_),
-               np.empty(_CHUNK, dtype=np.bool_), torch.empty(_CHUNK + 2, dtype=i64))  # fmt: skip
+        got = (
+            torch.empty(_CHUNK, dtype=f64),
+            torch.empty(_CHUNK, dtype=f64),
+            torch.empty(_CHUNK, dtype=i64),
+            np.empty(_CHUNK, dtype=np.bool_),
+            np.empty(_CHUNK, dtype=np.bool_),
+            torch.empty(_CHUNK + 2, dtype=i64),
+        )
         _SCRATCH.buffers = got
     return got
 
@@ -340,8 +352,9 @@ def exact_release(
     clamped to its largest finite float (post-processing; see `release_dtype`).
     """
     cells = quantize(value, grid=grid)
-    noise = discrete_noise(tuple(value.shape), mechanism=mechanism, scale=scale, grid=grid,
-                           generator=generator)  # fmt: skip
+    noise = discrete_noise(
+        tuple(value.shape), mechanism=mechanism, scale=scale, grid=grid, generator=generator
+    )
     if not is_narrow(value.dtype):
         return dequantize(cells + noise, grid=grid, dtype=value.dtype).to(value.device)
     top = torch.finfo(value.dtype).max

@@ -139,8 +139,9 @@ def max_exponent(dtype: torch.dtype) -> int:
 def step_grid(*, max_grad_norm: float, norm: str, dim: int, inflation: float = INFLATION) -> Grid:
     """The grid of a DP-SGD step: each example's clipped gradient is rounded once, so the
     sum moves by at most C + w(d)·γ/2 when one example is added or removed (int64 range)."""
-    grid = grid_for(sensitivity=max_grad_norm, norm=norm, dim=dim, inflation=inflation,
-                    rounding=0.5)  # fmt: skip
+    grid = grid_for(
+        sensitivity=max_grad_norm, norm=norm, dim=dim, inflation=inflation, rounding=0.5
+    )
     return Grid(exponent=grid.exponent, limit=1 << 53, bound=1 << 52)
 
 

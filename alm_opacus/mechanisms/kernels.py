@@ -37,8 +37,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["cache_dir", "cell_sum_kernel", "first_pass_kernel", "gaussian_tail_inverse",
-           "inverse_x", "norm_tile_kernel"]  # fmt: skip
+__all__ = [
+    "cache_dir",
+    "cell_sum_kernel",
+    "first_pass_kernel",
+    "gaussian_tail_inverse",
+    "inverse_x",
+    "norm_tile_kernel",
+]
 
 _numba: Any
 try:
@@ -154,8 +160,9 @@ _jit_reassociated = _jit_with(fastmath=frozenset({"reassoc"}))
 
 @_jit
 def _poly(c: tuple[float, ...], x: float) -> float:
-    return ((((((c[7] * x + c[6]) * x + c[5]) * x + c[4]) * x + c[3]) * x + c[2]) * x
-            + c[1]) * x + c[0]  # fmt: skip
+    return (
+        (((((c[7] * x + c[6]) * x + c[5]) * x + c[4]) * x + c[3]) * x + c[2]) * x + c[1]
+    ) * x + c[0]
 
 
 @_jit
@@ -222,9 +229,14 @@ def _logistic_arguments(words: np.ndarray, v: np.ndarray) -> None:
 
 @_jit
 def _gaussian_x(
-    words: np.ndarray, t: float, x: np.ndarray, ints: np.ndarray,
-    index: np.ndarray, tail: np.ndarray, spare: np.ndarray,
-) -> None:  # fmt: skip
+    words: np.ndarray,
+    t: float,
+    x: np.ndarray,
+    ints: np.ndarray,
+    index: np.ndarray,
+    tail: np.ndarray,
+    spare: np.ndarray,
+) -> None:
     """x = t·S⁻¹(V): the central branch for every draw, then the tails (V < 0.15, 15% of
     draws) gathered, computed and scattered back. Each loop vectorises, or (the compaction,
     which tests the words as integers) at least never branches."""
@@ -250,9 +262,14 @@ def _gaussian_x(
 
 @_jit
 def _accept(
-    words: np.ndarray, x: np.ndarray, small: int, threshold: float,
-    out: np.ndarray, flags: np.ndarray, doubt: np.ndarray,
-) -> int:  # fmt: skip
+    words: np.ndarray,
+    x: np.ndarray,
+    small: int,
+    threshold: float,
+    out: np.ndarray,
+    flags: np.ndarray,
+    doubt: np.ndarray,
+) -> int:
     """K = ±rint(x) where the cell is certain, else 0 and the index in ``doubt``.
 
     Both loops vectorise: adding 1.5·2⁵² rounds |x| < 2⁵¹ to an integer (ties to even, as
@@ -289,10 +306,15 @@ class _Buffers(threading.local):
         if n > self.size:
             self.size = max(n, 1 << 17)
             f64, i64 = np.float64, np.int64
-            self.arrays = (np.empty(self.size, f64), np.empty(self.size, i64),
-                           np.empty(self.size, np.uint8), np.empty(self.size, i64),
-                           np.empty(self.size, i64), np.empty(self.size, f64),
-                           np.empty(self.size, f64))  # fmt: skip
+            self.arrays = (
+                np.empty(self.size, f64),
+                np.empty(self.size, i64),
+                np.empty(self.size, np.uint8),
+                np.empty(self.size, i64),
+                np.empty(self.size, i64),
+                np.empty(self.size, f64),
+                np.empty(self.size, f64),
+            )
         return tuple(a[:n] for a in self.arrays)
 
 
@@ -300,14 +322,28 @@ _BUFFERS = _Buffers()
 Kernel = Callable[[np.ndarray, float, int, float, np.ndarray], np.ndarray]
 
 
-def _x_logistic(words: np.ndarray, t: float, x: np.ndarray, ints: np.ndarray,
-                index: np.ndarray, tail: np.ndarray, spare: np.ndarray) -> None:  # fmt: skip
+def _x_logistic(
+    words: np.ndarray,
+    t: float,
+    x: np.ndarray,
+    ints: np.ndarray,
+    index: np.ndarray,
+    tail: np.ndarray,
+    spare: np.ndarray,
+) -> None:
     _logistic_arguments(words, spare)
     _log_into(spare, ints, x, t)
 
 
-def _x_laplace(words: np.ndarray, t: float, x: np.ndarray, ints: np.ndarray,
-               index: np.ndarray, tail: np.ndarray, spare: np.ndarray) -> None:  # fmt: skip
+def _x_laplace(
+    words: np.ndarray,
+    t: float,
+    x: np.ndarray,
+    ints: np.ndarray,
+    index: np.ndarray,
+    tail: np.ndarray,
+    spare: np.ndarray,
+) -> None:
     _magnitudes(words, spare)
     _log_into(spare, ints, x, -t)
 
@@ -335,8 +371,9 @@ def first_pass_kernel(name: str) -> Kernel | None:
     if _numba is None or fill is None:
         return None
 
-    def kernel(words: np.ndarray, t: float, small: int, threshold: float,
-               out: np.ndarray) -> np.ndarray:  # fmt: skip
+    def kernel(
+        words: np.ndarray, t: float, small: int, threshold: float, out: np.ndarray
+    ) -> np.ndarray:
         x, ints, flags, doubt, index, tail, spare = _BUFFERS.get(len(words))
         fill(words, t, x, ints, index, tail, spare)
         return doubt[: _accept(words, x, small, threshold, out, flags, doubt)]
@@ -363,8 +400,9 @@ def _flush(acc: np.ndarray, block: np.ndarray) -> None:
 
 
 @_jit_uncontracted
-def _cell_sums(rows: np.ndarray, scale: np.ndarray, bounds: np.ndarray, tile: int, width: int,
-               out: np.ndarray) -> None:  # fmt: skip
+def _cell_sums(
+    rows: np.ndarray, scale: np.ndarray, bounds: np.ndarray, tile: int, width: int, out: np.ndarray
+) -> None:
     """out[j] += Σᵢ rint(scaleᵢ·rowsᵢⱼ), exactly: float32 rows and scale, float64 ``out``.
 
     ``bounds[i, t]`` must bound |rint(scaleᵢ·rowsᵢⱼ)| for every column j of the ``tile``

@@ -82,8 +82,9 @@ class SecureGenerator:
             ValueError: if ``out`` is not such a buffer.
         """
         if out.dtype != torch.int64 or not out.is_contiguous() or out.device.type != "cpu":
-            raise ValueError(f"out={out.dtype}/{out.device} is invalid: expected contiguous "
-                             "int64 on the CPU")  # fmt: skip
+            raise ValueError(
+                f"out={out.dtype}/{out.device} is invalid: expected contiguous int64 on the CPU"
+            )
         with out.numpy().data.cast("B") as view:
             self._stream.read_into(view, 8 * count)
         return out[:count]

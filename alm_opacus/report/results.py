@@ -429,8 +429,10 @@ def read_results(path: str | Path) -> list[ResultRow]:
         for record in reader:
             line = reader.line_num
             if None in record or None in record.values():
-                raise ValueError(f"{path}: line {line} has {_count(record)} fields, expected "
-                                 f"{len(header)} (a truncated or corrupt table)")  # fmt: skip
+                raise ValueError(
+                    f"{path}: line {line} has {_count(record)} fields, expected "
+                    f"{len(header)} (a truncated or corrupt table)"
+                )
             try:
                 rows.append(ResultRow.from_record(record))
             except (TypeError, ValueError) as exc:

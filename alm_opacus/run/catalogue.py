@@ -22,9 +22,19 @@ __all__ = [
 
 #: The methods this package and ``baselines`` register (``available_methods()``), sorted.
 METHODS: tuple[str, ...] = (
-    "alm", "dperm", "dpsgd", "dpsgd-alm", "dpsgd-full", "dpsgd-laplace", "gaussian",
-    "gaussian-classic", "laplace", "lu", "no-leak", "none",
-)  # fmt: skip
+    "alm",
+    "dperm",
+    "dpsgd",
+    "dpsgd-alm",
+    "dpsgd-full",
+    "dpsgd-laplace",
+    "gaussian",
+    "gaussian-classic",
+    "laplace",
+    "lu",
+    "no-leak",
+    "none",
+)
 #: The reference releases every run that attacks adds (``Method.reference``).
 REFERENCE_METHODS: tuple[str, ...] = ("no-leak",)
 #: The methods ``all`` leaves out (``Method.in_all`` false), references aside.

@@ -130,20 +130,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     data = parser.add_argument_group("data")
     data.add_argument(
-        "--dataset", default="digits",
+        "--dataset",
+        default="digits",
         help=f"one of {', '.join(DATASETS)} (or a plugin's), or features:PATH (your own "
         "encoder's features in an .npz: docs/own_features.md)",
-    )  # fmt: skip
+    )
     data.add_argument(
         "--data-root", default=None, help="folder holding the dataset files (not needed for digits)"
     )
-    data.add_argument("--split-seed", type=int, default=DEFAULTS["RunConfig.split_seed"],
-                      help="seeds the split and pre-training")  # fmt: skip
     data.add_argument(
-        "--split", default=None, metavar="PART=N,...",
+        "--split-seed",
+        type=int,
+        default=DEFAULTS["RunConfig.split_seed"],
+        help="seeds the split and pre-training",
+    )
+    data.add_argument(
+        "--split",
+        default=None,
+        metavar="PART=N,...",
         help="split sizes, e.g. members=500,attacker=1000 (parts left out keep the dataset's "
         "default; parts: members, nonmembers, attacker, public)",
-    )  # fmt: skip
+    )
 
     privacy = parser.add_argument_group("protections")
     opt_in = list(OPT_IN_METHODS)
@@ -192,48 +199,65 @@ def build_parser() -> argparse.ArgumentParser:
         f"{DEFAULTS['PostTrainingOptions.m']})",
     )
     privacy.add_argument(
-        "--head", choices=("linear", "mlp"), default=None,
+        "--head",
+        choices=("linear", "mlp"),
+        default=None,
         help="the fine-tuning head (default: the dataset's recipe, docs/recipes.md)",
-    )  # fmt: skip
+    )
     privacy.add_argument(
-        "--l2", type=_non_negative_float, default=None,
+        "--l2",
+        type=_non_negative_float,
+        default=None,
         help="L2 coefficient of the head recipe (default: the dataset's recipe); with "
         "--sensitivity analytic, also the convex head's lambda",
-    )  # fmt: skip
+    )
     privacy.add_argument(
-        "--accountant", choices=("alm_pld", "prv", "rdp"), default=None,
+        "--accountant",
+        choices=("alm_pld", "prv", "rdp"),
+        default=None,
         help=f"DP-SGD's accountant (default: {DEFAULTS['DPSGD accountant']}, this project's PLD "
         "accountant, registered in Opacus)",
-    )  # fmt: skip
+    )
     privacy.add_argument(
-        "--queries", type=_positive_int("--queries"), default=None,
+        "--queries",
+        type=_positive_int("--queries"),
+        default=None,
         help="queries answered by per-query methods (lu; default: "
         f"{DEFAULTS['LuOptions.queries']}); their total epsilon covers this many",
-    )  # fmt: skip
+    )
     privacy.add_argument(
-        "--opt", action="append", default=[], metavar="KEY=VALUE", type=_option,
+        "--opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        type=_option,
         help="a method option: METHOD.FIELD=VALUE for one method (e.g. dpsgd.lr=1, lu.noise="
         "gaussian), or FIELD=VALUE for every method that has that field; repeatable",
-    )  # fmt: skip
+    )
     privacy.add_argument(
-        "--reproducible-noise", action="store_true",
+        "--reproducible-noise",
+        action="store_true",
         help="seed release noise from public labels, for reproducible research only: such "
         "releases are private only while the seeds stay secret (default: the OS CSPRNG)",
-    )  # fmt: skip
+    )
 
     attack = parser.add_argument_group("attacks")
     attack.add_argument("--attacks", default="all", help="comma list of attack names, or 'all'")
     attack.add_argument(
-        "--shadow-model", choices=("gbm", "mlp", "auto"), default=None,
+        "--shadow-model",
+        choices=("gbm", "mlp", "auto"),
+        default=None,
         help="the shadow attack's classifier (default: "
         f"{DEFAULTS['AttackConfig.shadow_model']}): gbm, gradient boosting (strongest on "
         "held-out shadow data, docs/threat_model.md), mlp, the ALM appendix's 5-layer MLP, or "
         "auto",
-    )  # fmt: skip
+    )
     attack.add_argument(
-        "--num-reference", type=_positive_int("--num-reference"), default=None,
+        "--num-reference",
+        type=_positive_int("--num-reference"),
+        default=None,
         help=f"LiRA reference heads (default: {DEFAULTS['AttackConfig.num_reference']})",
-    )  # fmt: skip
+    )
 
     runopts = parser.add_argument_group("run")
     runopts.add_argument(
@@ -244,51 +268,63 @@ def build_parser() -> argparse.ArgumentParser:
     )
     runopts.add_argument("--device", default=DEFAULTS["RunConfig.device"], help="cpu or cuda")
     runopts.add_argument(
-        "--out", default=None,
+        "--out",
+        default=None,
         help=f"run folder (default: a new {RUNS}/<UTC time> folder, linked as {RUNS}/latest; "
         f"with --resume: {RUNS}/latest)",
-    )  # fmt: skip
+    )
     runopts.add_argument(
-        "--cache-dir", default=None,
+        "--cache-dir",
+        default=None,
         help=f"feature and head cache; it holds the clean heads, never share it "
         f"(default: {RUNS}/cache without --out, else $ALM_OPACUS_CACHE if set, else "
         f"<out>/{PRIVATE_DIR}/cache). The SimCLR encoder, trained on public data only, is "
         "cached per user ($ALM_OPACUS_ENCODER_CACHE, else ~/.cache/alm_opacus/encoders)",
-    )  # fmt: skip
+    )
     runopts.add_argument(
-        "--resume", action="store_true",
+        "--resume",
+        action="store_true",
         help="continue the run in --out: skip its finished cells (its config must match)",
-    )  # fmt: skip
+    )
     runopts.add_argument(
-        "--overwrite", action="store_true",
+        "--overwrite",
+        action="store_true",
         help="replace the run in --out (its results, curves, TensorBoard events and plots; "
         "caches are kept)",
-    )  # fmt: skip
+    )
     runopts.add_argument(
         "--config", default=None, help="YAML file; every flag is a key, and the command line wins"
     )
     runopts.add_argument(
-        "--executor", choices=EXECUTORS, default="in-process",
+        "--executor",
+        choices=EXECUTORS,
+        default="in-process",
         help="where the run's units (cells, per-seed preparations, shadow and LiRA reference "
         "heads, sensitivity-sampler chunks) are computed: in this process, or as Ray tasks "
         f"(optional extra: {CLUSTER_EXTRA}); the table is the same",
-    )  # fmt: skip
+    )
     runopts.add_argument(
-        "--ray-address", default=None, metavar="HOST:PORT",
+        "--ray-address",
+        default=None,
+        metavar="HOST:PORT",
         help="the Ray cluster of --executor ray (default: $RAY_ADDRESS, else a local cluster "
         "on this machine, bound to 127.0.0.1)",
-    )  # fmt: skip
+    )
     runopts.add_argument(
-        "--ray-connect-timeout", type=float, default=None, metavar="SECONDS",
+        "--ray-connect-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
         help="seconds the cluster at --ray-address (or $RAY_ADDRESS) has to accept a "
         f"connection before the run gives up on it (default: {DEFAULT_CONNECT_TIMEOUT_S:g})",
-    )  # fmt: skip
+    )
     runopts.add_argument("--no-progress", action="store_true", help="hide progress bars")
     runopts.add_argument(
-        "--wide-table", action="store_true",
+        "--wide-table",
+        action="store_true",
         help="print the side-by-side table (a column block per method) instead of one line per "
         "(method, epsilon) in at most 100 columns",
-    )  # fmt: skip
+    )
     return parser
 
 
@@ -305,11 +341,13 @@ def _apply_config_file(parser: argparse.ArgumentParser, argv: Sequence[str]) -> 
     try:
         loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
-        parser.error(f"--config={known.config!r}: not UTF-8 text (byte {exc.start}): expected "
-                     "a YAML file")  # fmt: skip
+        parser.error(
+            f"--config={known.config!r}: not UTF-8 text (byte {exc.start}): expected a YAML file"
+        )
     except (OSError, yaml.YAMLError) as exc:
-        parser.error(f"--config={known.config!r}: cannot read a YAML mapping "
-                     f"({' '.join(str(exc).split())})")  # fmt: skip
+        parser.error(
+            f"--config={known.config!r}: cannot read a YAML mapping ({' '.join(str(exc).split())})"
+        )
     if not isinstance(loaded, dict):
         parser.error(f"--config={known.config!r}: expected a YAML mapping of flag names to values")
     dests = {a.dest: a for a in parser._actions}
@@ -425,9 +463,13 @@ def parse_command(argv: Sequence[str] | None = None) -> Command:
     attacks = tuple(a.strip() for a in str(args.attacks).split(",") if a.strip())
     if not attacks:
         parser.error("--attacks is empty: expected a comma list of attack names, or 'all'")
-    shared = {"sensitivity": args.sensitivity, "m": args.m, "accountant": args.accountant,
-              "queries": args.queries,
-              "analytic_l2": args.l2 if args.l2 is not None and args.l2 > 0 else None}  # fmt: skip
+    shared = {
+        "sensitivity": args.sensitivity,
+        "m": args.m,
+        "accountant": args.accountant,
+        "queries": args.queries,
+        "analytic_l2": args.l2 if args.l2 is not None and args.l2 > 0 else None,
+    }
     try:
         split = None if args.split is None else parse_split_sizes(args.split, default=spec.split)
     except ValueError as exc:
@@ -443,21 +485,42 @@ def parse_command(argv: Sequence[str] | None = None) -> Command:
     options.update(dict(args.opt))
     try:
         config = RunConfig(
-            dataset=args.dataset, data_root=args.data_root, methods=tuple(methods),
-            epsilons=None if args.epsilons is None else tuple(args.epsilons), delta=args.delta,
-            seeds=tuple(args.seeds), split_seed=args.split_seed, device=args.device,
-            out=args.out, cache_dir=args.cache_dir, noise_draws=args.noise_draws,
-            options=options, attacks=attacks, resume=args.resume, overwrite=args.overwrite,
-            attack_options={k: v for k, v in (("shadow_model", args.shadow_model),
-                                               ("num_reference", args.num_reference))
-                            if v is not None},
+            dataset=args.dataset,
+            data_root=args.data_root,
+            methods=tuple(methods),
+            epsilons=None if args.epsilons is None else tuple(args.epsilons),
+            delta=args.delta,
+            seeds=tuple(args.seeds),
+            split_seed=args.split_seed,
+            device=args.device,
+            out=args.out,
+            cache_dir=args.cache_dir,
+            noise_draws=args.noise_draws,
+            options=options,
+            attacks=attacks,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            attack_options={
+                k: v
+                for k, v in (
+                    ("shadow_model", args.shadow_model),
+                    ("num_reference", args.num_reference),
+                )
+                if v is not None
+            },
             reproducible_noise=args.reproducible_noise,
-            head=head, split=split, progress=not args.no_progress,
-        )  # fmt: skip
+            head=head,
+            split=split,
+            progress=not args.no_progress,
+        )
     except ValueError as exc:
         parser.error(str(exc).splitlines()[0])
-    return Command(config=config, executor=args.executor, executor_options=executor_options,
-                   wide_table=bool(args.wide_table))  # fmt: skip
+    return Command(
+        config=config,
+        executor=args.executor,
+        executor_options=executor_options,
+        wide_table=bool(args.wide_table),
+    )
 
 
 def _methods(parser: argparse.ArgumentParser, text: str) -> list[str]:
@@ -526,8 +589,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with warnings.catch_warnings():
         shown = warnings.showwarning
 
-        def show(message: Warning | str, category: type[Warning], *args: Any,
-                 **kwargs: Any) -> None:  # fmt: skip
+        def show(
+            message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any
+        ) -> None:
             if issubclass(category, StaleCacheWarning):  # one line per recomputed cache file
                 print(f"alm-opacus: warning: {message}", file=sys.stderr)
             else:
@@ -547,8 +611,13 @@ def _run(command: Command, *, wide: bool) -> int:
     from alm_opacus.run.harness import run
 
     try:
-        result = run(config, on_start=_link_latest, on_plan=_announce, executor=command.executor,
-                     executor_options=command.executor_options)  # fmt: skip
+        result = run(
+            config,
+            on_start=_link_latest,
+            on_plan=_announce,
+            executor=command.executor,
+            executor_options=command.executor_options,
+        )
     except (ValueError, DataError) as exc:
         print(f"alm-opacus: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
@@ -575,9 +644,15 @@ def _run(command: Command, *, wide: bool) -> int:
         return 130
     split = config.split_sizes
     print()
-    print(format_tradeoff_table(result.rows, wide=wide, members=split.members,
-                                nonmembers=split.nonmembers or split.members,
-                                num_classes=result.num_classes))  # fmt: skip
+    print(
+        format_tradeoff_table(
+            result.rows,
+            wide=wide,
+            members=split.members,
+            nonmembers=split.nonmembers or split.members,
+            num_classes=result.num_classes,
+        )
+    )
     print()
     verdict = decide(result.rows, members=split.members, num_classes=result.num_classes)
     print(format_verdict(verdict, width=MAX_WIDTH))
@@ -591,8 +666,10 @@ def _run(command: Command, *, wide: bool) -> int:
         print(f"plots: {plots}  (how to read them: docs/reading_results.md)")
     report = result.out / "report.html"
     if report.exists():
-        print(f"report: {report}  (offline, self-contained; with per-member risk: for the data "
-              "owner only)")  # fmt: skip
+        print(
+            f"report: {report}  (offline, self-contained; with per-member risk: for the data "
+            "owner only)"
+        )
     return 0
 
 

@@ -23,9 +23,20 @@ __all__ = ["RESUME_KEYS", "RunConfig", "config_mismatch", "dedupe"]
 
 #: The keys of ``config.json`` that decide what a cell's rows hold: a resumed run must agree
 #: on all of them (the grid of methods, epsilons and seeds may grow).
-RESUME_KEYS = ("dataset", "delta", "split_seed", "split", "ssl", "head", "noise_draws",
-               "method_options", "attacks", "attack_options", "reproducible_noise",
-               "device")  # fmt: skip
+RESUME_KEYS = (
+    "dataset",
+    "delta",
+    "split_seed",
+    "split",
+    "ssl",
+    "head",
+    "noise_draws",
+    "method_options",
+    "attacks",
+    "attack_options",
+    "reproducible_noise",
+    "device",
+)
 
 
 @dataclass(frozen=True)
@@ -130,8 +141,11 @@ class RunConfig:
             raise ValueError(f"device={self.device!r} is invalid: expected 'cpu' or 'cuda[:N]'")
         validate_options(self.options)
         if self.delta == 0:
-            needy = [m for m in self.methods
-                     if create_method(m, method_options(m, self.options)).needs_delta]  # fmt: skip
+            needy = [
+                m
+                for m in self.methods
+                if create_method(m, method_options(m, self.options)).needs_delta
+            ]
             if needy:
                 raise ValueError(
                     f"--delta=0 cannot be met by {', '.join(needy)}: their guarantees are "

@@ -26,8 +26,14 @@ from alm_opacus.methods import Release, ShadowTrainer
 from alm_opacus.report.results import ResultRow
 from alm_opacus.units import UnitMap, serial_map
 
-__all__ = ["CLEAN_SUFFIX", "Evaluation", "cell_rows", "infeasible_row", "torch_threads",
-           "with_reference"]  # fmt: skip
+__all__ = [
+    "CLEAN_SUFFIX",
+    "Evaluation",
+    "cell_rows",
+    "infeasible_row",
+    "torch_threads",
+    "with_reference",
+]
 
 
 @contextlib.contextmanager
@@ -57,27 +63,43 @@ class Evaluation:
 
     def prepare(self, trainer: ShadowTrainer, *, seed: int) -> PreparedAttacks:
         """Fit every attack on the attacker's side, before any release is seen."""
-        knowledge = AttackerKnowledge(features=self.pool[0], labels=self.pool[1], trainer=trainer,
-                                      num_classes=self.num_classes,
-                                      train_size=int(self.is_member.sum()))  # fmt: skip
+        knowledge = AttackerKnowledge(
+            features=self.pool[0],
+            labels=self.pool[1],
+            trainer=trainer,
+            num_classes=self.num_classes,
+            train_size=int(self.is_member.sum()),
+        )
         with torch_threads(1):
             return prepare_attacks(
-                names=self.names, knowledge=knowledge, seed=seed, config=self.config,
-                candidate_features=self.features, candidate_labels=self.labels,
+                names=self.names,
+                knowledge=knowledge,
+                seed=seed,
+                config=self.config,
+                candidate_features=self.features,
+                candidate_labels=self.labels,
                 map_units=self.map_units,
-            )  # fmt: skip
+            )
 
     def attack(
-        self, prepared: PreparedAttacks, release: Release, *, inputs: Tensor | None = None,
+        self,
+        prepared: PreparedAttacks,
+        release: Release,
+        *,
+        inputs: Tensor | None = None,
         suffix: str = "",
-    ) -> list[AttackResult]:  # fmt: skip
+    ) -> list[AttackResult]:
         """Attack ``release``, querying it with ``inputs`` (the evaluation rows in the
         release's input kind; ``None``: the features); ``suffix`` tags the attack names."""
         target = AttackTarget(
-            predict=release.predict_proba, features=self.features, labels=self.labels,
-            is_member=self.is_member, num_classes=self.num_classes,
-            delta=release.statement.delta, inputs=inputs,
-        )  # fmt: skip
+            predict=release.predict_proba,
+            features=self.features,
+            labels=self.labels,
+            is_member=self.is_member,
+            num_classes=self.num_classes,
+            delta=release.statement.delta,
+            inputs=inputs,
+        )
         with torch_threads(1):  # intervals are computed once per cell, from the kept scores
             return prepared.attack(target, suffix=suffix, intervals=False)
 
@@ -101,26 +123,43 @@ def base_row(
     sens, training = st.sensitivity, release.training
     eps_ro, delta_ro = _replace_one(st.epsilon, st.delta, st.neighbouring)
     return ResultRow(
-        dataset=dataset, method=method, epsilon=epsilon, delta=st.delta,
-        guarantee=st.guarantee.value, sensitivity=sens.value if sens is not None else math.nan,
-        noise_scale=_num(st.noise_scale), seed=seed, test_accuracy=math.nan,
-        utility_loss=math.nan, statement=str(st),
+        dataset=dataset,
+        method=method,
+        epsilon=epsilon,
+        delta=st.delta,
+        guarantee=st.guarantee.value,
+        sensitivity=sens.value if sens is not None else math.nan,
+        noise_scale=_num(st.noise_scale),
+        seed=seed,
+        test_accuracy=math.nan,
+        utility_loss=math.nan,
+        statement=str(st),
         noise_multiplier=_num(training.noise_multiplier if training else None),
         clip_norm=_num(training.clip_norm if training else None),
         noise_std=_num(release.noise_std),
         sensitivity_norm=sens.norm if sens is not None else "",
         sensitivity_source=sens.source.value if sens is not None else "",
-        neighbouring=st.neighbouring, epsilon_replace_one=eps_ro, delta_replace_one=delta_ro,
-        noise_source=st.noise, epsilon_spent=_num(st.epsilon_spent),
+        neighbouring=st.neighbouring,
+        epsilon_replace_one=eps_ro,
+        delta_replace_one=delta_ro,
+        noise_source=st.noise,
+        epsilon_spent=_num(st.epsilon_spent),
         accountant=training.accountant if training else "",
-    )  # fmt: skip
+    )
 
 
 def cell_rows(
-    *, dataset: str, method: str, epsilon: float, seed: int, releases: Sequence[Release],
-    accuracies: Sequence[float], reference: float | None, results: Sequence[AttackResult],
+    *,
+    dataset: str,
+    method: str,
+    epsilon: float,
+    seed: int,
+    releases: Sequence[Release],
+    accuracies: Sequence[float],
+    reference: float | None,
+    results: Sequence[AttackResult],
     seconds: float,
-) -> list[ResultRow]:  # fmt: skip
+) -> list[ResultRow]:
     """The rows of one finished cell: one per attack (or one row without attacks).
 
     ``reference`` is the unprotected accuracy the utility losses are measured against;
@@ -130,11 +169,12 @@ def cell_rows(
     mean_acc = float(np.mean(accuracies))
     spread = len(accuracies) > 1
     base = replace(
-        base_row(dataset=dataset, method=method, epsilon=epsilon, seed=seed,
-                 release=releases[0]),
-        test_accuracy=mean_acc, seconds=seconds, noise_draws=len(releases),
+        base_row(dataset=dataset, method=method, epsilon=epsilon, seed=seed, release=releases[0]),
+        test_accuracy=mean_acc,
+        seconds=seconds,
+        noise_draws=len(releases),
         test_accuracy_std=float(np.std(accuracies)) if spread else math.nan,
-    )  # fmt: skip
+    )
     if reference is not None:
         (base,) = with_reference([base], reference)
     if not results:
@@ -152,29 +192,62 @@ def with_reference(rows: Sequence[ResultRow], reference: float) -> list[ResultRo
     ``reference`` (ALM paper, Definition 6.1; the spread over draws scales by the same
     reference). Rows of infeasible cells keep NaN."""
     return [
-        row if row.status != "ok" else replace(
-            row, utility_loss=utility_loss(protected=row.test_accuracy, unprotected=reference),
+        row
+        if row.status != "ok"
+        else replace(
+            row,
+            utility_loss=utility_loss(protected=row.test_accuracy, unprotected=reference),
             utility_loss_std=row.test_accuracy_std / reference,
         )
         for row in rows
-    ]  # fmt: skip
+    ]
 
 
 #: The row fields an attack aggregate fills (its pooled bound, means, spreads, intervals).
 _ATTACK_FIELDS = (
-    "attack", "mia_accuracy", "mia_advantage", "mia_auc", "tpr_at_fpr_0_001", "tpr_at_fpr_0_01",
-    "eps_lower_bound", "mia_auc_std", "mia_accuracy_std", "mia_auc_ci_low", "mia_auc_ci_high",
-    "tpr_at_fpr_0_001_ci_low", "tpr_at_fpr_0_001_ci_high", "tpr_at_fpr_0_01_ci_low",
-    "tpr_at_fpr_0_01_ci_high", "eps_lower_bound_ceiling",
-)  # fmt: skip
+    "attack",
+    "mia_accuracy",
+    "mia_advantage",
+    "mia_auc",
+    "tpr_at_fpr_0_001",
+    "tpr_at_fpr_0_01",
+    "eps_lower_bound",
+    "mia_auc_std",
+    "mia_accuracy_std",
+    "mia_auc_ci_low",
+    "mia_auc_ci_high",
+    "tpr_at_fpr_0_001_ci_low",
+    "tpr_at_fpr_0_001_ci_high",
+    "tpr_at_fpr_0_01_ci_low",
+    "tpr_at_fpr_0_01_ci_high",
+    "eps_lower_bound_ceiling",
+)
 
 
-def infeasible_row(*, dataset: str, method: str, epsilon: float, seed: int, delta: float,
-                   reason: str, seconds: float) -> ResultRow:  # fmt: skip
+def infeasible_row(
+    *,
+    dataset: str,
+    method: str,
+    epsilon: float,
+    seed: int,
+    delta: float,
+    reason: str,
+    seconds: float,
+) -> ResultRow:
     """The one row of a cell that no release can meet."""
     return ResultRow(
-        dataset=dataset, method=method, epsilon=epsilon, delta=delta, guarantee="none",
-        sensitivity=math.nan, noise_scale=math.nan, seed=seed, test_accuracy=math.nan,
-        utility_loss=math.nan, seconds=seconds, noise_draws=0, status="infeasible",
+        dataset=dataset,
+        method=method,
+        epsilon=epsilon,
+        delta=delta,
+        guarantee="none",
+        sensitivity=math.nan,
+        noise_scale=math.nan,
+        seed=seed,
+        test_accuracy=math.nan,
+        utility_loss=math.nan,
+        seconds=seconds,
+        noise_draws=0,
+        status="infeasible",
         reason=reason.splitlines()[0] if reason else "infeasible",
-    )  # fmt: skip
+    )

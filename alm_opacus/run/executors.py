@@ -95,9 +95,12 @@ class Executor(ABC):
 
     @abstractmethod
     def as_completed(
-        self, fn: Callable[..., R], calls: Sequence[tuple[Any, ...]], *,
+        self,
+        fn: Callable[..., R],
+        calls: Sequence[tuple[Any, ...]],
+        *,
         before: Callable[[int], None] | None = None,
-    ) -> Iterator[tuple[int, R]]:  # fmt: skip
+    ) -> Iterator[tuple[int, R]]:
         """``(index, fn(*calls[index]))`` for every call, as each is done; handles among a
         call's arguments are replaced by their values. In-process: in order, each computed
         when asked for; on Ray: a bounded number in flight, so units that map units of their
@@ -163,9 +166,12 @@ class InProcessExecutor(Executor):
         return _Lazy(fn, args)
 
     def as_completed(
-        self, fn: Callable[..., R], calls: Sequence[tuple[Any, ...]], *,
+        self,
+        fn: Callable[..., R],
+        calls: Sequence[tuple[Any, ...]],
+        *,
         before: Callable[[int], None] | None = None,
-    ) -> Iterator[tuple[int, R]]:  # fmt: skip
+    ) -> Iterator[tuple[int, R]]:
         for index, args in enumerate(calls):
             if before is not None:
                 before(index)
@@ -242,8 +248,7 @@ def _run_unit(fn: Callable[..., R], *args: Any) -> R:
 def _remote(cpus: float, retries: int) -> Any:
     """The remote version of :func:`_run_unit` (built once per process and options)."""
     ray = import_ray()
-    return ray.remote(_run_unit).options(num_cpus=cpus, max_retries=retries,
-                                         retry_exceptions=False)  # fmt: skip
+    return ray.remote(_run_unit).options(num_cpus=cpus, max_retries=retries, retry_exceptions=False)
 
 
 def _unwrap(refs: Any) -> Any:
@@ -402,26 +407,37 @@ class RayExecutor(Executor):
     in_driver = False
 
     def __init__(
-        self, *, address: str | None = None, num_cpus: int | None = None,
-        cpus_per_task: float = 1.0, max_retries: int = MAX_RETRIES,
+        self,
+        *,
+        address: str | None = None,
+        num_cpus: int | None = None,
+        cpus_per_task: float = 1.0,
+        max_retries: int = MAX_RETRIES,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
-    ) -> None:  # fmt: skip
+    ) -> None:
         ray = import_ray()
         self._ray = ray
         self._owns = False
         if not ray.is_initialized():
             address = cluster_address(address, connect_timeout=connect_timeout)
-            common: dict[str, Any] = {"include_dashboard": False, "configure_logging": False,
-                                      "log_to_driver": True}  # fmt: skip
+            common: dict[str, Any] = {
+                "include_dashboard": False,
+                "configure_logging": False,
+                "log_to_driver": True,
+            }
             if address is not None:
                 ray.init(address=address, **common)
             else:
                 cpus = num_cpus or os.cpu_count() or 1
                 with loopback_only():  # "local": a new instance, never another one found here
-                    ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1",
-                             object_store_memory=LOCAL_OBJECT_STORE_BYTES,
-                             _system_config={"num_workers_soft_limit": WORKERS_PER_CPU * cpus},
-                             **common)  # fmt: skip
+                    ray.init(
+                        address="local",
+                        num_cpus=num_cpus,
+                        _node_ip_address="127.0.0.1",
+                        object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                        _system_config={"num_workers_soft_limit": WORKERS_PER_CPU * cpus},
+                        **common,
+                    )
             self._owns = True
         self._map = RayMap(cpus=cpus_per_task, retries=max_retries)
         self._task = _remote(cpus_per_task, max_retries)
@@ -438,9 +454,12 @@ class RayExecutor(Executor):
         return ref
 
     def as_completed(
-        self, fn: Callable[..., R], calls: Sequence[tuple[Any, ...]], *,
+        self,
+        fn: Callable[..., R],
+        calls: Sequence[tuple[Any, ...]],
+        *,
         before: Callable[[int], None] | None = None,
-    ) -> Iterator[tuple[int, R]]:  # fmt: skip
+    ) -> Iterator[tuple[int, R]]:
         # A task that waits for its own units gives its CPU back, and Ray would start the
         # next call in its place: with every call in flight, all of them would be open at
         # once (a worker process each). A window of a few per CPU keeps every CPU busy.

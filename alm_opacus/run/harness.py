@@ -95,20 +95,34 @@ def prepare(config: RunConfig) -> Prepared:
     ssl = config.ssl_config
     key = encoder_key(config, dataset, split)
     encoder = pretrain(
-        public_images, config=ssl, key=key, cache_dir=config.encoder_cache_path,
-        device=config.device, seed=config.split_seed, progress=config.progress,
-    )  # fmt: skip
-    features = extract_features(
-        encoder, dataset.images, key=key, cache_dir=config.cache_path, device=config.device,
+        public_images,
+        config=ssl,
+        key=key,
+        cache_dir=config.encoder_cache_path,
+        device=config.device,
+        seed=config.split_seed,
         progress=config.progress,
-    )  # fmt: skip
+    )
+    features = extract_features(
+        encoder,
+        dataset.images,
+        key=key,
+        cache_dir=config.cache_path,
+        device=config.device,
+        progress=config.progress,
+    )
     n = len(split.members)
     delta = config.delta if config.delta is not None else default_delta(n)
     return Prepared(
-        config=config, split=split, features=features,
+        config=config,
+        split=split,
+        features=features,
         labels=torch.from_numpy(np.asarray(dataset.labels, dtype=np.int64)),
-        num_classes=dataset.num_classes, delta=delta, images=dataset.images, encoder=encoder,
-    )  # fmt: skip
+        num_classes=dataset.num_classes,
+        delta=delta,
+        images=dataset.images,
+        encoder=encoder,
+    )
 
 
 def _public_images(dataset: Dataset, split: Split) -> np.ndarray:
@@ -190,11 +204,13 @@ def given_features(config: RunConfig, dataset: Dataset, split: Split) -> Prepare
     assert dataset.features is not None
     n = len(split.members)
     return Prepared(
-        config=config, split=split, features=torch.from_numpy(dataset.features),
+        config=config,
+        split=split,
+        features=torch.from_numpy(dataset.features),
         labels=torch.from_numpy(np.asarray(dataset.labels, dtype=np.int64)),
         num_classes=dataset.num_classes,
         delta=config.delta if config.delta is not None else default_delta(n),
-    )  # fmt: skip
+    )
 
 
 def preflight(config: RunConfig) -> None:
@@ -230,14 +246,28 @@ def _check_split(config: RunConfig, sizes: dict[str, int]) -> None:
     """Split sizes too small for what the run does fail here, not after pre-training."""
     needs = [("members", 2, "a head, the sensitivity sampler and the attacks")]
     if config.attack_names:
-        needs.append(("nonmembers", 2, "the attacks' split-half epsilon bound (halves of "
-                                       "members and non-members)"))  # fmt: skip
+        needs.append(
+            (
+                "nonmembers",
+                2,
+                "the attacks' split-half epsilon bound (halves of members and non-members)",
+            )
+        )
         needs.append(("attacker", ATTACKER_POOL_MIN, "the attacker's shadow heads"))
-    sampled = [m for m in config.methods if getattr(method_options(m, config.options),
-                                                    "sensitivity", None) == "sampled"]  # fmt: skip
+    sampled = [
+        m
+        for m in config.methods
+        if getattr(method_options(m, config.options), "sensitivity", None) == "sampled"
+    ]
     if sampled:
-        needs.append(("public", 2, f"{', '.join(sampled)}'s sensitivity sampler, which draws "
-                                   "neighbouring data sets from the public split"))  # fmt: skip
+        needs.append(
+            (
+                "public",
+                2,
+                f"{', '.join(sampled)}'s sensitivity sampler, which draws "
+                "neighbouring data sets from the public split",
+            )
+        )
     for part, low, why in needs:
         if sizes[part] < low:
             raise ValueError(
@@ -355,8 +385,9 @@ def run(
     start = time.perf_counter()
     out = Path(config.out)
     preflight(config)
-    folder = RunFolder(out, resume=config.resume, overwrite=config.overwrite,
-                       cache=config.cache_path)  # fmt: skip
+    folder = RunFolder(
+        out, resume=config.resume, overwrite=config.overwrite, cache=config.cache_path
+    )
     settings = run_settings(config)
     folder.check(settings)
 
@@ -366,28 +397,41 @@ def run(
             on_start(out)
 
     with folder, contextlib.ExitStack() as stack:
-        writer = RunWriter(out, settings=settings, resume=config.resume,
-                           hparams=tensorboard_hparams(config), before_write=commit)  # fmt: skip
+        writer = RunWriter(
+            out,
+            settings=settings,
+            resume=config.resume,
+            hparams=tensorboard_hparams(config),
+            before_write=commit,
+        )
         if on_plan is not None:
             pending = [c for c in plan_cells(config) if c.key not in writer.done]
             on_plan(describe_plan(config, pending))
         data = prepare(config)
         data.split.save(out / SPLIT_FILE)
         writer.describe(num_classes=data.num_classes, images=image_source(data.images))
-        engine = (executor if isinstance(executor, Executor) else stack.enter_context(
-            create_executor(executor, **dict(executor_options or {}))))  # fmt: skip
-        shared = RunInputs.build(config, data, memo=engine.memo(), map_units=engine.unit_map(),
-                                 progress=config.progress and engine.in_driver)  # fmt: skip
+        engine = (
+            executor
+            if isinstance(executor, Executor)
+            else stack.enter_context(create_executor(executor, **dict(executor_options or {})))
+        )
+        shared = RunInputs.build(
+            config,
+            data,
+            memo=engine.memo(),
+            map_units=engine.unit_map(),
+            progress=config.progress and engine.in_driver,
+        )
         # a resumed run measures utility against its finished baseline
         baselines = baseline_methods(config)
-        references = {row.seed: row.test_accuracy for row in writer.rows
-                      if row.method in baselines}  # fmt: skip
+        references = {row.seed: row.test_accuracy for row in writer.rows if row.method in baselines}
         stack.enter_context(torch_threads(CELL_THREADS))
         cells = [c for c in plan_cells(config) if c.key not in writer.done]
         if not engine.in_driver:  # cells run side by side: start every method's shared work
             cells = spread_by_method(cells)
-        bar = tqdm(total=len(cells), desc="cells", unit="cell",
-                   disable=not config.progress or not cells)  # fmt: skip
+        bar = tqdm(
+            total=len(cells), desc="cells", unit="cell", disable=not config.progress or not cells
+        )
         stack.callback(bar.close)
 
         def before(index: int) -> None:
@@ -415,8 +459,9 @@ def run(
             for done in outcomes:
                 writer.add(done)
         writer.finish(force=bool(cells))
-    return RunResult(rows=writer.rows, out=out, seconds=time.perf_counter() - start,
-                     num_classes=data.num_classes)  # fmt: skip
+    return RunResult(
+        rows=writer.rows, out=out, seconds=time.perf_counter() - start, num_classes=data.num_classes
+    )
 
 
 def _measured(outcome: CellOutcome, reference: float) -> CellOutcome:

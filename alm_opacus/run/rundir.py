@@ -94,8 +94,19 @@ __all__ = [
 
 #: What a run writes in its folder (besides caches), removed by an overwrite.
 #: ``split.json`` at the top is the layout before ``private/`` existed.
-RUN_FILES = ("config.json", SPLIT_FILE, "results.csv", "rocs.json", "tb", "plots", "split.json",
-             DRAWS_FILE, REPORT_FILE, str(RISK_FOLDER), MANIFEST_FILE)  # fmt: skip
+RUN_FILES = (
+    "config.json",
+    SPLIT_FILE,
+    "results.csv",
+    "rocs.json",
+    "tb",
+    "plots",
+    "split.json",
+    DRAWS_FILE,
+    REPORT_FILE,
+    str(RISK_FOLDER),
+    MANIFEST_FILE,
+)
 _LOCK = LOCK_FILE
 #: Files a run rewrites before its first cell: a rolled-back start restores them.
 _REWRITTEN_EARLY = ("config.json", SPLIT_FILE, PRIVATE_README)
@@ -317,8 +328,9 @@ class RunFolder:
         if self.cache is not None:
             self._created_dirs += [p for p in _missing(self.cache) if p not in self._created_dirs]
         check_writable_dir(self.out, flag="--out")
-        self._present = {n for n in (*RUN_FILES, PRIVATE_README, _LOCK)
-                         if os.path.lexists(self.out / n)}  # fmt: skip
+        self._present = {
+            n for n in (*RUN_FILES, PRIVATE_README, _LOCK) if os.path.lexists(self.out / n)
+        }
         path = self.out / _LOCK
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -340,8 +352,11 @@ class RunFolder:
         self._fd = fd
         try:
             # what a start may rewrite before its first cell (results are written after it)
-            self._snapshot = {n: (self.out / n).read_bytes() for n in _REWRITTEN_EARLY
-                              if n in self._present and (self.out / n).is_file()}  # fmt: skip
+            self._snapshot = {
+                n: (self.out / n).read_bytes()
+                for n in _REWRITTEN_EARLY
+                if n in self._present and (self.out / n).is_file()
+            }
             self._clean_residues()
             # owner-only before anything private is written into them
             make_private_folder(self.out / PRIVATE_DIR, tighten=True)
@@ -477,8 +492,10 @@ def check_rows(rows: Sequence[ResultRow], *, settings: dict[str, Any], path: Pat
     methods = _str_list(settings, "methods", path)
     seeds = settings.get("seeds")
     if not isinstance(seeds, list) or not all(type(s) is int for s in seeds):
-        raise ValueError(f"--resume: {path.parent / 'config.json'}: 'seeds' is {seeds!r}: "
-                         "expected a list of integers; use --overwrite")  # fmt: skip
+        raise ValueError(
+            f"--resume: {path.parent / 'config.json'}: 'seeds' is {seeds!r}: "
+            "expected a list of integers; use --overwrite"
+        )
     grid = {cell_key("", e, 0)[1] for e in _float_list(settings, "epsilons", path)}
     draws = settings.get("noise_draws", 1)
     seen: dict[tuple[str, str, int, str], int] = {}
@@ -487,8 +504,10 @@ def check_rows(rows: Sequence[ResultRow], *, settings: dict[str, Any], path: Pat
         where = f"--resume: {path}: line {line}"
 
         def bad(column: str, value: object, expected: str, where: str = where) -> ValueError:
-            return ValueError(f"{where}: {column}={value!r} is invalid: expected {expected}; "
-                              "use --overwrite to start again")  # fmt: skip
+            return ValueError(
+                f"{where}: {column}={value!r} is invalid: expected {expected}; "
+                "use --overwrite to start again"
+            )
 
         if row.dataset != settings.get("dataset"):
             raise bad("dataset", row.dataset, f"{settings.get('dataset')!r} (config.json)")
@@ -506,9 +525,11 @@ def check_rows(rows: Sequence[ResultRow], *, settings: dict[str, Any], path: Pat
             raise bad("seed", row.seed, f"one of config.json's seeds {seeds}")
         key = (row.method, label, row.seed, row.attack)
         if key in seen:
-            raise ValueError(f"{where}: repeats the row of line {seen[key]} (method "
-                             f"{row.method!r}, epsilon {label}, seed {row.seed}, attack "
-                             f"{row.attack!r}); use --overwrite to start again")  # fmt: skip
+            raise ValueError(
+                f"{where}: repeats the row of line {seen[key]} (method "
+                f"{row.method!r}, epsilon {label}, seed {row.seed}, attack "
+                f"{row.attack!r}); use --overwrite to start again"
+            )
         seen[key] = line
         wrong = out_of_range(row)
         if wrong is not None:
@@ -553,18 +574,24 @@ def check_rocs(path: Path, *, settings: dict[str, Any]) -> None:
             label = cell_key("", float(item["epsilon"]), 0)[1]
             fpr, tpr = [float(v) for v in item["fpr"]], [float(v) for v in item["tpr"]]
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{where}: expected method, epsilon, attack, fpr and tpr "
-                             f"({exc!r}); use --overwrite") from exc  # fmt: skip
+            raise ValueError(
+                f"{where}: expected method, epsilon, attack, fpr and tpr ({exc!r}); use --overwrite"
+            ) from exc
         if method not in methods or label not in grid:
-            raise ValueError(f"{where}: ({method!r}, epsilon {label}) is not a cell of "
-                             "config.json's grid; use --overwrite")  # fmt: skip
+            raise ValueError(
+                f"{where}: ({method!r}, epsilon {label}) is not a cell of "
+                "config.json's grid; use --overwrite"
+            )
         if (method, label, attack) in seen:
-            raise ValueError(f"{where}: repeats the curve of ({method!r}, epsilon {label}, "
-                             f"{attack!r}); use --overwrite")  # fmt: skip
+            raise ValueError(
+                f"{where}: repeats the curve of ({method!r}, epsilon {label}, "
+                f"{attack!r}); use --overwrite"
+            )
         seen.add((method, label, attack))
         if len(fpr) != len(tpr) or not all(0 <= v <= 1 for v in (*fpr, *tpr)):
-            raise ValueError(f"{where}: expected as many FPRs as TPRs, all in [0, 1]; use "
-                             "--overwrite")  # fmt: skip
+            raise ValueError(
+                f"{where}: expected as many FPRs as TPRs, all in [0, 1]; use --overwrite"
+            )
 
 
 # -- what the folder and the data were ---------------------------------------------------
@@ -613,8 +640,10 @@ def check_data(previous: dict[str, Any], current: dict[str, Any], *, out: Path) 
 def _str_list(settings: dict[str, Any], key: str, path: Path) -> list[str]:
     value = settings.get(key)
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"--resume: {path.parent / 'config.json'}: {key!r} is {value!r}: "
-                         "expected a list of names; use --overwrite")  # fmt: skip
+        raise ValueError(
+            f"--resume: {path.parent / 'config.json'}: {key!r} is {value!r}: "
+            "expected a list of names; use --overwrite"
+        )
     return value
 
 
@@ -624,6 +653,8 @@ def _float_list(settings: dict[str, Any], key: str, path: Path) -> list[float]:
         isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < math.inf for v in value
     )
     if not ok:
-        raise ValueError(f"--resume: {path.parent / 'config.json'}: {key!r} is {value!r}: "
-                         "expected a list of positive numbers; use --overwrite")  # fmt: skip
+        raise ValueError(
+            f"--resume: {path.parent / 'config.json'}: {key!r} is {value!r}: "
+            "expected a list of positive numbers; use --overwrite"
+        )
     return [float(v) for v in value]  # type: ignore[union-attr]

@@ -134,9 +134,14 @@ class RunInputs:
 
     @classmethod
     def build(
-        cls, config: RunConfig, data: Prepared, *, memo: RunMemo | None = None,
-        map_units: UnitMap = serial_map, progress: bool | None = None,
-    ) -> RunInputs:  # fmt: skip
+        cls,
+        config: RunConfig,
+        data: Prepared,
+        *,
+        memo: RunMemo | None = None,
+        map_units: UnitMap = serial_map,
+        progress: bool | None = None,
+    ) -> RunInputs:
         """The inputs of ``config``'s units from the prepared data.
 
         Args:
@@ -148,32 +153,46 @@ class RunInputs:
         images = "images" in kinds
         public_x, public_y = data.part("public")
         context = MethodContext(
-            num_classes=data.num_classes, head=config.recipe, device=config.device,
-            public_features=public_x, public_labels=public_y,
+            num_classes=data.num_classes,
+            head=config.recipe,
+            device=config.device,
+            public_features=public_x,
+            public_labels=public_y,
             public_images=data.inputs("images", "public") if images else None,
-            encoder=data.encoder if images else None, cache_dir=config.cache_path,
-            progress=config.progress if progress is None else progress, dataset=config.dataset,
+            encoder=data.encoder if images else None,
+            cache_dir=config.cache_path,
+            progress=config.progress if progress is None else progress,
+            dataset=config.dataset,
             schedule=config.spec.dpsgd.as_tuple(),
             noise=NoisePolicy(reproducible=config.reproducible_noise),
-            memo=RunMemo() if memo is None else memo, map_units=map_units,
-        )  # fmt: skip
+            memo=RunMemo() if memo is None else memo,
+            map_units=map_units,
+        )
         y_in, y_out = data.part("members")[1], data.part("nonmembers")[1]
         evaluation = Evaluation(
             features=torch.cat([data.part("members")[0], data.part("nonmembers")[0]]),
             labels=torch.cat([y_in, y_out]),
             is_member=np.r_[np.ones(len(y_in), bool), np.zeros(len(y_out), bool)],
-            pool=data.part("attacker"), names=config.attack_names,
-            num_classes=data.num_classes, config=AttackConfig(**config.attack_options),
+            pool=data.part("attacker"),
+            names=config.attack_names,
+            num_classes=data.num_classes,
+            config=AttackConfig(**config.attack_options),
             map_units=map_units,
-        )  # fmt: skip
+        )
         queries: dict[tuple[InputKind, str], Tensor] = {}
         for kind in sorted(kinds):
             members, nonmembers = data.inputs(kind, "members"), data.inputs(kind, "nonmembers")
             queries[kind, "members"], queries[kind, "nonmembers"] = members, nonmembers
             queries[kind, "evaluation"] = torch.cat([members, nonmembers])
-        return cls(config=config, delta=data.delta, context=context, evaluation=evaluation,
-                   queries=queries, labels={"members": y_in, "nonmembers": y_out},
-                   rows=np.r_[data.split.members, data.split.nonmembers])  # fmt: skip
+        return cls(
+            config=config,
+            delta=data.delta,
+            context=context,
+            evaluation=evaluation,
+            queries=queries,
+            labels={"members": y_in, "nonmembers": y_out},
+            rows=np.r_[data.split.members, data.split.nonmembers],
+        )
 
     def method(self, name: str) -> Method[Any, Any]:
         """The method ``name`` with the run's options."""
@@ -197,9 +216,12 @@ def prepare_unit(shared: RunInputs, name: str, seed: int) -> Any:
     _load_plugins_once()
     method = shared.method(name)
     try:
-        return method.prepare(features=shared.inputs(method.inputs, "members"),
-                              labels=shared.labels["members"], seed=seed,
-                              context=shared.context)  # fmt: skip
+        return method.prepare(
+            features=shared.inputs(method.inputs, "members"),
+            labels=shared.labels["members"],
+            seed=seed,
+            context=shared.context,
+        )
     except InfeasibleRelease as exc:
         return Infeasible(str(exc))
 
@@ -228,35 +250,60 @@ def cell_unit(shared: RunInputs, cell: Cell, prepared: Any, plain: PlainAttacks)
             raise InfeasibleRelease(prepared.reason)
         releases, accuracies, per_draw = _draws(cell, shared, method, prepared, plain)
     except InfeasibleRelease as exc:
-        row = infeasible_row(dataset=shared.config.dataset, method=cell.method,
-                             epsilon=cell.epsilon, seed=cell.seed, delta=shared.delta,
-                             reason=str(exc), seconds=time.perf_counter() - start)  # fmt: skip
+        row = infeasible_row(
+            dataset=shared.config.dataset,
+            method=cell.method,
+            epsilon=cell.epsilon,
+            seed=cell.seed,
+            delta=shared.delta,
+            reason=str(exc),
+            seconds=time.perf_counter() - start,
+        )
         return CellOutcome(rows=[row], rocs={})
     results = [result for draw in per_draw for result in draw]
     rows = cell_rows(
-        dataset=shared.config.dataset, method=cell.method, epsilon=cell.epsilon,
-        seed=cell.seed, releases=releases, accuracies=accuracies, reference=None,
-        results=results, seconds=time.perf_counter() - start,
-    )  # fmt: skip
+        dataset=shared.config.dataset,
+        method=cell.method,
+        epsilon=cell.epsilon,
+        seed=cell.seed,
+        releases=releases,
+        accuracies=accuracies,
+        reference=None,
+        results=results,
+        seconds=time.perf_counter() - start,
+    )
     rocs: RocMap = {}
     for result in results:  # the first draw's curve of each attack
         key = (cell.method, cell.epsilon, result.attack)
         if key not in rocs:
             rocs[key] = (result.roc.fpr.tolist(), result.roc.tpr.tolist())
     chosen = releases[0].chosen_config
-    entry = None if chosen is None else {"method": cell.method, "epsilon": cell.epsilon,
-                                         "seed": cell.seed, "config": chosen}  # fmt: skip
+    entry = (
+        None
+        if chosen is None
+        else {"method": cell.method, "epsilon": cell.epsilon, "seed": cell.seed, "config": chosen}
+    )
     baseline = accuracies[0] if releases[0].baseline else None
-    draws = draw_records(method=cell.method, epsilon=cell.epsilon, seed=cell.seed,
-                         accuracies=accuracies, results=per_draw)  # fmt: skip
+    draws = draw_records(
+        method=cell.method,
+        epsilon=cell.epsilon,
+        seed=cell.seed,
+        accuracies=accuracies,
+        results=per_draw,
+    )
     evaluation = shared.evaluation
     scores = cell_scores(
-        method=cell.method, epsilon=cell.epsilon, seed=cell.seed, rows=shared.rows,
-        labels=evaluation.labels.numpy(), is_member=evaluation.is_member,
+        method=cell.method,
+        epsilon=cell.epsilon,
+        seed=cell.seed,
+        rows=shared.rows,
+        labels=evaluation.labels.numpy(),
+        is_member=evaluation.is_member,
         draws=[{r.attack: r.scores for r in d if r.scores is not None} for d in per_draw],
-    )  # fmt: skip
-    return CellOutcome(rows=rows, rocs=rocs, chosen=entry, baseline_accuracy=baseline,
-                       draws=draws, scores=scores)  # fmt: skip
+    )
+    return CellOutcome(
+        rows=rows, rocs=rocs, chosen=entry, baseline_accuracy=baseline, draws=draws, scores=scores
+    )
 
 
 def _draws(
@@ -279,13 +326,17 @@ def _draws(
 
     for draw in range(cell.draws):
         release = method.release(
-            prepared, features=shared.inputs(kind, "members"), labels=y_in,
-            epsilon=cell.epsilon, delta=shared.delta, seed=cell.seed, draw=draw,
+            prepared,
+            features=shared.inputs(kind, "members"),
+            labels=y_in,
+            epsilon=cell.epsilon,
+            delta=shared.delta,
+            seed=cell.seed,
+            draw=draw,
             context=context,
-        )  # fmt: skip
+        )
         releases.append(release)
-        accuracies.append(accuracy(release.predict_proba(shared.inputs(kind, "nonmembers")),
-                                   y_out))  # fmt: skip
+        accuracies.append(accuracy(release.predict_proba(shared.inputs(kind, "nonmembers")), y_out))
         results: list[AttackResult] = []  # extended in place below: per_draw holds it
         per_draw.append(results)
         if not evaluation.names:
@@ -297,8 +348,7 @@ def _draws(
         if adaptive is None:  # one adaptive attacker per cell: its protection is the cell's
             adaptive = evaluation.prepare(release.attacker(), seed=cell.seed)
         results += evaluation.attack(adaptive, release, inputs=queried)
-        results += evaluation.attack(plain_attacks(), release, inputs=queried,
-                                     suffix=CLEAN_SUFFIX)  # fmt: skip
+        results += evaluation.attack(plain_attacks(), release, inputs=queried, suffix=CLEAN_SUFFIX)
     return releases, accuracies, per_draw
 
 

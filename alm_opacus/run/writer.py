@@ -94,8 +94,11 @@ def data_digest(dataset: str) -> str | None:
 
 
 def _environment() -> dict[str, str]:
-    versions = {"alm_opacus": alm_opacus.__version__, "torch": torch.__version__,
-                "python": platform.python_version()}  # fmt: skip
+    versions = {
+        "alm_opacus": alm_opacus.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
     for name in ("opacus", "dp-accounting"):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             versions[name] = importlib.metadata.version(name)
@@ -118,10 +121,14 @@ class RunWriter:
     """
 
     def __init__(
-        self, out: Path, *, settings: dict[str, Any], resume: bool,
+        self,
+        out: Path,
+        *,
+        settings: dict[str, Any],
+        resume: bool,
         hparams: dict[str, object] | None = None,
         before_write: Callable[[], None] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.out = out
         self.before_write = before_write
         self.wrote = False
@@ -213,8 +220,9 @@ class RunWriter:
         # recorded in config.json, so that views read from the run folder alone (the
         # shareable report) know chance accuracy
         self.settings["num_classes"] = num_classes
-        self.facts = RunFacts.from_settings(self.settings, num_classes=num_classes,
-                                            num_reference=options.num_reference)  # fmt: skip
+        self.facts = RunFacts.from_settings(
+            self.settings, num_classes=num_classes, num_reference=options.num_reference
+        )
         self.images = images
 
     def interrupted(self) -> None:
@@ -249,8 +257,14 @@ class RunWriter:
             self._record(risk_plots, replace_under=RISK_PLOTS.as_posix())
             self._write_tensorboard(images=True, done=False)
             settings = {**self.settings, "chosen_configs": self.chosen}
-            report = write_report(self.out, rows=self.rows, settings=settings, facts=self.facts,
-                                  risk=risk, risk_plots=risk_plots)  # fmt: skip
+            report = write_report(
+                self.out,
+                rows=self.rows,
+                settings=settings,
+                facts=self.facts,
+                risk=risk,
+                risk_plots=risk_plots,
+            )
             self._record([report])
         self.manifest = dataclasses.replace(self.manifest, complete=True, writing=())
         write_manifest(self.out, self.manifest)
@@ -301,15 +315,22 @@ class RunWriter:
         write_manifest(self.out, self.manifest)
 
     def _write_config(self) -> None:
-        atomic_write_json(self.out / "config.json", {**self.settings,
-                                                      "chosen_configs": self.chosen})  # fmt: skip
+        atomic_write_json(
+            self.out / "config.json", {**self.settings, "chosen_configs": self.chosen}
+        )
 
     def _write_tensorboard(self, *, images: bool, done: bool) -> None:
         """Rewrite ``tb/`` from all rows (built aside, then swapped in): it always holds
         exactly this run's rows, resumed ones included."""
-        write_tensorboard(self.rows, self.out / "tb", epsilons=self.settings["epsilons"],
-                          hparams=self.hparams, draws=self.draws, members=self.facts.members,
-                          images=self.out / "plots" if images else None)  # fmt: skip
+        write_tensorboard(
+            self.rows,
+            self.out / "tb",
+            epsilons=self.settings["epsilons"],
+            hparams=self.hparams,
+            draws=self.draws,
+            members=self.facts.members,
+            images=self.out / "plots" if images else None,
+        )
         self._board_written = time.monotonic()
         # tb/ is rebuilt whole: it holds exactly what the run wrote now
         self._record(folder_files(self.out / "tb"), replace_under="tb", done=done)
@@ -318,12 +339,23 @@ class RunWriter:
 def tensorboard_hparams(config: RunConfig) -> dict[str, object]:
     """The run-wide hyperparameters TensorBoard's HParams view shows beside each cell."""
     head = config.recipe
-    sources = sorted({o.sensitivity for o in (method_options(m, config.options)
-                      for m in config.methods) if isinstance(o, PostTrainingOptions)})  # fmt: skip
+    sources = sorted(
+        {
+            o.sensitivity
+            for o in (method_options(m, config.options) for m in config.methods)
+            if isinstance(o, PostTrainingOptions)
+        }
+    )
     # the data set's name without the owner's path (features:PATH): tb/ is shared
-    return {"dataset": shareable_dataset(config.dataset), "head": head.kind,
-            "head_solver": head.solver, "head_steps": head.steps, "head_l2": head.l2,
-            "noise_draws": config.noise_draws, "sensitivity": "/".join(sources) or "-"}  # fmt: skip
+    return {
+        "dataset": shareable_dataset(config.dataset),
+        "head": head.kind,
+        "head_solver": head.solver,
+        "head_steps": head.steps,
+        "head_l2": head.l2,
+        "noise_draws": config.noise_draws,
+        "sensitivity": "/".join(sources) or "-",
+    }
 
 
 def _save_rocs(path: Path, rocs: RocMap) -> None:
@@ -339,7 +371,8 @@ def _load_rocs(path: Path) -> RocMap:
         return {}
     try:
         items = json.loads(path.read_text())
-        return {(i["method"], float(i["epsilon"]), i["attack"]): (i["fpr"], i["tpr"])
-                for i in items}  # fmt: skip
+        return {
+            (i["method"], float(i["epsilon"]), i["attack"]): (i["fpr"], i["tpr"]) for i in items
+        }
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path}: not a readable rocs.json ({exc}); use --overwrite") from exc

@@ -209,9 +209,13 @@ class _KroneckerAt:
 
 
 def _cg(
-    prob: _Problem, g: Tensor, proba: Tensor, forcing: Tensor, max_iter: int,
+    prob: _Problem,
+    g: Tensor,
+    proba: Tensor,
+    forcing: Tensor,
+    max_iter: int,
     precondition: _KroneckerAt,
-) -> tuple[Tensor, int]:  # fmt: skip
+) -> tuple[Tensor, int]:
     """Preconditioned conjugate gradients for ``H d = -g``; head b stops at
     ``||r_b|| <= forcing_b`` (Nocedal & Wright, Algorithm 5.3).
 
@@ -330,8 +334,9 @@ def train_convex_heads(
         g[heads] = g_a.view(-1, num_classes, d + 1)
         gnorm[heads] = sub.dot(g_a, g_a).sqrt()
     params = {"fc.weight": w[..., :d].contiguous(), "fc.bias": w[..., d].contiguous()}
-    return ConvexFit(params=params, grad_norms=gnorm, tol=tol, iterations=iterations,
-                     cg_steps=cg_steps)  # fmt: skip
+    return ConvexFit(
+        params=params, grad_norms=gnorm, tol=tol, iterations=iterations, cg_steps=cg_steps
+    )
 
 
 def _start(init: Params | None, *, n_heads: int, num_classes: int, d: int, like: Tensor) -> Tensor:
@@ -339,10 +344,17 @@ def _start(init: Params | None, *, n_heads: int, num_classes: int, d: int, like:
     if init is None:
         return like.new_zeros(n_heads, num_classes, d + 1)
     weight, bias = init.get("fc.weight"), init.get("fc.bias")
-    if weight is None or bias is None or weight.shape[-2:] != (num_classes, d) or (
-        bias.shape[-1:] != (num_classes,) or weight.ndim - bias.ndim != 1
-        or weight.ndim not in (2, 3) or (weight.ndim == 3 and len(weight) != n_heads)
-    ):  # fmt: skip
+    if (
+        weight is None
+        or bias is None
+        or weight.shape[-2:] != (num_classes, d)
+        or (
+            bias.shape[-1:] != (num_classes,)
+            or weight.ndim - bias.ndim != 1
+            or weight.ndim not in (2, 3)
+            or (weight.ndim == 3 and len(weight) != n_heads)
+        )
+    ):
         shapes = {k: tuple(v.shape) for k, v in init.items()}
         raise ValueError(
             f"init={shapes} is invalid: expected fc.weight ({num_classes}, {d}) and fc.bias "
@@ -373,9 +385,16 @@ def _line_search(
 
 @register_solver("newton")
 def _newton(
-    features: Tensor, labels: Tensor, *, masks: Tensor, num_classes: int, config: HeadConfig,
-    seed: int, init: Params | None,
-) -> Params:  # fmt: skip
+    features: Tensor,
+    labels: Tensor,
+    *,
+    masks: Tensor,
+    num_classes: int,
+    config: HeadConfig,
+    seed: int,
+    init: Params | None,
+) -> Params:
     del seed  # one minimiser: nothing is drawn
-    return train_convex_heads(features, labels, masks=masks, num_classes=num_classes,
-                              config=config, init=init).params  # fmt: skip
+    return train_convex_heads(
+        features, labels, masks=masks, num_classes=num_classes, config=config, init=init
+    ).params

@@ -93,9 +93,16 @@ def draw_population_pairs(*, population: int, n: int, m: int, seed: int) -> np.n
 
 
 def population_chunk(
-    features: Tensor, labels: Tensor, *, recipe: SamplerRecipe, n: int, seed: int,
-    pairs: range, start: Params | None = None, basis: FeatureBasis | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    features: Tensor,
+    labels: Tensor,
+    *,
+    recipe: SamplerRecipe,
+    n: int,
+    seed: int,
+    pairs: range,
+    start: Params | None = None,
+    basis: FeatureBasis | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One unit of the sampler's work: the distances of the pairs ``pairs``.
 
     A pure function of its arguments. ``start`` (the head on the whole population sample,
@@ -107,8 +114,9 @@ def population_chunk(
     """
     total = int(features.shape[0])
     rows = population_pair_rows(population=total, n=n, seed=seed, pairs=pairs)
-    shared = torch.stack([torch.bincount(torch.as_tensor(r[: n - 1]), minlength=total)
-                          for r in rows])  # fmt: skip
+    shared = torch.stack(
+        [torch.bincount(torch.as_tensor(r[: n - 1]), minlength=total) for r in rows]
+    )
     ends = torch.as_tensor(rows[:, n - 1 :])
     pick = torch.arange(len(rows))
     first, second = shared.clone(), shared
@@ -183,25 +191,33 @@ def sample_population_sensitivity(
     total = int(features.shape[0])
     _check_sizes(total, n)
     if chunk_size is None:
-        chunk_size = default_chunk_size(n=total, num_classes=num_classes, config=config,
-                                        heads=2 * m)  # fmt: skip
+        chunk_size = default_chunk_size(
+            n=total, num_classes=num_classes, config=config, heads=2 * m
+        )
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 2:
         raise ValueError(f"chunk_size={chunk_size!r} is invalid: expected an integer >= 2")
     chunk_pairs = max(1, chunk_size // 2)
-    recipe = SamplerRecipe(num_classes=num_classes, config=config, seed=seed, solver=solver,
-                           tol=tol)  # fmt: skip
+    recipe = SamplerRecipe(
+        num_classes=num_classes, config=config, seed=seed, solver=solver, tol=tol
+    )
     basis = recipe.basis(features)
     start = recipe.whole(features, labels, basis=basis) if warm_start else None
-    shared = _PopulationWork(features=features, labels=labels, recipe=recipe, n=n, seed=seed,
-                             start=start, basis=basis)  # fmt: skip
+    shared = _PopulationWork(
+        features=features, labels=labels, recipe=recipe, n=n, seed=seed, start=start, basis=basis
+    )
     units = [range(first, min(m, first + chunk_pairs)) for first in range(0, m, chunk_pairs)]
-    parts = map_units(_population_unit, units, shared=shared,
-                      desc="sensitivity sampler (public)" if progress else None)  # fmt: skip
+    parts = map_units(
+        _population_unit,
+        units,
+        shared=shared,
+        desc="sensitivity sampler (public)" if progress else None,
+    )
     l1 = np.concatenate([p[0] for p in parts]).astype(np.float64)
     l2 = np.concatenate([p[1] for p in parts]).astype(np.float64)
     ends = np.concatenate([p[2] for p in parts]).astype(np.int64)
-    return _finish(l1, l2, ends, n=n, order=order, gamma=gamma, solver=solver,
-                   population=population)  # fmt: skip
+    return _finish(
+        l1, l2, ends, n=n, order=order, gamma=gamma, solver=solver, population=population
+    )
 
 
 @dataclass(frozen=True)
@@ -222,5 +238,13 @@ def _population_unit(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One unit for a :class:`~alm_opacus.units.UnitMap`: :func:`population_chunk`."""
     w = shared
-    return population_chunk(w.features, w.labels, recipe=w.recipe, n=w.n, seed=w.seed,
-                            pairs=pairs, start=w.start, basis=w.basis)  # fmt: skip
+    return population_chunk(
+        w.features,
+        w.labels,
+        recipe=w.recipe,
+        n=w.n,
+        seed=w.seed,
+        pairs=pairs,
+        start=w.start,
+        basis=w.basis,
+    )

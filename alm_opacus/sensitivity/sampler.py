@@ -209,19 +209,33 @@ class SamplerRecipe:
         return self.solver == "newton" or self.config.solver == "newton"
 
     def train(
-        self, features: Tensor, labels: Tensor, masks: Tensor, *, init: Params | None = None,
+        self,
+        features: Tensor,
+        labels: Tensor,
+        masks: Tensor,
+        *,
+        init: Params | None = None,
         basis: FeatureBasis | None = None,
-    ) -> Params:  # fmt: skip
+    ) -> Params:
         """Heads on the rows of ``masks`` (B, n); ``init`` warm-starts a convex recipe and
         ``basis`` (:meth:`basis`) spares it recomputing its preconditioner's fixed factor."""
         c, config = self.num_classes, self.config
         if self.convex:  # the "newton" solver, or a recipe whose own solver is Newton
             tol = self.tol if self.solver == "newton" else DEFAULT_TOL
-            fit = train_convex_heads(features, labels, masks=masks, num_classes=c, config=config,
-                                     tol=tol, init=init, basis=basis)  # fmt: skip
+            fit = train_convex_heads(
+                features,
+                labels,
+                masks=masks,
+                num_classes=c,
+                config=config,
+                tol=tol,
+                init=init,
+                basis=basis,
+            )
             return fit.params
-        return train_heads(features, labels, masks=masks, num_classes=c, config=config,
-                           seed=self.seed)  # fmt: skip
+        return train_heads(
+            features, labels, masks=masks, num_classes=c, config=config, seed=self.seed
+        )
 
     def basis(self, features: Tensor) -> FeatureBasis | None:
         """The features' :class:`~alm_opacus.sensitivity.convex.FeatureBasis` (convex
@@ -239,9 +253,14 @@ class SamplerRecipe:
 
 
 def removal_chunk(
-    features: Tensor, labels: Tensor, *, recipe: SamplerRecipe, rows: np.ndarray,
-    start: Params | None = None, basis: FeatureBasis | None = None,
-) -> Tensor:  # fmt: skip
+    features: Tensor,
+    labels: Tensor,
+    *,
+    recipe: SamplerRecipe,
+    rows: np.ndarray,
+    start: Params | None = None,
+    basis: FeatureBasis | None = None,
+) -> Tensor:
     """One unit of Algorithm 2's work: the heads on ``d \\ d_i`` for each ``i`` in ``rows``.
 
     A pure function of its arguments. ``start`` (the head on all of ``d``, convex recipes only)
@@ -367,15 +386,16 @@ def sample_sensitivity(
         )
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size!r} is invalid: expected an integer >= 1")
-    recipe = SamplerRecipe(num_classes=num_classes, config=config, seed=seed, solver=solver,
-                           tol=tol)  # fmt: skip
+    recipe = SamplerRecipe(
+        num_classes=num_classes, config=config, seed=seed, solver=solver, tol=tol
+    )
     basis = recipe.basis(features)
     start = recipe.whole(features, labels, basis=basis) if warm_start else None
-    shared = _RemovalWork(features=features, labels=labels, recipe=recipe, start=start,
-                          basis=basis)  # fmt: skip
+    shared = _RemovalWork(features=features, labels=labels, recipe=recipe, start=start, basis=basis)
     chunks = [removed[i : i + chunk_size] for i in range(0, len(removed), chunk_size)]
-    flats = map_units(_removal_unit, chunks, shared=shared,
-                      desc="sensitivity sampler" if progress else None)  # fmt: skip
+    flats = map_units(
+        _removal_unit, chunks, shared=shared, desc="sensitivity sampler" if progress else None
+    )
     flat = torch.cat(flats)
     l1, l2 = np.empty(m), np.empty(m)
     for i in range(0, m, 1024):  # pair differences in blocks: m * P floats can be large
@@ -407,12 +427,15 @@ def sample_sensitivity_sequential(
     order = _check_inputs(features, labels, m, order, gamma)
     n = features.shape[0]
     pairs = draw_pairs(n=n, m=m, seed=seed)
-    recipe = SamplerRecipe(num_classes=num_classes, config=config, seed=seed, solver=solver,
-                           tol=tol)  # fmt: skip
+    recipe = SamplerRecipe(
+        num_classes=num_classes, config=config, seed=seed, solver=solver, tol=tol
+    )
     l1, l2 = np.empty(m), np.empty(m)
     for k, (i, j) in enumerate(pairs):
-        heads = [removal_chunk(features, labels, recipe=recipe, rows=np.array([row]))[0]
-                 for row in (i, j)]  # fmt: skip
+        heads = [
+            removal_chunk(features, labels, recipe=recipe, rows=np.array([row]))[0]
+            for row in (i, j)
+        ]
         diff = heads[0] - heads[1]
         l1[k] = float(diff.abs().sum())
         l2[k] = float(torch.linalg.vector_norm(diff))
@@ -433,5 +456,6 @@ class _RemovalWork:
 def _removal_unit(shared: _RemovalWork, rows: np.ndarray) -> Tensor:
     """One unit for a :class:`~alm_opacus.units.UnitMap`: :func:`removal_chunk`."""
     w = shared
-    return removal_chunk(w.features, w.labels, recipe=w.recipe, rows=rows, start=w.start,
-                         basis=w.basis)  # fmt: skip
+    return removal_chunk(
+        w.features, w.labels, recipe=w.recipe, rows=rows, start=w.start, basis=w.basis
+    )

@@ -176,19 +176,31 @@ def pretrain(
         scheduler.step()
         bar.set_postfix(loss=f"{np.mean(losses):.3f}")
         if (epoch + 1) % checkpoint_every == 0 and epoch + 1 < config.epochs:
-            write_cache(partial, kind=PARTIAL_KIND, key=key, code=code, payload={
-                "epoch": epoch + 1,
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "numpy_rng": rng.bit_generator.state,
-                "torch_rng": torch.get_rng_state(),
-            })  # fmt: skip
-    write_cache(final, kind=CHECKPOINT_KIND, key=key, code=code, payload={
-        "config": config.to_dict(),
-        "in_channels": in_channels,
-        "state_dict": model.encoder.state_dict(),
-    })  # fmt: skip
+            write_cache(
+                partial,
+                kind=PARTIAL_KIND,
+                key=key,
+                code=code,
+                payload={
+                    "epoch": epoch + 1,
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "numpy_rng": rng.bit_generator.state,
+                    "torch_rng": torch.get_rng_state(),
+                },
+            )
+    write_cache(
+        final,
+        kind=CHECKPOINT_KIND,
+        key=key,
+        code=code,
+        payload={
+            "config": config.to_dict(),
+            "in_channels": in_channels,
+            "state_dict": model.encoder.state_dict(),
+        },
+    )
     partial.unlink(missing_ok=True)
     return model.encoder.eval()
 
@@ -200,8 +212,11 @@ def _load_encoder(encoder: nn.Module, state: Any, *, path: Path) -> bool:
         encoder.load_state_dict(state["state_dict"])
     except (RuntimeError, KeyError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        warnings.warn(f"{path}: encoder weights do not fit the architecture ({first}); "
-                      "retraining", StaleCacheWarning, stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"{path}: encoder weights do not fit the architecture ({first}); retraining",
+            StaleCacheWarning,
+            stacklevel=3,
+        )
         return False
     return True
 
@@ -257,6 +272,9 @@ def _features_fit(found: Any, *, path: Path, rows: int) -> bool:
     if isinstance(x, Tensor) and x.ndim == 2 and len(x) == rows and x.dtype == torch.float32:
         return True
     got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
-    warnings.warn(f"{path}: expected float32 features of shape ({rows}, D), got {got}; "
-                  "recomputing them", StaleCacheWarning, stacklevel=3)  # fmt: skip
+    warnings.warn(
+        f"{path}: expected float32 features of shape ({rows}, D), got {got}; recomputing them",
+        StaleCacheWarning,
+        stacklevel=3,
+    )
     return False

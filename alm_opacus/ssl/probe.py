@@ -81,8 +81,9 @@ def probe(
     cache = Path(cache_dir) if cache_dir is not None else Path(tempfile.mkdtemp())
     key = f"probe-{dataset}-{seed}-{ssl.epochs}"
     wall, cpu = time.perf_counter(), time.process_time()
-    encoder = pretrain(data.images[split.public], config=ssl, key=key, cache_dir=cache,
-                       seed=seed, progress=False)  # fmt: skip
+    encoder = pretrain(
+        data.images[split.public], config=ssl, key=key, cache_dir=cache, seed=seed, progress=False
+    )
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     start = time.perf_counter()
     features = extract_features(encoder, data.images, key=key, cache_dir=cache, progress=False)

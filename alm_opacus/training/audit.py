@@ -126,9 +126,11 @@ def miscalibrated_optimizer(noise_factor: float) -> OptimizerFactory:
 
     def build(params: Sequence[nn.Parameter], **kwargs: Any) -> DPOptimizer:
         optimizer = _MiscalibratedOptimizer(
-            torch.optim.SGD(params, lr=0.0), expected_batch_size=None, loss_reduction="sum",
+            torch.optim.SGD(params, lr=0.0),
+            expected_batch_size=None,
+            loss_reduction="sum",
             **kwargs,
-        )  # fmt: skip
+        )
         optimizer.noise_factor = factor
         return optimizer
 
@@ -265,8 +267,13 @@ def accountant_epsilon(
             (one coordinate: what the audit observes).
     """
     accountant = PipelineAccountant()
-    accountant.step(noise_multiplier=noise_multiplier, sample_rate=config.sample_rate,
-                    mechanism=config.noise_mechanism, dim=dim, num_steps=config.steps)  # fmt: skip
+    accountant.step(
+        noise_multiplier=noise_multiplier,
+        sample_rate=config.sample_rate,
+        mechanism=config.noise_mechanism,
+        dim=dim,
+        num_steps=config.steps,
+    )
     return float(accountant.get_epsilon(config.target_delta))
 
 
@@ -294,16 +301,20 @@ def _observe(
         layer = nn.Linear(width, 1, bias=False, dtype=torch.float64)
         model = GradSampleModule(layer, loss_reduction="sum")
         optimizer = make_optimizer(
-            list(model.parameters()), noise_multiplier=noise_multiplier, max_grad_norm=c,
-            noise_mechanism=config.noise_mechanism, generator=generator,
-        )  # fmt: skip
+            list(model.parameters()),
+            noise_multiplier=noise_multiplier,
+            max_grad_norm=c,
+            noise_mechanism=config.noise_mechanism,
+            generator=generator,
+        )
         rows = torch.eye(width, dtype=torch.float64) * (config.canary_magnitude * c)
         seen = np.empty((width, config.steps))
         for t in range(config.steps):
             optimizer.zero_grad()
             if with_canary:  # Poisson sampling of each canary; the loss is linear in w
-                batch = rows[poisson_mask(width, sample_rate=config.sample_rate,
-                                          generator=generator)]  # fmt: skip
+                batch = rows[
+                    poisson_mask(width, sample_rate=config.sample_rate, generator=generator)
+                ]
             else:  # the canary removed: a zero-gradient example in its place
                 batch = torch.zeros((1, width), dtype=torch.float64)
             with warnings.catch_warnings():  # torch: the input needs no gradient, by design
@@ -391,33 +402,57 @@ def run_canary_audit(
     generator = make_generator(seed=seed)
 
     def scores(with_canary: bool) -> np.ndarray:
-        seen = _observe(config, trials=config.trials, with_canary=with_canary,
-                        noise_multiplier=sigma, make_optimizer=make_optimizer,
-                        generator=generator)  # fmt: skip
+        seen = _observe(
+            config,
+            trials=config.trials,
+            with_canary=with_canary,
+            noise_multiplier=sigma,
+            make_optimizer=make_optimizer,
+            generator=generator,
+        )
         return canary_scores(seen, config=config, noise_multiplier=sigma)
 
     if threshold is None:
-        threshold = choose_threshold(scores_in=scores(True), scores_out=scores(False),
-                                     delta=config.target_delta,
-                                     confidence=config.confidence)  # fmt: skip
+        threshold = choose_threshold(
+            scores_in=scores(True),
+            scores_out=scores(False),
+            delta=config.target_delta,
+            confidence=config.confidence,
+        )
     ev_in, ev_out = scores(True), scores(False)
     fp, fn = int((ev_out >= threshold).sum()), int((ev_in < threshold).sum())
     n = config.trials
     bound, fpr_u, fnr_u = epsilon_lower_bound(
-        false_positives=fp, negatives=n, false_negatives=fn, positives=n,
-        delta=config.target_delta, confidence=config.confidence,
-    )  # fmt: skip
+        false_positives=fp,
+        negatives=n,
+        false_negatives=fn,
+        positives=n,
+        delta=config.target_delta,
+        confidence=config.confidence,
+    )
     ceiling, _, _ = epsilon_lower_bound(
-        false_positives=0, negatives=n, false_negatives=0, positives=n,
-        delta=config.target_delta, confidence=config.confidence,
-    )  # fmt: skip
+        false_positives=0,
+        negatives=n,
+        false_negatives=0,
+        positives=n,
+        delta=config.target_delta,
+        confidence=config.confidence,
+    )
     return CanaryAuditResult(
-        config=config, seed=seed, noise_multiplier=sigma, accountant_epsilon=claimed,
+        config=config,
+        seed=seed,
+        noise_multiplier=sigma,
+        accountant_epsilon=claimed,
         scalar_epsilon=accountant_epsilon(config, noise_multiplier=sigma, dim=1),
-        epsilon_lower_bound=bound, epsilon_ceiling=ceiling, threshold=float(threshold),
-        false_positives=fp, false_negatives=fn, fpr_upper=fpr_u, fnr_upper=fnr_u,
+        epsilon_lower_bound=bound,
+        epsilon_ceiling=ceiling,
+        threshold=float(threshold),
+        false_positives=fp,
+        false_negatives=fn,
+        fpr_upper=fpr_u,
+        fnr_upper=fnr_u,
         canary_shift=canary_shift(config),
-    )  # fmt: skip
+    )
 
 
 def run_canary_audits(

@@ -89,9 +89,12 @@ def saved_training(checkpoint: dict[str, Any]) -> TrainingRecord | None:
     (name,) = kinds
     mechanism = training_mechanism(str(name))
     return TrainingRecord(
-        noise_mechanism=mechanism.name, clipping_norm=mechanism.norm, max_grad_norm=math.nan,
-        max_grad_norms=None, noise_multiplier=math.nan,
-    )  # fmt: skip
+        noise_mechanism=mechanism.name,
+        clipping_norm=mechanism.norm,
+        max_grad_norm=math.nan,
+        max_grad_norms=None,
+        noise_multiplier=math.nan,
+    )
 
 
 def check_same_mechanism(*, saved: TrainingRecord, current: TrainingRecord, what: str) -> None:

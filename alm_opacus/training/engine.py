@@ -406,14 +406,20 @@ class PrivacyEngine(OpacusPrivacyEngine):
                 return module
         if not buffered or isinstance(module, AbstractGradSampleModule):
             return super()._prepare_model(
-                module, batch_first=batch_first, max_grad_norm=max_grad_norm,
-                loss_reduction=loss_reduction, grad_sample_mode=grad_sample_mode,
+                module,
+                batch_first=batch_first,
+                max_grad_norm=max_grad_norm,
+                loss_reduction=loss_reduction,
+                grad_sample_mode=grad_sample_mode,
                 wrap_model=wrap_model,
-            )  # fmt: skip
+            )
         self.validate(module=module, optimizer=None, data_loader=None)
-        return BufferedGradSampleModule(module, batch_first=batch_first,
-                                        loss_reduction=loss_reduction,
-                                        force_functorch=functorch)  # fmt: skip
+        return BufferedGradSampleModule(
+            module,
+            batch_first=batch_first,
+            loss_reduction=loss_reduction,
+            force_functorch=functorch,
+        )
 
     def _prepare_data_loader(
         self,

@@ -71,9 +71,11 @@ class BufferedGradSampleModule(GradSampleModule):
         if not self.hooks_enabled:
             return
         activations, backprops = self.rearrange_grad_samples(
-            module=module, backprops=forward_output[0].detach(),
-            loss_reduction=loss_reduction, batch_first=batch_first,
-        )  # fmt: skip
+            module=module,
+            backprops=forward_output[0].detach(),
+            loss_reduction=loss_reduction,
+            batch_first=batch_first,
+        )
         batch: int = module.max_batch_len  # type: ignore[assignment]
         samples = self._grad_samples(module, activations, backprops, batch=batch)
         for param, grad_sample in samples.items():
@@ -120,8 +122,7 @@ class BufferedGradSampleModule(GradSampleModule):
             out = self._buffer(weight, shape=(batch, *weight.shape), like=backprops)
             # bᵢ ⊗ aᵢ: each entry one rounded product, as Opacus's einsum (a batched GEMM
             # with an inner dimension of 1) computes it
-            samples[weight] = torch.mul(backprops[:, :, None], activations[0][:, None, :],
-                                        out=out)  # fmt: skip
+            samples[weight] = torch.mul(backprops[:, :, None], activations[0][:, None, :], out=out)
         if layer.bias is not None and layer.bias.requires_grad:
             samples[layer.bias] = backprops
         return samples

@@ -303,8 +303,9 @@ class MechanismDPOptimizer(DPOptimizer):
         """The grid of an exact step at the current ``max_grad_norm`` (``None``: float steps)."""
         if not self.exact:
             return None
-        return step_grid(max_grad_norm=self.max_grad_norm, norm=self.clipping_norm,
-                         dim=self.noise_dim)  # fmt: skip
+        return step_grid(
+            max_grad_norm=self.max_grad_norm, norm=self.clipping_norm, dim=self.noise_dim
+        )
 
     @property
     def noise_sensitivity(self) -> float:
@@ -313,8 +314,13 @@ class MechanismDPOptimizer(DPOptimizer):
         grid = self.noise_grid
         if grid is None:
             return float(self.max_grad_norm)
-        return inflated_sensitivity(sensitivity=self.max_grad_norm, norm=self.clipping_norm,
-                                    dim=self.noise_dim, grid=grid, rounding=0.5)  # fmt: skip
+        return inflated_sensitivity(
+            sensitivity=self.max_grad_norm,
+            norm=self.clipping_norm,
+            dim=self.noise_dim,
+            grid=grid,
+            rounding=0.5,
+        )
 
     @property
     def noise_scale(self) -> float:
@@ -360,12 +366,18 @@ class MechanismDPOptimizer(DPOptimizer):
         then nothing was accumulated."""
         if len(grad_samples[0]) == 0:  # an empty Poisson batch: the float64 path sums zeros
             return False
-        radius = cell_radius(max_grad_norm=self.max_grad_norm, norm=self.clipping_norm,
-                             dim=self.noise_dim, grid=grid)  # fmt: skip
+        radius = cell_radius(
+            max_grad_norm=self.max_grad_norm, norm=self.clipping_norm, dim=self.noise_dim, grid=grid
+        )
         rows = [g.reshape(len(g), -1) for g in grad_samples]
-        sums = fused_cell_sums(rows, budgets=self.max_grad_norms, norm=self.clipping_norm,
-                               max_grad_norm=self.max_grad_norm, grid=grid,
-                               radius=radius)  # fmt: skip
+        sums = fused_cell_sums(
+            rows,
+            budgets=self.max_grad_norms,
+            norm=self.clipping_norm,
+            max_grad_norm=self.max_grad_norm,
+            grid=grid,
+            radius=radius,
+        )
         if sums is None:
             return False
         for p, summed in zip(self.params, sums, strict=True):
@@ -385,8 +397,9 @@ class MechanismDPOptimizer(DPOptimizer):
         for p, factor in zip(self.params, factors, strict=True):
             _check_processed_flag(p.grad_sample)
             cells.append(scaled_cells(self._get_flat_grad_sample(p), factor, grid=grid))
-        radius = cell_radius(max_grad_norm=self.max_grad_norm, norm=self.clipping_norm,
-                             dim=self.noise_dim, grid=grid)  # fmt: skip
+        radius = cell_radius(
+            max_grad_norm=self.max_grad_norm, norm=self.clipping_norm, dim=self.noise_dim, grid=grid
+        )
         enforce_radius(cells, norm=self.clipping_norm, radius=radius)
         for p, c in zip(self.params, cells, strict=True):
             summed = c.sum(0).to(torch.int64)  # integers under 2^53: exact
@@ -406,8 +419,13 @@ class MechanismDPOptimizer(DPOptimizer):
         scale = self.noise_scale
         if scale == 0.0:
             return torch.zeros(p.shape, dtype=torch.int64, device=p.device)
-        noise = discrete_noise(tuple(p.shape), mechanism=self.mechanism, scale=scale, grid=grid,
-                               generator=self.generator)  # fmt: skip
+        noise = discrete_noise(
+            tuple(p.shape),
+            mechanism=self.mechanism,
+            scale=scale,
+            grid=grid,
+            generator=self.generator,
+        )
         return noise.to(p.device)
 
     def step_cell_noise(self, parts: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -423,8 +441,9 @@ class MechanismDPOptimizer(DPOptimizer):
         scale = self.noise_scale
         if scale == 0.0:
             return torch.zeros(count, dtype=torch.int64, device=device)
-        noise = discrete_noise(count, mechanism=self.mechanism, scale=scale, grid=grid,
-                               generator=self.generator)  # fmt: skip
+        noise = discrete_noise(
+            count, mechanism=self.mechanism, scale=scale, grid=grid, generator=self.generator
+        )
         return noise.to(device)
 
     def cells_to_grad(self, cells: torch.Tensor, p: torch.Tensor) -> torch.Tensor:

@@ -183,9 +183,13 @@ class SecureDistributedPoissonSampler(DistributedUniformWithReplacementSampler):
             )
         source = _check_source(generator)
         super().__init__(
-            total_size=total_size, sample_rate=q, shuffle=shuffle, shuffle_seed=shuffle_seed,
-            steps=steps, generator=source,
-        )  # fmt: skip
+            total_size=total_size,
+            sample_rate=q,
+            shuffle=shuffle,
+            shuffle_seed=shuffle_seed,
+            steps=steps,
+            generator=source,
+        )
         self.seeded = not is_secure(source)
 
     def shard(self) -> torch.Tensor:

@@ -43,8 +43,12 @@ __all__ = [
 
 SIGMA_CACHE_FILE = "dpsgd_noise_multipliers.json"
 #: The modules whose code finds sigma: an entry written by other code is searched again.
-CODE = ("alm_opacus.accounting", "alm_opacus.training", "baselines.dpsgd.accounting",
-        "baselines.dpsgd.config")  # fmt: skip
+CODE = (
+    "alm_opacus.accounting",
+    "alm_opacus.training",
+    "baselines.dpsgd.accounting",
+    "baselines.dpsgd.config",
+)
 #: The mechanism of Opacus's own DP-SGD steps (kept in an accountant's ``history``).
 GAUSSIAN = "gaussian"
 #: A logistic or Laplace step entry of the ``alm_pld`` accountant (its ``noise_steps``):
@@ -226,9 +230,12 @@ class SigmaCache:
                 except (KeyError, TypeError, ValueError):
                     continue
         if dropped and warn:
-            warnings.warn(f"{path}: {dropped} entries written by other code, or altered, are "
-                          "not used; searching them again", StaleCacheWarning,
-                          stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"{path}: {dropped} entries written by other code, or altered, are "
+                "not used; searching them again",
+                StaleCacheWarning,
+                stacklevel=2,
+            )
 
     def _save(self) -> None:
         """Write the multipliers (merged with the file's) atomically; a read-only cache only

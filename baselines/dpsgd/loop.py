@@ -271,10 +271,15 @@ def run_opacus(
     acc = private_engine.accountant
     history = tuple((float(s), float(q), int(t)) for s, q, t in acc.history)
     noise_steps = tuple(
-        (str(e["mechanism"]), float(e["noise_multiplier"]), float(e["sample_rate"]),
-         int(e["num_steps"]), e["dim"])
+        (
+            str(e["mechanism"]),
+            float(e["noise_multiplier"]),
+            float(e["sample_rate"]),
+            int(e["num_steps"]),
+            e["dim"],
+        )
         for e in getattr(acc, "noise_steps", ())
-    )  # fmt: skip
+    )
     return OpacusTraining(
         module=model,
         history=history,

@@ -73,8 +73,9 @@ class DPSGDMechanismMethod(DPSGDMethod):
         as ``dpsgd``'s L2 clip does; unscaled, every example is clipped far below its norm and
         the step is as if the learning rate were divided by about sqrt(p).
         """
-        params = head_size(d=int(prepared.features.shape[1]), num_classes=context.num_classes,
-                           head=context.head)  # fmt: skip
+        params = head_size(
+            d=int(prepared.features.shape[1]), num_classes=context.num_classes, head=context.head
+        )
         return tuple(
             {**c, "max_grad_norm": l1_clip(c["max_grad_norm"], params=params)}
             for c in self.tuning_grid

@@ -201,9 +201,13 @@ def lu_statement(
 
     def statement(**fields: Any) -> PrivacyStatement:
         return PrivacyStatement(
-            delta=budget.delta, mechanism=f"lu-{noise}", noise_scale=scale, noise=source,
-            **exact, **fields,
-        )  # fmt: skip
+            delta=budget.delta,
+            mechanism=f"lu-{noise}",
+            noise_scale=scale,
+            noise=source,
+            **exact,
+            **fields,
+        )
 
     if num_classes >= 3:
         return statement(

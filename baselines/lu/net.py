@@ -290,10 +290,16 @@ def lu_query(
         t = t.to(z.device)
         if exact:
             return torch.softmax(
-                exact_logits(z, t, noise=noise, scale=scale, grid=answer_grid(scale=scale,
-                             noise=noise), generator=generator),
+                exact_logits(
+                    z,
+                    t,
+                    noise=noise,
+                    scale=scale,
+                    grid=answer_grid(scale=scale, noise=noise),
+                    generator=generator,
+                ),
                 dim=-1,
-            )  # fmt: skip
+            )
         eta = create_mechanism(noise).sample((b, q, 1), scale=scale, generator=generator)
         return torch.softmax(z.scatter_add(-1, t, eta.to(z)), dim=-1)
 

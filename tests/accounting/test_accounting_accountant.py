@@ -275,9 +275,8 @@ def test_optimizer_hook_reads_the_noise_mechanism_and_dim():
     hook(FakeOptimizer(noise_mechanism="alm", noise_dim=10, accumulated_iterations=2))
     assert acc.history == [(1.5, 0.05, 1)]
     assert acc.noise_steps == [
-        {"mechanism": "alm", "noise_multiplier": 1.5, "sample_rate": 0.1, "num_steps": 2,
-         "dim": 10}
-    ]  # fmt: skip
+        {"mechanism": "alm", "noise_multiplier": 1.5, "sample_rate": 0.1, "num_steps": 2, "dim": 10}
+    ]
 
 
 def test_relations_must_not_mix():

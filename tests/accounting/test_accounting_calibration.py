@@ -49,9 +49,13 @@ def test_gaussian_calibration_meets_the_target_and_is_minimal(target, q, steps):
 def test_logistic_and_laplace_calibration(mechanism, target, dim):
     kw = {"q": 0.05, "steps": 200, "mechanism": mechanism, "dim": dim}
     sigma = find_noise_multiplier(
-        target_epsilon=target, target_delta=DELTA, sample_rate=0.05, steps=200,
-        mechanism=mechanism, dim=dim,
-    )  # fmt: skip
+        target_epsilon=target,
+        target_delta=DELTA,
+        sample_rate=0.05,
+        steps=200,
+        mechanism=mechanism,
+        dim=dim,
+    )
     assert_minimal(sigma, target, **kw)
 
 
@@ -72,10 +76,12 @@ def test_agrees_with_opacus_prv_calibration(target, q, steps):
     # up to 0.01 absolute slack (eps_error): up to 2% of ε at ε = 1, so its σ may be ~2%
     # larger than needed. Ours stops in [0.99, 1]·target (≤ 1% in σ, as ε ∝ σ^-1 or
     # steeper here). So ours lies in [0.97, 1.01]·prv.
-    ours = find_noise_multiplier(target_epsilon=target, target_delta=DELTA, sample_rate=q,
-                                 steps=steps)  # fmt: skip
-    prv = get_noise_multiplier(target_epsilon=target, target_delta=DELTA, sample_rate=q,
-                               steps=steps, accountant="prv")  # fmt: skip
+    ours = find_noise_multiplier(
+        target_epsilon=target, target_delta=DELTA, sample_rate=q, steps=steps
+    )
+    prv = get_noise_multiplier(
+        target_epsilon=target, target_delta=DELTA, sample_rate=q, steps=steps, accountant="prv"
+    )
     assert 0.97 * prv <= ours <= 1.01 * prv
 
 
@@ -83,11 +89,11 @@ def test_prior_budget_is_counted():
     prior = PipelineAccountant()
     prior.record_release(mechanism="alm", scale=1.0, sensitivity=1.0)  # a pure 1-DP release
     target, q, n = 3.0, 0.05, 200
-    sigma = find_noise_multiplier(target_epsilon=target, target_delta=DELTA, sample_rate=q,
-                                  steps=n, prior=prior)  # fmt: skip
+    sigma = find_noise_multiplier(
+        target_epsilon=target, target_delta=DELTA, sample_rate=q, steps=n, prior=prior
+    )
     assert_minimal(sigma, target, q=q, steps=n, prior=prior)
-    alone = find_noise_multiplier(target_epsilon=target, target_delta=DELTA, sample_rate=q,
-                                  steps=n)  # fmt: skip
+    alone = find_noise_multiplier(target_epsilon=target, target_delta=DELTA, sample_rate=q, steps=n)
     assert sigma > alone  # the release used part of the budget
     assert len(prior) == 1 and prior.history == []  # the prior is left unchanged
 
@@ -97,8 +103,9 @@ def test_spent_budget_is_infeasible_and_named():
     prior.record_release(mechanism="laplace", scale=0.25, sensitivity=1.0)  # pure 4-DP
     spent = prior.spent(delta=DELTA)
     with pytest.raises(InfeasibleBudget, match=r"already spent epsilon=3\.9") as info:
-        find_noise_multiplier(target_epsilon=3.0, target_delta=DELTA, sample_rate=0.1,
-                              steps=10, prior=prior)  # fmt: skip
+        find_noise_multiplier(
+            target_epsilon=3.0, target_delta=DELTA, sample_rate=0.1, steps=10, prior=prior
+        )
     assert "target_epsilon=3" in str(info.value) and "1 releases" in str(info.value)
     assert 3.9 < spent < 4.0
 
@@ -116,8 +123,7 @@ def test_infeasible_requests(kwargs, match):
 
 
 def test_epsilon_one_million_gives_a_tiny_multiplier():
-    sigma = find_noise_multiplier(target_epsilon=1e6, target_delta=DELTA, sample_rate=0.5,
-                                  steps=60)  # fmt: skip
+    sigma = find_noise_multiplier(target_epsilon=1e6, target_delta=DELTA, sample_rate=0.5, steps=60)
     assert sigma < 0.01
     assert_minimal(sigma, 1e6, q=0.5, steps=60)
 
@@ -127,8 +133,9 @@ def test_almost_exhausted_prior_needs_much_more_noise():
     prior.step(noise_multiplier=1.0, sample_rate=0.01, num_steps=1000)
     spent = prior.spent(delta=DELTA)
     target = spent * 1.05
-    sigma = find_noise_multiplier(target_epsilon=target, target_delta=DELTA, sample_rate=0.01,
-                                  steps=1000, prior=prior)  # fmt: skip
+    sigma = find_noise_multiplier(
+        target_epsilon=target, target_delta=DELTA, sample_rate=0.01, steps=1000, prior=prior
+    )
     assert sigma > 2.0
     assert epsilon_after(sigma, q=0.01, steps=1000, prior=prior) <= target
 
@@ -157,8 +164,9 @@ def test_prior_under_replace_one_is_refused():
     prior = PipelineAccountant()
     prior.record_release(mechanism="alm", scale=2.0, sensitivity=1.0, neighbouring="replace-one")
     with pytest.raises(ValueError, match="different neighbouring relations") as info:
-        find_noise_multiplier(target_epsilon=3.0, target_delta=DELTA, sample_rate=0.1,
-                              steps=10, prior=prior)  # fmt: skip
+        find_noise_multiplier(
+            target_epsilon=3.0, target_delta=DELTA, sample_rate=0.1, steps=10, prior=prior
+        )
     assert not isinstance(info.value, InfeasibleBudget)
 
 

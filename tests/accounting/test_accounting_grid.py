@@ -43,8 +43,12 @@ def test_readout_is_continuous_where_dp_accounting_snaps_to_the_grid():
     h = 1e-4 * 2**13
     values = []
     for sigma in np.linspace(0.04807, 0.048071, 5):
-        pld = step_pld(noise_multiplier=float(sigma), sample_rate=0.5, steps=60,
-                       value_discretization_interval=h)  # fmt: skip
+        pld = step_pld(
+            noise_multiplier=float(sigma),
+            sample_rate=0.5,
+            steps=60,
+            value_discretization_interval=h,
+        )
         ours, snapped = pld_epsilon(pld, 1e-5), pld.get_epsilon_for_delta(1e-5)
         assert ours <= snapped + 1e-9
         assert abs(snapped / h - round(snapped / h)) < 1e-6

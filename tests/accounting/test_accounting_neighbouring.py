@@ -69,9 +69,11 @@ def test_direct_replace_one_is_tighter_than_the_conversion(history):
 def test_direct_replace_one_matches_dp_accounting_by_hand():
     h, delta = 1e-4, 1e-6
     by_hand = pld_lib.from_gaussian_mechanism(
-        1.2, sampling_prob=0.02, value_discretization_interval=h,
+        1.2,
+        sampling_prob=0.02,
+        value_discretization_interval=h,
         neighboring_relation=privacy_accountant.NeighboringRelation.REPLACE_ONE,
-    ).self_compose(500)  # fmt: skip
+    ).self_compose(500)
     history = [(1.2, 0.02, 500)]
     ours = epsilon_replace_one(history=history, delta=delta, value_discretization_interval=h)
     # Both compose the same discretised PLD by FFT; the order of the float operations may

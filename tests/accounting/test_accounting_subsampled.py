@@ -67,17 +67,23 @@ def test_one_logistic_step_matches_integrated_mixture(adjacency, sigma, q):
     # float rounding remain: 1e-8.
     h = 1e-4
     pld = step_pld(
-        mechanism="alm", noise_multiplier=sigma, sample_rate=q, dim=1,
+        mechanism="alm",
+        noise_multiplier=sigma,
+        sample_rate=q,
+        dim=1,
         value_discretization_interval=h,
-    )  # fmt: skip
+    )
     upper, lower = mixture_densities(scale=sigma, q=q, adjacency=adjacency)
     pmf = pld._pmf_remove if adjacency == "remove" else pld._pmf_add
     for k in [0, 700, 3000]:
         eps = k * h
         exact = integrate.quad(
             lambda x, e=eps: max(0.0, upper(x) - math.exp(e) * lower(x)),
-            -np.inf, np.inf, epsabs=1e-13, limit=500,
-        )[0]  # fmt: skip
+            -np.inf,
+            np.inf,
+            epsabs=1e-13,
+            limit=500,
+        )[0]
         assert pmf.get_delta_for_epsilon(eps) == pytest.approx(exact, abs=1e-8)
 
 
@@ -100,9 +106,14 @@ def test_logistic_steps_compose_as_dp_accounting_does_by_hand(sigma, q, steps):
     for _ in range(steps):
         acc.step(noise_multiplier=sigma, sample_rate=q, mechanism="logistic", dim=1)
     assert acc.noise_steps == [
-        {"mechanism": "alm", "noise_multiplier": sigma, "sample_rate": q, "num_steps": steps,
-         "dim": 1}
-    ]  # fmt: skip
+        {
+            "mechanism": "alm",
+            "noise_multiplier": sigma,
+            "sample_rate": q,
+            "num_steps": steps,
+            "dim": 1,
+        }
+    ]
     for delta in [1e-4, 1e-6]:
         expected = by_hand.get_epsilon_for_delta(delta)
         assert acc.get_epsilon(delta, value_discretization_interval=h) == pytest.approx(
@@ -148,19 +159,21 @@ def test_pure_step_is_the_pure_pair_on_the_grid(sigma, q):
     pld = pure_step_pld(noise_multiplier=sigma, sample_rate=q, value_discretization_interval=h)
     for epsilon in [0.0, 0.05, 0.3, 1.0]:
         exact = max(
-            pure_subsampled_delta(epsilon=epsilon, pure_epsilon=1 / sigma, sample_rate=q,
-                                  direction=d)
+            pure_subsampled_delta(
+                epsilon=epsilon, pure_epsilon=1 / sigma, sample_rate=q, direction=d
+            )
             for d in ("remove", "add")
-        )  # fmt: skip
+        )
         got = pld.get_delta_for_epsilon(epsilon)
         # Connect-the-dots: exact at grid points (these ε are), never below in between.
         assert got == pytest.approx(exact, rel=1e-9, abs=1e-15)
         between = epsilon + 0.37 * h
         exact_between = max(
-            pure_subsampled_delta(epsilon=between, pure_epsilon=1 / sigma, sample_rate=q,
-                                  direction=d)
+            pure_subsampled_delta(
+                epsilon=between, pure_epsilon=1 / sigma, sample_rate=q, direction=d
+            )
             for d in ("remove", "add")
-        )  # fmt: skip
+        )
         assert exact_between * (1 - 1e-9) <= pld.get_delta_for_epsilon(between) <= got
 
 
@@ -168,11 +181,17 @@ def test_pure_step_is_the_pure_pair_on_the_grid(sigma, q):
 def test_scalar_logistic_step_is_below_the_pure_pair(sigma, q):
     # The scalar mechanism is (1/σ)-DP, so the pure pair must dominate it.
     h = 1e-4
-    scalar = step_pld(mechanism="alm", noise_multiplier=sigma, sample_rate=q, dim=1,
-                      value_discretization_interval=h)  # fmt: skip
+    scalar = step_pld(
+        mechanism="alm",
+        noise_multiplier=sigma,
+        sample_rate=q,
+        dim=1,
+        value_discretization_interval=h,
+    )
     pure = pure_step_pld(noise_multiplier=sigma, sample_rate=q, value_discretization_interval=h)
-    vector = step_pld(mechanism="alm", noise_multiplier=sigma, sample_rate=q,
-                      value_discretization_interval=h)  # fmt: skip
+    vector = step_pld(
+        mechanism="alm", noise_multiplier=sigma, sample_rate=q, value_discretization_interval=h
+    )
     for epsilon in np.linspace(0, 1 / sigma, 9):
         # Theorem 3: any dimension gets the scalar profile, which Theorem 2's pure pair bounds
         assert vector.get_delta_for_epsilon(epsilon) == scalar.get_delta_for_epsilon(epsilon)
@@ -216,8 +235,13 @@ def test_subsampled_two_dimensional_laplace_is_dominated_by_the_scalar_step(shif
     shift_x, shift_y = f(x + shift[0]), f(x + shift[1])
     p0 = np.outer(base_x, base_y)
     mixed = (1 - q) * p0 + q * np.outer(shift_x, shift_y)
-    scalar = step_pld(mechanism="laplace", noise_multiplier=sigma, sample_rate=q, dim=1,
-                      value_discretization_interval=1e-5)  # fmt: skip
+    scalar = step_pld(
+        mechanism="laplace",
+        noise_multiplier=sigma,
+        sample_rate=q,
+        dim=1,
+        value_discretization_interval=1e-5,
+    )
     for epsilon in [0.0, 0.1, 0.3, 0.6]:
         for upper, lower in [(mixed, p0), (p0, mixed)]:
             two_d = float(np.sum(np.maximum(0.0, upper - math.exp(epsilon) * lower))) * cell**2
@@ -246,9 +270,14 @@ def test_the_logistic_likelihood_ratio_has_the_lemmas_law(t):
             expected = analysis.logistic_delta(epsilon=epsilon, scale=1.0, sensitivity=t)
             assert closed == pytest.approx(expected, rel=1e-9, abs=1e-15)
         else:  # the same hockey-stick, computed by quadrature
-            quad = integrate.quad(lambda z, g=gamma: max(0.0, stats.logistic.pdf(z - t)
-                                  - g * stats.logistic.pdf(z)), -60, 60 + t, points=[t / 2],
-                                  epsabs=1e-13, limit=200)[0]  # fmt: skip
+            quad = integrate.quad(
+                lambda z, g=gamma: max(0.0, stats.logistic.pdf(z - t) - g * stats.logistic.pdf(z)),
+                -60,
+                60 + t,
+                points=[t / 2],
+                epsabs=1e-13,
+                limit=200,
+            )[0]
             assert closed == pytest.approx(quad, rel=1e-7)
 
 
@@ -265,8 +294,9 @@ def two_logistic_delta(a, b, epsilon):
     def integrand(z):
         return max(0.0, math.exp(z - s) - gamma) * math.exp(-z / 2) * m(z) / norm
 
-    return integrate.quad(integrand, 0, 2 * s, points=[2 * min(a, b), 2 * max(a, b)],
-                          epsabs=1e-14, limit=200)[0]  # fmt: skip
+    return integrate.quad(
+        integrand, 0, 2 * s, points=[2 * min(a, b), 2 * max(a, b)], epsabs=1e-14, limit=200
+    )[0]
 
 
 @pytest.mark.parametrize(("a", "b"), [(1.0, 0.5), (0.3, 0.3), (2.0, 1.0), (0.2, 1.5)])
@@ -274,10 +304,14 @@ def test_two_logistic_coordinates_match_the_proof_and_stay_below_one(a, b):
     # The proof's law against dp_accounting composing two scalar logistic PLDs (grid 1e-5),
     # then the theorem's claim: one coordinate shifted by a + b is worse at every ε.
     h = 1e-5
-    two = release_pld(mechanism="alm", scale=1.0, sensitivity=a, dim=1,
-                      value_discretization_interval=h)  # fmt: skip
-    two = two.compose(release_pld(mechanism="alm", scale=1.0, sensitivity=b, dim=1,
-                                  value_discretization_interval=h))  # fmt: skip
+    two = release_pld(
+        mechanism="alm", scale=1.0, sensitivity=a, dim=1, value_discretization_interval=h
+    )
+    two = two.compose(
+        release_pld(
+            mechanism="alm", scale=1.0, sensitivity=b, dim=1, value_discretization_interval=h
+        )
+    )
     for epsilon in np.linspace(0.01, 0.99, 8) * (a + b):
         proof = two_logistic_delta(a, b, epsilon)
         assert two.get_delta_for_epsilon(epsilon) == pytest.approx(proof, abs=1e-7)
@@ -296,8 +330,13 @@ def test_subsampled_two_dimensional_logistic_is_dominated_by_the_scalar_step(shi
     f = lambda t: stats.logistic.pdf(t, scale=sigma)  # noqa: E731
     p0 = np.outer(f(x), f(x))
     mixed = (1 - q) * p0 + q * np.outer(f(x + shift[0]), f(x + shift[1]))
-    scalar = step_pld(mechanism="alm", noise_multiplier=sigma, sample_rate=q, dim=1,
-                      value_discretization_interval=1e-5)  # fmt: skip
+    scalar = step_pld(
+        mechanism="alm",
+        noise_multiplier=sigma,
+        sample_rate=q,
+        dim=1,
+        value_discretization_interval=1e-5,
+    )
     for epsilon in [0.0, 0.1, 0.3, 0.45]:
         for upper, lower in [(mixed, p0), (p0, mixed)]:
             two_d = float(np.sum(np.maximum(0.0, upper - math.exp(epsilon) * lower))) * cell**2
@@ -307,8 +346,9 @@ def test_subsampled_two_dimensional_logistic_is_dominated_by_the_scalar_step(shi
 @pytest.mark.parametrize("mechanism", ["gaussian", "alm", "laplace"])
 def test_step_loss_span_bounds_the_pld_support(mechanism):
     h = 1e-3
-    pld = step_pld(mechanism=mechanism, noise_multiplier=0.7, sample_rate=0.3,
-                   value_discretization_interval=h)  # fmt: skip
+    pld = step_pld(
+        mechanism=mechanism, noise_multiplier=0.7, sample_rate=0.3, value_discretization_interval=h
+    )
     span = step_loss_span(mechanism=mechanism, noise_multiplier=0.7, sample_rate=0.3)
     for pmf in (pld._pmf_remove, pld._pmf_add):
         dense = pmf.to_dense_pmf()
@@ -331,8 +371,9 @@ def test_tiny_noise_multipliers_stay_finite_and_ordered(mechanism, dim):
     previous = math.inf
     for sigma in [0.001, 0.01, 0.1]:
         acc = PipelineAccountant()
-        acc.step(noise_multiplier=sigma, sample_rate=0.5, mechanism=mechanism, dim=dim,
-                 num_steps=60)  # fmt: skip
+        acc.step(
+            noise_multiplier=sigma, sample_rate=0.5, mechanism=mechanism, dim=dim, num_steps=60
+        )
         epsilon, pure = acc.get_epsilon(1e-5), acc.get_epsilon(0.0)
         assert 0 < epsilon <= pure * (1 + 1e-9) and epsilon < previous
         assert pure == pytest.approx(60 * (math.log(0.5) + 1 / sigma), rel=1e-3)
@@ -343,16 +384,24 @@ def test_many_nearly_silent_pure_steps_do_not_drift_on_a_coarse_grid():
     # 5000 steps at ε₀ = 1e-6 on a grid 6.4e-3: rounding each loss up to the grid would add
     # ~h/2 per step (ε ≈ 16); connect-the-dots keeps Σp·e^{−L} and δ at grid points exact.
     # The pure bound, 5000·ln(1 + q(e^{1e-6} − 1)) = 2e-5, caps the true ε.
-    pld = pure_step_pld(noise_multiplier=1e6, sample_rate=0.004, steps=5000,
-                        value_discretization_interval=6.4e-3)  # fmt: skip
+    pld = pure_step_pld(
+        noise_multiplier=1e6, sample_rate=0.004, steps=5000, value_discretization_interval=6.4e-3
+    )
     assert pld.get_epsilon_for_delta(1e-5) <= 6.4e-3
-    logistic = step_pld(mechanism="alm", noise_multiplier=1e6, sample_rate=0.004, steps=5000,
-                        value_discretization_interval=6.4e-3)  # fmt: skip
+    logistic = step_pld(
+        mechanism="alm",
+        noise_multiplier=1e6,
+        sample_rate=0.004,
+        steps=5000,
+        value_discretization_interval=6.4e-3,
+    )
     assert logistic.get_epsilon_for_delta(1e-5) <= 6.4e-3
-    exact = pure_subsampled_delta(epsilon=0.0, pure_epsilon=1e-6, sample_rate=0.004,
-                                  direction="remove")  # fmt: skip
-    one = pure_step_pld(noise_multiplier=1e6, sample_rate=0.004,
-                        value_discretization_interval=6.4e-3)  # fmt: skip
+    exact = pure_subsampled_delta(
+        epsilon=0.0, pure_epsilon=1e-6, sample_rate=0.004, direction="remove"
+    )
+    one = pure_step_pld(
+        noise_multiplier=1e6, sample_rate=0.004, value_discretization_interval=6.4e-3
+    )
     assert one.get_delta_for_epsilon(0.0) == pytest.approx(exact, rel=1e-6)
 
 

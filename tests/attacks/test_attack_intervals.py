@@ -173,8 +173,14 @@ def test_intervals_over_identical_draws_equal_one_draws() -> None:
 
 def test_aggregate_computes_the_intervals_a_caller_skipped() -> None:
     scores, member = _binormal(np.random.default_rng(11), 0.8, 150, 150)
-    kw = {"attack": "a", "scores": scores, "decisions": scores > 0.4, "is_member": member,
-          "delta": 0.0, "seed": 0}  # fmt: skip
+    kw = {
+        "attack": "a",
+        "scores": scores,
+        "decisions": scores > 0.4,
+        "is_member": member,
+        "delta": 0.0,
+        "seed": 0,
+    }
     full = evaluate_attack(**kw)
     bare = evaluate_attack(**kw, intervals=False)
     assert all(math.isnan(v) for v in bare.auc_ci) and bare.tpr_ci == {}

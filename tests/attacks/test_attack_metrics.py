@@ -74,11 +74,11 @@ def test_auc_matches_sklearn_on_arbitrary_ties(pairs: list[tuple[int, bool]]) ->
 @settings(max_examples=80, deadline=None)
 @given(
     st.lists(
-        st.tuples(st.sampled_from([-1e308, -1.5, -0.0, 0.0, 0.25, 2.0, 1e308]),
-                  st.booleans()),
-        min_size=2, max_size=60,
+        st.tuples(st.sampled_from([-1e308, -1.5, -0.0, 0.0, 0.25, 2.0, 1e308]), st.booleans()),
+        min_size=2,
+        max_size=60,
     ).filter(lambda xs: len({m for _, m in xs}) == 2)
-)  # fmt: skip
+)
 def test_roc_and_best_threshold_on_arbitrary_ties_and_extremes(
     pairs: list[tuple[float, bool]],
 ) -> None:
@@ -96,8 +96,9 @@ def test_roc_and_best_threshold_on_arbitrary_ties_and_extremes(
     flagged = np.subtract(tpr, fpr)
     i = int(np.argmax(flagged))
     below = scores[scores < roc.thresholds[i]]
-    expected = (math.inf if i == 0 else
-                (roc.thresholds[i] + below.max()) / 2 if below.size else -math.inf)  # fmt: skip
+    expected = (
+        math.inf if i == 0 else (roc.thresholds[i] + below.max()) / 2 if below.size else -math.inf
+    )
     got = best_threshold(scores=scores, is_member=member)
     assert got == expected
 

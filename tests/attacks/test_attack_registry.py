@@ -35,9 +35,16 @@ from alm_opacus.attacks import registry as registry_module
 from alm_opacus.registry import Registry
 
 BUILTIN = [
-    "shadow", "loss", "confidence", "entropy", "modified-entropy", "correctness",
-    "lira-offline", "lira-online", "lira-offline-pool",
-]  # fmt: skip
+    "shadow",
+    "loss",
+    "confidence",
+    "entropy",
+    "modified-entropy",
+    "correctness",
+    "lira-offline",
+    "lira-online",
+    "lira-offline-pool",
+]
 
 
 class MaxProbability(Attack):

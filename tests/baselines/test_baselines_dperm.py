@@ -97,8 +97,16 @@ def test_float_noise_is_opt_in_and_states_none(pixel_features, make_context):
     ctx = make_context()
     method = create_method("dperm", {"exact": False, "tune": False})
     prepared = method.prepare(features=x[:150], labels=y[:150], seed=0, context=ctx)
-    release = method.release(prepared, features=x[:150], labels=y[:150], epsilon=2.0,
-                             delta=1e-5, seed=0, draw=0, context=ctx)  # fmt: skip
+    release = method.release(
+        prepared,
+        features=x[:150],
+        labels=y[:150],
+        epsilon=2.0,
+        delta=1e-5,
+        seed=0,
+        draw=0,
+        context=ctx,
+    )
     s = release.statement
     assert s.guarantee.value == "none" and s.epsilon == math.inf and s.nominal_epsilon == 2.0
     assert s.grid is None and "floating-point" in str(s) and "Mironov" in str(s)
@@ -203,9 +211,15 @@ def test_a_release_states_what_it_spent_whatever_ran_before(pixel_features, make
         out = {}
         for epsilon in order:
             release = method.release(
-                prepared, features=x[:150], labels=y[:150], epsilon=epsilon, delta=1e-5,
-                seed=0, draw=0, context=ctx,
-            )  # fmt: skip
+                prepared,
+                features=x[:150],
+                labels=y[:150],
+                epsilon=epsilon,
+                delta=1e-5,
+                seed=0,
+                draw=0,
+                context=ctx,
+            )
             out[epsilon] = release.statement
         return out
 

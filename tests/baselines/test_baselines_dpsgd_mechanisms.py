@@ -82,9 +82,15 @@ def test_both_are_registered_in_all_and_planned_beside_dpsgd(tmp_path: Path) -> 
         assert cls.tuning_grid == TUNING_GRID  # the same tuning budget as dpsgd
         assert name in default_methods() and name in baselines.TUNING_GRIDS
     config = parse_config(
-        ["--methods", "dpsgd,dpsgd-alm,dpsgd-laplace", "--epsilons", "1,100",
-         "--out", str(tmp_path)]
-    )  # fmt: skip
+        [
+            "--methods",
+            "dpsgd,dpsgd-alm,dpsgd-laplace",
+            "--epsilons",
+            "1,100",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     planned = {c.method for c in plan_cells(config)}
     assert {"dpsgd", "dpsgd-alm", "dpsgd-laplace"} <= planned
 
@@ -104,8 +110,13 @@ def test_l1_grid_is_dpsgds_with_clips_scaled_by_sqrt_p(name: str, tiny) -> None:
     )
     # dpsgd's own grid is unscaled
     dpsgd = create_method("dpsgd")
-    assert dpsgd.grid(dpsgd.prepare(features=x[:40], labels=y[:40], seed=0, context=ctx),  # type: ignore[attr-defined]
-                      context=ctx) == TUNING_GRID  # fmt: skip
+    assert (
+        dpsgd.grid(
+            dpsgd.prepare(features=x[:40], labels=y[:40], seed=0, context=ctx),  # type: ignore[attr-defined]
+            context=ctx,
+        )
+        == TUNING_GRID
+    )
 
 
 def test_shared_accountant_option_leaves_them_on_alm_pld() -> None:
@@ -150,23 +161,40 @@ def test_sigma_is_the_alm_pld_search_and_the_history_recomputes_within_target(
     cache = SigmaCache()
     config = DPSGDConfig(lr=1.0, max_grad_norm=1.0, epochs=2, batch_size=20)
     run = train_dpsgd_head(
-        x[:40], y[:40], num_classes=3, head=HEAD, config=config, epsilon=2.0, delta=1e-5,
-        accountant="alm_pld", seed=0, noise_seed=0, sigmas=cache, backend=ALM_TRAINING,
+        x[:40],
+        y[:40],
+        num_classes=3,
+        head=HEAD,
+        config=config,
+        epsilon=2.0,
+        delta=1e-5,
+        accountant="alm_pld",
+        seed=0,
+        noise_seed=0,
+        sigmas=cache,
+        backend=ALM_TRAINING,
         mechanism=mechanism,
-    )  # fmt: skip
+    )
     dim = 3 * (8 + 1)  # the head's weights and biases, all noised
     assert (run.mechanism, run.clipping_norm, run.noise_dim) == (mechanism, "l1", dim)
     expected = find_noise_multiplier(
-        target_epsilon=2.0, target_delta=1e-5, sample_rate=run.sample_rate, steps=run.steps,
-        mechanism=mechanism, dim=dim,
-    )  # fmt: skip
+        target_epsilon=2.0,
+        target_delta=1e-5,
+        sample_rate=run.sample_rate,
+        steps=run.steps,
+        mechanism=mechanism,
+        dim=dim,
+    )
     assert run.noise_multiplier == expected
     # an independent accountant fed the run's history: <= target, within the 1% tolerance
     acc = PipelineAccountant()
     acc.step(
-        noise_multiplier=run.noise_multiplier, sample_rate=run.sample_rate, mechanism=mechanism,
-        dim=dim, num_steps=run.steps,
-    )  # fmt: skip
+        noise_multiplier=run.noise_multiplier,
+        sample_rate=run.sample_rate,
+        mechanism=mechanism,
+        dim=dim,
+        num_steps=run.steps,
+    )
     again = acc.get_epsilon(delta=1e-5)
     assert again == pytest.approx(run.epsilon_spent, rel=1e-9)
     assert 0.99 * 2.0 <= again <= 2.0
@@ -213,12 +241,21 @@ def test_one_step_clips_in_l1_and_adds_logistic_noise(tiny) -> None:
     before = torch.cat([init["fc.weight"], init["fc.bias"][:, None]], 1)
     config = DPSGDConfig(lr=1.0, max_grad_norm=clip, epochs=1, batch_size=1)
     run = run_opacus(
-        xb, yb, model=model, config=config, noise_multiplier=sigma, accountant="alm_pld",
-        noise_seed=7, backend=ALM_TRAINING, private_kwargs={"noise_mechanism": "alm"},
-    )  # fmt: skip
+        xb,
+        yb,
+        model=model,
+        config=config,
+        noise_multiplier=sigma,
+        accountant="alm_pld",
+        noise_seed=7,
+        backend=ALM_TRAINING,
+        private_kwargs={"noise_mechanism": "alm"},
+    )
     assert (run.optimizer, run.mechanism, run.clipping_norm) == (
-        "MechanismDPOptimizer", "alm", "l1"
-    )  # fmt: skip
+        "MechanismDPOptimizer",
+        "alm",
+        "l1",
+    )
     assert run.noise_steps == (("alm", sigma, 1.0, 1, 27),) and run.history == ()
     after = torch.cat([model.fc.weight, model.fc.bias[:, None]], 1).detach()
     noise = (before - after) - clipped
@@ -233,11 +270,19 @@ def test_one_step_clips_in_l1_and_adds_logistic_noise(tiny) -> None:
     assert generator is not None
     # one draw for every parameter of the step, in the optimizer's order (step_cell_noise)
     shapes = [p.shape for p in (model.fc.weight, model.fc.bias)]
-    flat = run.grid * discrete_noise(sum(math.prod(s) for s in shapes), mechanism="alm",
-                                     scale=sigma * run.noise_sensitivity, grid=grid,
-                                     generator=generator).double()  # fmt: skip
-    draws = [d.view(s) for d, s in zip(flat.split([math.prod(s) for s in shapes]), shapes,
-                                       strict=True)]  # fmt: skip
+    flat = (
+        run.grid
+        * discrete_noise(
+            sum(math.prod(s) for s in shapes),
+            mechanism="alm",
+            scale=sigma * run.noise_sensitivity,
+            grid=grid,
+            generator=generator,
+        ).double()
+    )
+    draws = [
+        d.view(s) for d, s in zip(flat.split([math.prod(s) for s in shapes]), shapes, strict=True)
+    ]
     torch.testing.assert_close(
         noise, torch.cat([draws[0], draws[1][:, None]], 1), atol=run.grid / 2 + 1e-12, rtol=0
     )
@@ -249,16 +294,29 @@ def test_batched_shadows_match_the_engine_without_noise(tiny) -> None:
     config = DPSGDConfig(lr=2.0, max_grad_norm=0.3, epochs=6, batch_size=200)
     init = init_params(d=8, num_classes=3, head=HEAD, seed=3)
     model = run_opacus(
-        x[:40], y[:40], model=HeadNet(init, "linear"), config=config, noise_multiplier=0.0,
-        accountant="alm_pld", noise_seed=0, backend=ALM_TRAINING,
+        x[:40],
+        y[:40],
+        model=HeadNet(init, "linear"),
+        config=config,
+        noise_multiplier=0.0,
+        accountant="alm_pld",
+        noise_seed=0,
+        backend=ALM_TRAINING,
         # the batched attacker re-implements the floating-point step
         private_kwargs={"noise_mechanism": "alm", "exact": False},
-    ).module  # fmt: skip
+    ).module
     ones = torch.ones(2, 40, dtype=torch.bool)
     ours = dpsgd_linear_heads(
-        x[:40], y[:40], masks=ones, num_classes=3, head=HEAD, config=config, sigma=0.0, seed=3,
+        x[:40],
+        y[:40],
+        masks=ones,
+        num_classes=3,
+        head=HEAD,
+        config=config,
+        sigma=0.0,
+        seed=3,
         mechanism="alm",
-    )  # fmt: skip
+    )
     l2 = dpsgd_linear_heads(
         x[:40], y[:40], masks=ones, num_classes=3, head=HEAD, config=config, sigma=0.0, seed=3
     )

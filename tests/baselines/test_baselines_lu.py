@@ -292,8 +292,16 @@ def test_float_noise_is_opt_in_and_states_none(pixel_features, make_context):
     options = {"steps": 20, "hidden": 16, "tune": False, "exact": False}
     method = create_method("lu", options)
     prepared = method.prepare(features=x[:100], labels=binary[:100], seed=0, context=ctx)
-    release = method.release(prepared, features=x[:100], labels=binary[:100], epsilon=2000.0,
-                             delta=1e-5, seed=0, draw=0, context=ctx)  # fmt: skip
+    release = method.release(
+        prepared,
+        features=x[:100],
+        labels=binary[:100],
+        epsilon=2000.0,
+        delta=1e-5,
+        seed=0,
+        draw=0,
+        context=ctx,
+    )
     s = release.statement
     assert s.guarantee.value == "none" and s.epsilon == math.inf and s.grid is None
     assert s.nominal_epsilon is not None and s.nominal_epsilon < 2000.0

@@ -89,8 +89,9 @@ def test_a_plugin_registers_through_its_entry_point_group(
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "my_package", raising=False)
     monkeypatch.delitem(sys.modules, "my_package.four_digits", raising=False)
-    entry = importlib.metadata.EntryPoint(name="four-digits", value="my_package.four_digits",
-                                          group=data_registry.PLUGIN_GROUP)  # fmt: skip
+    entry = importlib.metadata.EntryPoint(
+        name="four-digits", value="my_package.four_digits", group=data_registry.PLUGIN_GROUP
+    )
 
     def entry_points(*, group: str) -> list[importlib.metadata.EntryPoint]:
         return [entry] if group == data_registry.PLUGIN_GROUP else []
@@ -103,9 +104,9 @@ def test_a_plugin_registers_through_its_entry_point_group(
 
 @pytest.mark.usefixtures("isolated")
 def test_a_broken_plugin_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    entry = importlib.metadata.EntryPoint(name="broken", value="no_such_module_at_all",
-                                          group=data_registry.PLUGIN_GROUP)  # fmt: skip
-    monkeypatch.setattr(importlib.metadata, "entry_points",
-                        lambda *, group: [entry])  # fmt: skip
+    entry = importlib.metadata.EntryPoint(
+        name="broken", value="no_such_module_at_all", group=data_registry.PLUGIN_GROUP
+    )
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda *, group: [entry])
     with pytest.raises(DataError, match=r"dataset plugin 'broken' \(no_such_module_at_all\)"):
         available_datasets()

@@ -138,28 +138,64 @@ def _bad_cases(tmp: Path) -> list[tuple[Path, str, str]]:
         ("y-rare", {"x": x, "y": rare}, "y", "class 2 has 2 rows, too few"),
         ("classes", {"x": x, "y": y, "num_classes": np.float64(3)}, "num_classes", "expected one"),
         ("role-length", {"x": x, "y": y, "role": role[:59]}, "role", r"expected \(60,\)"),
-        ("role-value", {"x": x, "y": y, "role": np.where(role == "public", "pub", role)},
-         "role", "holds 'pub'; expected one of member"),
+        (
+            "role-value",
+            {"x": x, "y": y, "role": np.where(role == "public", "pub", role)},
+            "role",
+            "holds 'pub'; expected one of member",
+        ),
         ("role-empty", {"x": x, "y": y, "role": no_public}, "role", "leaves role 'public' empty"),
-        ("role-class", {"x": x, "y": y, "role": class_role}, "role",
-         "no row of class 1 has role 'public'"),
+        (
+            "role-class",
+            {"x": x, "y": y, "role": class_role},
+            "role",
+            "no row of class 1 has role 'public'",
+        ),
         ("role-int", {"x": x, "y": y, "role": np.arange(60) % 4}, "role", "expected strings"),
-        ("roles-key", {"x": x, "y": y, "roles": role}, "roles",
-         r"not a field of a features file: expected x, y and optionally role, num_classes; "
-         r"did you mean 'role'\?"),
-        ("extra-key", {"x": x, "y": y, "notes": np.arange(3)}, "notes",
-         "not a field of a features file"),
-        ("role-uneven", {"x": x, "y": y, "role": uneven}, "role",
-         "has 12 'member' rows but 10 'non-member' rows; expected as many of each"),
-        ("role-attacker", {"x": x, "y": y, "role": few_attackers}, "role",
-         r"has 20 'attacker' rows for 12 'member' rows; expected at least 24 \(twice"),
-        ("role-bytes", {"x": x, "y": y, "role": non_ascii}, "role",
-         r"row 7 holds non-ASCII bytes b'm\\xe9mber'"),
-        ("num-classes-huge", {"x": x, "y": y, "num_classes": np.int64(10**15)}, "num_classes",
-         "is 1000000000000000, more than the 60 rows; expected at most 60 classes"),
-        ("y-huge", {"x": x, "y": y * 10**14}, "y",
-         "labels up to 200000000000000 make 200000000000001 classes, more than the 60 rows"),
-    ]  # fmt: skip
+        (
+            "roles-key",
+            {"x": x, "y": y, "roles": role},
+            "roles",
+            r"not a field of a features file: expected x, y and optionally role, num_classes; "
+            r"did you mean 'role'\?",
+        ),
+        (
+            "extra-key",
+            {"x": x, "y": y, "notes": np.arange(3)},
+            "notes",
+            "not a field of a features file",
+        ),
+        (
+            "role-uneven",
+            {"x": x, "y": y, "role": uneven},
+            "role",
+            "has 12 'member' rows but 10 'non-member' rows; expected as many of each",
+        ),
+        (
+            "role-attacker",
+            {"x": x, "y": y, "role": few_attackers},
+            "role",
+            r"has 20 'attacker' rows for 12 'member' rows; expected at least 24 \(twice",
+        ),
+        (
+            "role-bytes",
+            {"x": x, "y": y, "role": non_ascii},
+            "role",
+            r"row 7 holds non-ASCII bytes b'm\\xe9mber'",
+        ),
+        (
+            "num-classes-huge",
+            {"x": x, "y": y, "num_classes": np.int64(10**15)},
+            "num_classes",
+            "is 1000000000000000, more than the 60 rows; expected at most 60 classes",
+        ),
+        (
+            "y-huge",
+            {"x": x, "y": y * 10**14},
+            "y",
+            "labels up to 200000000000000 make 200000000000001 classes, more than the 60 rows",
+        ),
+    ]
     out = []
     for name, fields, field, message in cases:
         out.append((_write(tmp / f"{name}.npz", **fields), field, message))

@@ -101,8 +101,9 @@ CORRUPT = [
 
 
 @pytest.mark.parametrize(("content", "expected"), CORRUPT)
-def test_corrupt_mnist_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                     content, expected: str) -> None:  # type: ignore[no-untyped-def]  # fmt: skip
+def test_corrupt_mnist_file_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content, expected: str
+) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "mnist_5k.csv.gz"
     path.write_bytes(content())
     monkeypatch.setattr(mnist_module, "mnist_path", lambda: path)
@@ -142,10 +143,17 @@ def test_mnist_recipe_gives_good_and_still_attackable_features(mnist, tmp_path: 
 
     spec = dataset_spec("mnist")
     split = make_split(mnist, sizes=spec.split, seed=0)
-    encoder = pretrain(mnist.images[split.public], config=spec.ssl, key="mnist",
-                       cache_dir=tmp_path, seed=0, progress=False)  # fmt: skip
-    features = extract_features(encoder, mnist.images, key="mnist", cache_dir=tmp_path,
-                                progress=False).double()  # fmt: skip
+    encoder = pretrain(
+        mnist.images[split.public],
+        config=spec.ssl,
+        key="mnist",
+        cache_dir=tmp_path,
+        seed=0,
+        progress=False,
+    )
+    features = extract_features(
+        encoder, mnist.images, key="mnist", cache_dir=tmp_path, progress=False
+    ).double()
     assert features.shape == (5000, 576)
     labels = torch.from_numpy(mnist.labels)
     m, n = split.members, split.nonmembers

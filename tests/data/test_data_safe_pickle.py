@@ -50,8 +50,9 @@ def _payloads(marker: Path) -> dict[str, object]:
     }
 
 
-@pytest.mark.parametrize("kind", ["exec-in-data", "os.system-in-labels", "exec-as-whole-file",
-                                  "object-array"])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind", ["exec-in-data", "os.system-in-labels", "exec-as-whole-file", "object-array"]
+)
 def test_malicious_cifar_batch_is_refused_and_never_runs(tmp_path: Path, kind: str) -> None:
     write_cifar10(tmp_path)
     marker = tmp_path / "marker"

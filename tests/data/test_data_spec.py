@@ -32,15 +32,31 @@ from alm_opacus.ssl import SSLConfig
 # DEFAULT_SSL in ssl/pretrain.py, DATASET_SCHEDULES in baselines/dpsgd.py, DEFAULT_EPSILONS in
 # harness.py at commit 7b2a5e7): the refactor must keep them.
 LEGACY = {
-    "digits": (SplitSizes(members=150, attacker=300, public=600), ("small-cnn", "digits", 60),
-               (30, 75), False),
-    "cifar10": (SplitSizes(members=10_000, attacker=20_000), ("resnet18", "cifar", 200),
-                (20, 256), True),
-    "cifar100": (SplitSizes(members=10_000, attacker=20_000), ("resnet18", "cifar", 200),
-                 (20, 256), True),
-    "stl10": (SplitSizes(members=5_000, attacker=3_000), ("resnet18", "stl10", 100),
-              (20, 256), True),
-}  # fmt: skip
+    "digits": (
+        SplitSizes(members=150, attacker=300, public=600),
+        ("small-cnn", "digits", 60),
+        (30, 75),
+        False,
+    ),
+    "cifar10": (
+        SplitSizes(members=10_000, attacker=20_000),
+        ("resnet18", "cifar", 200),
+        (20, 256),
+        True,
+    ),
+    "cifar100": (
+        SplitSizes(members=10_000, attacker=20_000),
+        ("resnet18", "cifar", 200),
+        (20, 256),
+        True,
+    ),
+    "stl10": (
+        SplitSizes(members=5_000, attacker=3_000),
+        ("resnet18", "stl10", 100),
+        (20, 256),
+        True,
+    ),
+}
 
 
 @pytest.fixture
@@ -55,9 +71,16 @@ def _loader(*, root: Path | None = None) -> Dataset:
 
 
 def _spec(**changes: object) -> DatasetSpec:
-    base = dict(name="toy", loader=_loader, split=SplitSizes(members=10, attacker=20),
-                ssl=SSLConfig(), dpsgd=DPSGDSchedule(epochs=1, batch_size=5),
-                epsilons=(1.0, 2.0), needs_root=False, head=HeadConfig())  # fmt: skip
+    base = dict(
+        name="toy",
+        loader=_loader,
+        split=SplitSizes(members=10, attacker=20),
+        ssl=SSLConfig(),
+        dpsgd=DPSGDSchedule(epochs=1, batch_size=5),
+        epsilons=(1.0, 2.0),
+        needs_root=False,
+        head=HeadConfig(),
+    )
     return DatasetSpec(**{**base, **changes})  # type: ignore[arg-type]
 
 
@@ -72,7 +95,10 @@ def test_specs_keep_the_values_of_the_former_dicts(name: str) -> None:
     spec = dataset_spec(name)
     assert spec.split == split
     assert (spec.ssl.encoder, spec.ssl.augmentation, spec.ssl.epochs) == (
-        encoder, augmentation, epochs)  # fmt: skip
+        encoder,
+        augmentation,
+        epochs,
+    )
     assert spec.dpsgd.as_tuple() == schedule
     assert spec.needs_root is needs_root
     # digits' grid was widened on purpose (issue 13: its trade-off transition lies above 10).
@@ -110,8 +136,12 @@ def test_register_spec_registers_its_loader_too() -> None:
     def loader(*, root: Path | None = None) -> Dataset:
         import numpy as np
 
-        return Dataset(name="toy", images=np.zeros((2, 1, 2, 2), np.float32),
-                       labels=np.array([0, 1]), num_classes=2)  # fmt: skip
+        return Dataset(
+            name="toy",
+            images=np.zeros((2, 1, 2, 2), np.float32),
+            labels=np.array([0, 1]),
+            num_classes=2,
+        )
 
     spec = register_dataset_spec(_spec(loader=loader))
     assert dataset_spec("toy") is spec
@@ -166,15 +196,21 @@ MNIST = SplitSizes(members=1000, nonmembers=1000, attacker=2000, public=1000)
     ("text", "default", "expected"),
     [
         ("members=1000,nonmembers=1000,attacker=2000,public=1000", None, MNIST),
-        (" members = 500 , attacker=1000 ", MNIST,
-         SplitSizes(members=500, nonmembers=1000, attacker=1000, public=1000)),
-        ("members=500,nonmembers=members", MNIST,
-         SplitSizes(members=500, nonmembers=None, attacker=2000, public=1000)),
+        (
+            " members = 500 , attacker=1000 ",
+            MNIST,
+            SplitSizes(members=500, nonmembers=1000, attacker=1000, public=1000),
+        ),
+        (
+            "members=500,nonmembers=members",
+            MNIST,
+            SplitSizes(members=500, nonmembers=None, attacker=2000, public=1000),
+        ),
         ("public=rest", MNIST, SplitSizes(members=1000, nonmembers=1000, attacker=2000)),
         ("members=7", None, SplitSizes(members=7)),
         ("attacker=0", MNIST, replace(MNIST, attacker=0)),
     ],
-)  # fmt: skip
+)
 def test_parse_split_sizes(text: str, default: SplitSizes | None, expected: SplitSizes) -> None:
     assert parse_split_sizes(text, default=default) == expected
 
@@ -215,9 +251,15 @@ def test_format_and_parse_round_trip(name: str) -> None:
 
 @pytest.mark.parametrize(
     "changes",
-    [{"members": 0}, {"members": True}, {"nonmembers": 0}, {"attacker": -1}, {"public": -1},
-     {"members": 1.5}],
-)  # fmt: skip
+    [
+        {"members": 0},
+        {"members": True},
+        {"nonmembers": 0},
+        {"attacker": -1},
+        {"public": -1},
+        {"members": 1.5},
+    ],
+)
 def test_split_sizes_are_checked(changes: dict) -> None:
     with pytest.raises(ValueError, match="is invalid: expected an integer"):
         SplitSizes(**{"members": 10, **changes})

@@ -62,8 +62,13 @@ def test_each_example_fits_the_radius_and_the_batch_sum_is_exact(
     if per_layer:  # budgets whose norm is 1 in the clipping norm
         budgets = [0.5, 0.3, 0.2] if norm == "l1" else [0.6, 0.64, 0.48]
     rows = _gradients(16, sizes, norm=norm, seed=1)
-    kwargs = {"budgets": budgets, "max_grad_norm": 1.0, "norm": norm, "grid": grid,
-              "radius": radius}  # fmt: skip
+    kwargs = {
+        "budgets": budgets,
+        "max_grad_norm": 1.0,
+        "norm": norm,
+        "grid": grid,
+        "radius": radius,
+    }
     batch_sums = fused_cell_sums(rows, **kwargs)
     assert batch_sums is not None
     singles = [fused_cell_sums([r[i : i + 1] for r in rows], **kwargs) for i in range(16)]
@@ -82,14 +87,16 @@ def test_fused_sums_agree_with_the_float64_reference(norm: str) -> None:
     grid = step_grid(max_grad_norm=1.0, norm=norm, dim=dim)
     radius = cell_radius(max_grad_norm=1.0, norm=norm, dim=dim, grid=grid)
     rows = _gradients(32, sizes, norm=norm, seed=2)
-    fused = fused_cell_sums(rows, budgets=None, max_grad_norm=1.0, norm=norm, grid=grid,
-                            radius=radius)  # fmt: skip
+    fused = fused_cell_sums(
+        rows, budgets=None, max_grad_norm=1.0, norm=norm, grid=grid, radius=radius
+    )
     assert fused is not None
     flat = torch.cat(rows, dim=1).double()
     size = flat.abs().sum(1) if norm == "l1" else flat.norm(dim=1)
     factors = (1.0 / (size + 1e-6)).clamp(max=1.0)
-    reference = enforce_radius([scaled_cells(r, factors, grid=grid) for r in rows], norm=norm,
-                               radius=radius)  # fmt: skip
+    reference = enforce_radius(
+        [scaled_cells(r, factors, grid=grid) for r in rows], norm=norm, radius=radius
+    )
     for ours, theirs in zip(fused, reference, strict=True):
         # the two differ only by float roundings of the factor (≤ 2⁻¹⁹ relative: ≤ R·2⁻¹⁹
         # cells) and a rounding to the other neighbour (1 cell), per example
@@ -107,8 +114,7 @@ def test_the_wide_range_sums_exactly() -> None:
     g = torch.Generator().manual_seed(3)
     rows = [torch.zeros(batch, dim)]
     rows[0][:, :3] = torch.rand(batch, 3, generator=g) + 5  # mass on a few coordinates
-    kwargs = {"budgets": None, "max_grad_norm": 1.0, "norm": "l1", "grid": grid,
-              "radius": radius}  # fmt: skip
+    kwargs = {"budgets": None, "max_grad_norm": 1.0, "norm": "l1", "grid": grid, "radius": radius}
     (total,) = fused_cell_sums(rows, **kwargs)  # type: ignore[misc]
     singles = [fused_cell_sums([rows[0][i : i + 1]], **kwargs)[0] for i in range(batch)]  # type: ignore[index]
     assert torch.equal(total, sum(singles))
@@ -125,8 +131,7 @@ def test_runs_of_examples_sum_exactly(dim: int) -> None:
     g = torch.Generator().manual_seed(4)
     rows = [torch.zeros(200, dim)]
     rows[0][:, :2] = torch.rand(200, 2, generator=g) + 1  # mass on two coordinates
-    kwargs = {"budgets": None, "max_grad_norm": 1.0, "norm": "l1", "grid": grid,
-              "radius": radius}  # fmt: skip
+    kwargs = {"budgets": None, "max_grad_norm": 1.0, "norm": "l1", "grid": grid, "radius": radius}
     (total,) = fused_cell_sums(rows, **kwargs)  # type: ignore[misc]
     singles = [fused_cell_sums([rows[0][i : i + 1]], **kwargs)[0] for i in range(200)]  # type: ignore[index]
     assert torch.equal(total, sum(singles))
@@ -146,8 +151,12 @@ def test_fused_path_hands_back_what_it_cannot_prove(bad: str) -> None:
         rows = rows.double()
     else:
         rows = rows[:0]
-    assert fused_cell_sums([rows], budgets=None, max_grad_norm=1.0, norm="l2", grid=grid,
-                           radius=radius) is None  # fmt: skip
+    assert (
+        fused_cell_sums(
+            [rows], budgets=None, max_grad_norm=1.0, norm="l2", grid=grid, radius=radius
+        )
+        is None
+    )
 
 
 def test_a_run_is_as_long_as_the_largest_cell_allows() -> None:
@@ -175,8 +184,7 @@ def test_wide_range_cells_sum_in_float32_when_they_are_small(spread: int, runs: 
     rows[0][:, :spread] = torch.rand(batch, spread, generator=g) + 1
     scale = radius / spread  # the largest cell of an example on the clip bound
     assert (runs == "whole batch") == (batch * 2 * scale < 2**24)
-    kwargs = {"budgets": None, "max_grad_norm": 1.0, "norm": "l1", "grid": grid,
-              "radius": radius}  # fmt: skip
+    kwargs = {"budgets": None, "max_grad_norm": 1.0, "norm": "l1", "grid": grid, "radius": radius}
     (total,) = fused_cell_sums(rows, **kwargs)  # type: ignore[misc]
     singles = [fused_cell_sums([rows[0][i : i + 1]], **kwargs)[0] for i in range(batch)]  # type: ignore[index]
     assert torch.equal(total, sum(singles))

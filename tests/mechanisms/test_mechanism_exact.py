@@ -103,8 +103,9 @@ def test_exact_sampler_matches_its_pmf_over_a_million_draws(
     mechanism: str, first_pass: str
 ) -> None:
     t = 3.7  # cells of about a quarter scale: the rounding matters
-    draws = discrete_noise(1_000_000, mechanism=mechanism, scale=t, grid=UNIT,
-                           generator=make_generator(seed=19)).numpy()  # fmt: skip
+    draws = discrete_noise(
+        1_000_000, mechanism=mechanism, scale=t, grid=UNIT, generator=make_generator(seed=19)
+    ).numpy()
     # a fixed seed: p < 1e-6 under the true law has probability 1e-6
     assert _chi_square(draws, mechanism, t) > 1e-6
     # power: the same draws against the law at a scale 3% off are rejected (the gap in
@@ -123,8 +124,9 @@ def test_the_secure_chunked_path_draws_the_same_law(
     # through the CDF's values (the PMF at 2^27 cells is flat at this sample size). The three
     # t span the first pass's choice of k (23, 10 and 6, where about a quarter is in doubt).
     n = 3 * exact._CHUNK // 2
-    draws = discrete_noise(n, mechanism=mechanism, scale=t, grid=UNIT,
-                           generator=SecureGenerator()).numpy()  # fmt: skip
+    draws = discrete_noise(
+        n, mechanism=mechanism, scale=t, grid=UNIT, generator=SecureGenerator()
+    ).numpy()
     if t < 10:
         assert _chi_square(draws, mechanism, t) > 1e-6  # p < 1e-6 w.p. 1e-6 (fresh keys)
         return
@@ -155,13 +157,23 @@ def test_threads_draw_through_their_own_buffers(first_pass: str) -> None:
 
     def draw(_: int) -> tuple[list[int], np.ndarray]:
         barrier.wait()  # both threads inside at once
-        k = discrete_noise(3 * exact._CHUNK // 2, mechanism="gaussian", scale=3.7, grid=UNIT,
-                           generator=SecureGenerator()).numpy()  # fmt: skip
+        k = discrete_noise(
+            3 * exact._CHUNK // 2,
+            mechanism="gaussian",
+            scale=3.7,
+            grid=UNIT,
+            generator=SecureGenerator(),
+        ).numpy()
         ids = [id(b) for b in exact._scratch()]
         if first_pass == "compiled":
             ids += [id(b) for b in kernels._BUFFERS.arrays]
-        k2 = discrete_noise(3 * exact._CHUNK // 2, mechanism="gaussian", scale=3.7, grid=UNIT,
-                            generator=SecureGenerator()).numpy()  # fmt: skip
+        k2 = discrete_noise(
+            3 * exact._CHUNK // 2,
+            mechanism="gaussian",
+            scale=3.7,
+            grid=UNIT,
+            generator=SecureGenerator(),
+        ).numpy()
         again = [id(b) for b in exact._scratch()]
         if first_pass == "compiled":
             again += [id(b) for b in kernels._BUFFERS.arrays]
@@ -184,8 +196,9 @@ def test_the_slow_exact_paths_draw_the_same_law(
     monkeypatch.setattr(exact, "_FIRST_MARGIN", 0.45 / 2.5)
     monkeypatch.setattr(exact, "_SECOND_MARGIN", 0.05 / 2.5)
     t = 2.5
-    draws = discrete_noise(4_000, mechanism=mechanism, scale=t, grid=UNIT,
-                           generator=make_generator(seed=3)).numpy()  # fmt: skip
+    draws = discrete_noise(
+        4_000, mechanism=mechanism, scale=t, grid=UNIT, generator=make_generator(seed=3)
+    ).numpy()
     assert _chi_square(draws, mechanism, t) > 1e-6
 
 
@@ -195,8 +208,11 @@ def test_interval_decisions_agree_with_high_precision(mechanism: str) -> None:
     law, t, j = cell_law(mechanism), 2.75, 3
     mpmath.mp.prec = 400
     u = mpmath.mpf(2 * j + 1) / 2 / mpmath.mpf(t)
-    boundary = {"alm": 2 / (1 + mpmath.exp(u)), "laplace": mpmath.exp(-u),
-                "gaussian": mpmath.erfc(u / mpmath.sqrt(2))}[mechanism]  # fmt: skip
+    boundary = {
+        "alm": 2 / (1 + mpmath.exp(u)),
+        "laplace": mpmath.exp(-u),
+        "gaussian": mpmath.erfc(u / mpmath.sqrt(2)),
+    }[mechanism]
     bits = 200
     below = int(mpmath.floor(boundary * 2**bits)) - 3  # V < S(j + ½): cell j + 1
     above = int(mpmath.floor(boundary * 2**bits)) + 3  # V > S(j + ½): cell j
@@ -227,8 +243,9 @@ def test_float_inverse_tails_are_within_the_claimed_bound(mechanism: str) -> Non
     2⁻⁵²/V) holds with room to spare against mpmath at 200 bits."""
     law = cell_law(mechanism)
     rng = np.random.default_rng(0)
-    v = np.concatenate([rng.random(200), 2.0 ** -rng.uniform(0, 40, 200),
-                        1 - 2.0 ** -rng.uniform(1, 50, 100)])  # fmt: skip
+    v = np.concatenate(
+        [rng.random(200), 2.0 ** -rng.uniform(0, 40, 200), 1 - 2.0 ** -rng.uniform(1, 50, 100)]
+    )
     # (below 2⁻⁴⁰ the first pass's margin t·2⁻⁴⁸/V exceeds 1/2: every such draw is decided
     # by the later passes, whatever the float inverse returns)
     v = np.clip(v, 2.0**-40, 1.0)
@@ -237,8 +254,11 @@ def test_float_inverse_tails_are_within_the_claimed_bound(mechanism: str) -> Non
     mpmath.mp.prec = 120
     for vi, fi, pi in zip(v, fast, first, strict=True):
         m = mpmath.mpf(float(vi))
-        true = {"alm": mpmath.log(2 / m - 1), "laplace": -mpmath.log(m),
-                "gaussian": mpmath.sqrt(2) * mpmath.erfinv(1 - m)}[mechanism]  # fmt: skip
+        true = {
+            "alm": mpmath.log(2 / m - 1),
+            "laplace": -mpmath.log(m),
+            "gaussian": mpmath.sqrt(2) * mpmath.erfinv(1 - m),
+        }[mechanism]
         assert abs(fi - true) <= 2.0**-48 * abs(true) + 2.0**-52
         assert abs(pi - true) <= 2.0**-44 * abs(true) + 2.0**-48 + 2.0**-52 / vi
     mpmath.mp.prec = 53
@@ -252,9 +272,16 @@ def test_compiled_inverse_tails_are_within_the_first_pass_bound(mechanism: str) 
     both sides of AS 241's branch points (V = 0.15, and V/2 = e⁻²⁵) and down to 2⁻⁴⁰."""
     rng = np.random.default_rng(1)
     near = 1 + rng.uniform(-1e-3, 1e-3, 50)
-    v = np.concatenate([rng.random(400), 2.0 ** -rng.uniform(0, 40, 400),
-                        1 - 2.0 ** -rng.uniform(1, 50, 100), 0.15 * near,
-                        2 * math.exp(-25) * near, [1.0]])  # fmt: skip
+    v = np.concatenate(
+        [
+            rng.random(400),
+            2.0 ** -rng.uniform(0, 40, 400),
+            1 - 2.0 ** -rng.uniform(1, 50, 100),
+            0.15 * near,
+            2 * math.exp(-25) * near,
+            [1.0],
+        ]
+    )
     words = np.minimum(np.round(v * 2.0**63), 2.0**63 - 1024).astype(np.int64)
     words[::2] *= -1
     used = np.abs(words.astype(np.float64)) * 2.0**-63
@@ -262,8 +289,11 @@ def test_compiled_inverse_tails_are_within_the_first_pass_bound(mechanism: str) 
     mpmath.mp.prec = 120
     for vi, xi in zip(used, x, strict=True):
         m = mpmath.mpf(float(vi))
-        true = {"alm": mpmath.log(2 / m - 1), "laplace": -mpmath.log(m),
-                "gaussian": mpmath.sqrt(2) * mpmath.erfinv(1 - m)}[mechanism]  # fmt: skip
+        true = {
+            "alm": mpmath.log(2 / m - 1),
+            "laplace": -mpmath.log(m),
+            "gaussian": mpmath.sqrt(2) * mpmath.erfinv(1 - m),
+        }[mechanism]
         assert abs(xi - true) <= 2.0**-44 * abs(true) + 2.0**-48 + 2.0**-52 / vi, (vi, xi)
     mpmath.mp.prec = 53
     if mechanism == "gaussian":  # the plain-Python form agrees with the compiled loop
@@ -280,8 +310,9 @@ def test_compiled_and_tensor_first_passes_draw_the_same_cells(
     draws = {}
     for compiled in (True, False):
         monkeypatch.setattr(exact, "_USE_KERNELS", compiled)
-        draws[compiled] = discrete_noise(200_000, mechanism=mechanism, scale=t, grid=UNIT,
-                                         generator=make_generator(seed=5))  # fmt: skip
+        draws[compiled] = discrete_noise(
+            200_000, mechanism=mechanism, scale=t, grid=UNIT, generator=make_generator(seed=5)
+        )
     assert torch.equal(draws[True], draws[False])
     assert int(draws[True].abs().max()) > 3 * t  # not a degenerate output
 
@@ -300,9 +331,10 @@ def test_profiles_match_direct_summation_and_stay_below_the_continuous(
         assert direct - 1e-12 <= pld.get_delta_for_epsilon(epsilon) <= direct * 1.001 + 1e-9
         # rounding is post-processing: never above the continuous profile at the same shift
         continuous = {
-            "alm": analysis.logistic_delta, "laplace": analysis.laplace_delta,
+            "alm": analysis.logistic_delta,
+            "laplace": analysis.laplace_delta,
             "gaussian": analysis.gaussian_delta,
-        }[mechanism](epsilon=epsilon, scale=t, sensitivity=float(shift))  # fmt: skip
+        }[mechanism](epsilon=epsilon, scale=t, sensitivity=float(shift))
         assert direct <= continuous + 1e-12
 
 
@@ -345,10 +377,12 @@ def test_quantize_clamps_and_rounds_to_the_grid() -> None:
 
 def test_plan_release_widens_the_grid_when_float32_cannot_hold_the_noise() -> None:
     mech = create_mechanism("alm")
-    narrow = plan_release(mechanism=mech, epsilon=1e-3, delta=0.0, sensitivity=1.0, dim=10,
-                          dtype=torch.float32)  # fmt: skip
-    wide = plan_release(mechanism=mech, epsilon=1e-3, delta=0.0, sensitivity=1.0, dim=10,
-                        dtype=torch.float64)  # fmt: skip
+    narrow = plan_release(
+        mechanism=mech, epsilon=1e-3, delta=0.0, sensitivity=1.0, dim=10, dtype=torch.float32
+    )
+    wide = plan_release(
+        mechanism=mech, epsilon=1e-3, delta=0.0, sensitivity=1.0, dim=10, dtype=torch.float64
+    )
     assert narrow.grid.gamma > wide.grid.gamma
     assert narrow.scale / narrow.grid.gamma * 40 <= narrow.grid.limit - narrow.grid.bound
     assert wide.sensitivity <= 1.0 * (1 + INFLATION)
@@ -490,8 +524,7 @@ def test_bernoulli_ties_draw_more_bits(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_special_erfc_reference_sanity() -> None:
     # the scipy tail used as the independent reference agrees with erfc (guards the tests)
     u = np.linspace(0, 8, 17)
-    np.testing.assert_allclose(SCIPY_TAIL["gaussian"](u), special.erfc(u / np.sqrt(2)),
-                               rtol=1e-13)  # fmt: skip
+    np.testing.assert_allclose(SCIPY_TAIL["gaussian"](u), special.erfc(u / np.sqrt(2)), rtol=1e-13)
 
 
 @pytest.mark.parametrize("mechanism", ["laplace", "gaussian", "gaussian-classic"])

@@ -90,8 +90,9 @@ def test_exact_releases_of_a_head_resist_the_exact_likelihood_attack(
     releases: list[list[torch.Tensor]] = [[], []]
     for h, module in enumerate((head, other)):
         for _ in range(25):  # the released API itself
-            out = engine.make_private(module, epsilon=EPSILON, delta=_delta(mechanism),
-                                      sensitivity=info)  # fmt: skip
+            out = engine.make_private(
+                module, epsilon=EPSILON, delta=_delta(mechanism), sensitivity=info
+            )
             releases[h].append(_flat(out.module))
     st = out.statement
     assert st.grid is not None and st.noise_scale is not None
@@ -100,8 +101,11 @@ def test_exact_releases_of_a_head_resist_the_exact_likelihood_attack(
     # make_private calls per parameter), for the advantage.
     for h in range(2):
         many = clean[h].expand(4000, -1).contiguous()
-        releases[h].append(exact_release(many, mechanism=mechanism, scale=scale, grid=grid,
-                                         generator=SecureGenerator()))  # fmt: skip
+        releases[h].append(
+            exact_release(
+                many, mechanism=mechanism, scale=scale, grid=grid, generator=SecureGenerator()
+            )
+        )
     llr = []
     for h in range(2):
         shipped = torch.cat([r.reshape(-1, 18) for r in releases[h]])
@@ -122,17 +126,26 @@ def test_exact_releases_of_a_head_resist_the_exact_likelihood_attack(
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_exact_scalar_releases_resist_the_attack(mechanism: str, dtype: torch.dtype) -> None:
     mech = create_mechanism(mechanism)
-    plan = plan_release(mechanism=mech, epsilon=EPSILON, delta=_delta(mechanism),
-                        sensitivity=1.0, dim=1, dtype=dtype)  # fmt: skip
+    plan = plan_release(
+        mechanism=mech,
+        epsilon=EPSILON,
+        delta=_delta(mechanism),
+        sensitivity=1.0,
+        dim=1,
+        dtype=dtype,
+    )
     values = (torch.zeros(20_000, 1, dtype=dtype), torch.full((20_000, 1), 0.999, dtype=dtype))
     llr = []
     for v in values:
-        shipped = exact_release(v, mechanism=mech, scale=plan.scale, grid=plan.grid,
-                                generator=SecureGenerator())  # fmt: skip
-        l0 = _exact_log_likelihood(shipped, values[0][0], mechanism=mechanism, scale=plan.scale,
-                                   grid=plan.grid)  # fmt: skip
-        l1 = _exact_log_likelihood(shipped, values[1][0], mechanism=mechanism, scale=plan.scale,
-                                   grid=plan.grid)  # fmt: skip
+        shipped = exact_release(
+            v, mechanism=mech, scale=plan.scale, grid=plan.grid, generator=SecureGenerator()
+        )
+        l0 = _exact_log_likelihood(
+            shipped, values[0][0], mechanism=mechanism, scale=plan.scale, grid=plan.grid
+        )
+        l1 = _exact_log_likelihood(
+            shipped, values[1][0], mechanism=mechanism, scale=plan.scale, grid=plan.grid
+        )
         assert np.all(np.isfinite(l0)) and np.all(np.isfinite(l1))
         llr.append(l0 - l1)
     # 20,000 per side: standard error < 0.005; 5 of them
@@ -146,8 +159,15 @@ def test_exact_scalar_releases_resist_the_attack(mechanism: str, dtype: torch.dt
 _TWO_53 = 2.0**53
 
 
-def _float_release(k: torch.Tensor, sign: torch.Tensor, clean: torch.Tensor, *, mechanism: str,
-                   scale: float, dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
+def _float_release(
+    k: torch.Tensor,
+    sign: torch.Tensor,
+    clean: torch.Tensor,
+    *,
+    mechanism: str,
+    scale: float,
+    dtype: torch.dtype,
+) -> torch.Tensor:
     """The float sampler of ``alm_opacus.mechanisms.sampling`` for 52-bit word k (and the
     Laplace sign bit), added as ``make_private(exact=False)`` adds it."""
     a = (2 * k + 1).to(torch.float64)
@@ -162,8 +182,9 @@ def _float_release(k: torch.Tensor, sign: torch.Tensor, clean: torch.Tensor, *, 
     return clean.to(dtype) + (scale * z).to(dtype)
 
 
-def _float_log_likelihood(released: torch.Tensor, clean: torch.Tensor, *, mechanism: str,
-                          scale: float) -> np.ndarray:  # fmt: skip
+def _float_log_likelihood(
+    released: torch.Tensor, clean: torch.Tensor, *, mechanism: str, scale: float
+) -> np.ndarray:
     """ln P(released | clean) per release: the words that reproduce each coordinate form an
     interval of k on each monotone branch; two binary searches count them."""
     dtype = released.dtype
@@ -212,16 +233,16 @@ def test_the_floating_point_path_fails_the_same_attack(mechanism: str, dtype: to
     for h, module in enumerate((head, other)):
         shipped = []
         for _ in range(80):
-            out = engine.make_private(module, epsilon=EPSILON, delta=_delta(mechanism),
-                                      sensitivity=info, exact=False)  # fmt: skip
+            out = engine.make_private(
+                module, epsilon=EPSILON, delta=_delta(mechanism), sensitivity=info, exact=False
+            )
             shipped.append(_flat(out.module))
         st = out.statement
         assert st.guarantee.value == "none" and "floating-point" in str(st)
         assert st.noise_scale is not None
         rel = torch.stack(shipped)
         own = _float_log_likelihood(rel, clean[h], mechanism=mechanism, scale=st.noise_scale)
-        alt = _float_log_likelihood(rel, clean[1 - h], mechanism=mechanism,
-                                    scale=st.noise_scale)  # fmt: skip
+        alt = _float_log_likelihood(rel, clean[1 - h], mechanism=mechanism, scale=st.noise_scale)
         assert np.all(np.isfinite(own))  # the enumeration finds the true outcome
         impossible += int(np.sum(~np.isfinite(alt)))
         llr.append(own - alt if h == 0 else alt - own)
@@ -266,9 +287,14 @@ def test_exact_dperm_releases_resist_the_exact_likelihood_attack() -> None:
         per_hypothesis = []
         for c in clean:
             # ln P(release | c): log-mean-exp over the quadrature's σ of the product of PMFs
-            terms = np.stack([_exact_log_likelihood(shipped, c, mechanism="gaussian",
-                                                    scale=float(s), grid=grid)
-                              for s in sigmas])  # fmt: skip
+            terms = np.stack(
+                [
+                    _exact_log_likelihood(
+                        shipped, c, mechanism="gaussian", scale=float(s), grid=grid
+                    )
+                    for s in sigmas
+                ]
+            )
             assert np.all(np.isfinite(terms))  # no release is impossible under c, for any σ
             per_hypothesis.append(special.logsumexp(terms, axis=0) - math.log(len(sigmas)))
         llr.append(per_hypothesis[0] - per_hypothesis[1])
@@ -296,8 +322,9 @@ def test_exact_binary_lu_answers_resist_the_exact_likelihood_attack(
     for d in (0.0, 0.999):
         z = torch.tensor([d, 0.0], dtype=torch.float64).expand(1, 20_000, 2)
         t = torch.randint(0, 2, (1, 20_000, 1), generator=torch.Generator().manual_seed(5))
-        logits = exact_logits(z, t, noise=noise, scale=scale, grid=grid,
-                              generator=SecureGenerator())  # fmt: skip
+        logits = exact_logits(
+            z, t, noise=noise, scale=scale, grid=grid, generator=SecureGenerator()
+        )
         shipped = torch.softmax(logits, dim=-1)[0].to(dtype)
         guess = torch.round(torch.log(shipped[:, 0].double() / shipped[:, 1].double()) / grid.gamma)
         m = guess[:, None] + window  # candidate outcomes near the log-odds
@@ -307,8 +334,9 @@ def test_exact_binary_lu_answers_resist_the_exact_likelihood_attack(
         per_hypothesis = []
         for clean in (0.0, 0.999):
             n = round(clean / grid.gamma)
-            log_pmf = cell_log_pmf(noise, scale=scale, grid=grid,
-                                   k=(m.numpy() - n).astype(np.int64))  # fmt: skip
+            log_pmf = cell_log_pmf(
+                noise, scale=scale, grid=grid, k=(m.numpy() - n).astype(np.int64)
+            )
             with np.errstate(divide="ignore"):
                 total = np.log(np.sum(np.where(match, np.exp(log_pmf), 0.0), axis=1))
             assert np.all(np.isfinite(total))  # no answer is impossible under either d

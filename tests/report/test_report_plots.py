@@ -111,15 +111,21 @@ def test_auc_bars_are_the_recorded_intervals(rows: list[ResultRow], close: list[
     container = containers(fig.axes[0])["alm (random-dp, not DP)"]
     low, high = bar_ends(container)
     for k, epsilon in enumerate(EPSILONS):
-        best = [max((r for r in rows if (r.method, r.epsilon, r.seed) == ("alm", epsilon, s)),
-                    key=lambda r: r.mia_auc) for s in (0, 1)]  # fmt: skip
+        best = [
+            max(
+                (r for r in rows if (r.method, r.epsilon, r.seed) == ("alm", epsilon, s)),
+                key=lambda r: r.mia_auc,
+            )
+            for s in (0, 1)
+        ]
         assert low[k] == pytest.approx(min(r.mia_auc_ci_low for r in best))
         assert high[k] == pytest.approx(max(r.mia_auc_ci_high for r in best))
     assert "95% interval" in "\n".join(t.get_text() for t in fig.texts)
 
 
-@pytest.mark.parametrize("method, kind", [("alm", "random-dp"), ("laplace", "pure-dp"),
-                                          ("dpsgd", "approx-dp")])  # fmt: skip
+@pytest.mark.parametrize(
+    "method, kind", [("alm", "random-dp"), ("laplace", "pure-dp"), ("dpsgd", "approx-dp")]
+)
 def test_guarantee_kind_sets_marker_and_line(
     rows: list[ResultRow], close: list[Figure], method: str, kind: str
 ) -> None:
@@ -178,8 +184,18 @@ def test_roc_axes_are_log_log(close: list[Figure]) -> None:
 def test_colours_follow_the_name() -> None:
     few, many = method_colours(["alm", "dpsgd"]), method_colours(["alm", "dpsgd", "laplace", "lu"])
     assert few["alm"] == many["alm"] and few["dpsgd"] == many["dpsgd"]
-    names = ["alm", "laplace", "gaussian", "gaussian-classic", "dpsgd", "lu", "dperm",
-             "dpsgd-full", "dpsgd-alm", "dpsgd-laplace"]  # fmt: skip
+    names = [
+        "alm",
+        "laplace",
+        "gaussian",
+        "gaussian-classic",
+        "dpsgd",
+        "lu",
+        "dperm",
+        "dpsgd-full",
+        "dpsgd-alm",
+        "dpsgd-laplace",
+    ]
     colours = method_colours(names)
     assert len({colours[n] for n in names}) == len(names)
     assert method_colours(["none"])["none"] == "black"

@@ -40,8 +40,17 @@ def wide_body(table: str) -> list[list[str]]:
     return [[c.strip() for c in line.split("|")] for line in lines]
 
 
-ALL_METHODS = ("alm", "dperm", "dpsgd", "dpsgd-alm", "dpsgd-laplace", "gaussian",
-               "gaussian-classic", "laplace", "lu")  # fmt: skip
+ALL_METHODS = (
+    "alm",
+    "dperm",
+    "dpsgd",
+    "dpsgd-alm",
+    "dpsgd-laplace",
+    "gaussian",
+    "gaussian-classic",
+    "laplace",
+    "lu",
+)
 
 
 def _all_methods(rows: list[ResultRow]) -> list[ResultRow]:
@@ -56,9 +65,10 @@ def _all_methods(rows: list[ResultRow]) -> list[ResultRow]:
 def test_one_line_per_method_and_epsilon(synthetic_rows: RowsFactory) -> None:
     table = format_tradeoff_table(synthetic_rows())
     assert [c[:2] for c in body(table)] == [["none", "inf"]] + [
-        [m, e] for m in ("alm", "laplace", "dpsgd")
+        [m, e]
+        for m in ("alm", "laplace", "dpsgd")
         for e in ("0.1", "1", "10", "100", "1000", "10000")
-    ]  # fmt: skip
+    ]
 
 
 @pytest.mark.parametrize("wide", [False, True])
@@ -99,8 +109,9 @@ def test_every_header_word_is_defined_under_the_table(
 
 
 def test_default_table_fits_100_columns_with_every_method(synthetic_rows: RowsFactory) -> None:
-    table = format_tradeoff_table(_all_methods(synthetic_rows()), members=150, nonmembers=150,
-                                  num_classes=10)  # fmt: skip
+    table = format_tradeoff_table(
+        _all_methods(synthetic_rows()), members=150, nonmembers=150, num_classes=10
+    )
     assert max(len(x) for x in table.splitlines()) <= MAX_WIDTH
     assert {c[0] for c in body(table)} == {"none", *ALL_METHODS}
     wide = format_tradeoff_table(_all_methods(synthetic_rows()), wide=True)
@@ -173,8 +184,10 @@ def test_weak_delta_line_follows_the_member_count() -> None:
 
 
 def test_below_chance_accuracy_is_flagged(synthetic_rows: RowsFactory) -> None:
-    rows = [r.replace(test_accuracy=0.08) if (r.method, r.epsilon) == ("alm", 0.1) else r
-            for r in synthetic_rows()]  # fmt: skip
+    rows = [
+        r.replace(test_accuracy=0.08) if (r.method, r.epsilon) == ("alm", 0.1) else r
+        for r in synthetic_rows()
+    ]
     table = format_tradeoff_table(rows, num_classes=10)
     assert line(table, "alm", "0.1")[6] == "0.080!"
     assert line(table, "alm", "1")[6].endswith("!") is False
@@ -188,7 +201,8 @@ def test_tpr_is_shown_only_where_the_non_members_resolve_it(synthetic_rows: Rows
     assert few.splitlines()[0].split()[-1] == "TPR@1%"  # TPR@0.1% is left out
     assert line(few, "alm", "1")[-1] != "—" and "—" not in few.split("\n\n")[0]
     assert "150 non-members cannot resolve an FPR of 0.001; it needs at least 1000" in (
-        few.replace("\n  ", " "))  # fmt: skip
+        few.replace("\n  ", " ")
+    )
     many = format_tradeoff_table(rows, nonmembers=1000)
     assert many.splitlines()[0].split()[-2:] == ["TPR@1%", "TPR@0.1%"]
     assert line(many, "alm", "1")[-1] != "—" and "cannot resolve" not in many
@@ -227,9 +241,19 @@ def test_conversion_bounds_the_exact_replace_one_delta(sigma: float, epsilon: fl
 
 
 def test_replace_one_reads_the_rows_own_columns() -> None:
-    row = ResultRow(dataset="digits", method="dpsgd", epsilon=1.0, delta=1e-5,
-                    guarantee="approx-dp", sensitivity=1.0, noise_scale=1.0, seed=0,
-                    test_accuracy=0.9, utility_loss=0.0, neighbouring="add-remove")  # fmt: skip
+    row = ResultRow(
+        dataset="digits",
+        method="dpsgd",
+        epsilon=1.0,
+        delta=1e-5,
+        guarantee="approx-dp",
+        sensitivity=1.0,
+        noise_scale=1.0,
+        seed=0,
+        test_accuracy=0.9,
+        utility_loss=0.0,
+        neighbouring="add-remove",
+    )
     assert replace_one(row) == pytest.approx((2.0, (1 + math.e) * 1e-5))
     assert replace_one(row.replace(epsilon_replace_one=1.7, delta_replace_one=2e-5)) == (1.7, 2e-5)
     assert replace_one(row.replace(neighbouring="replace-one")) == (1.0, 1e-5)

@@ -92,19 +92,29 @@ def draws_of(rows: list[ResultRow]) -> list[DrawRecord]:
     for method, epsilon, seed in sorted({(r.method, r.epsilon, r.seed) for r in rows}):
         this = cell(rows, method, epsilon, seed)
         for draw in range(2):
-            out.append(DrawRecord(method=method, epsilon=epsilon, seed=seed, draw=draw,
-                                  test_accuracy=this[0].test_accuracy + 0.001 * draw,
-                                  mia_auc=max(r.mia_auc for r in this) - 0.002 * draw,
-                                  mia_accuracy=0.6, tpr_at_fpr_0_01=0.02,
-                                  tpr_at_fpr_0_001=math.nan, attack="loss"))  # fmt: skip
+            out.append(
+                DrawRecord(
+                    method=method,
+                    epsilon=epsilon,
+                    seed=seed,
+                    draw=draw,
+                    test_accuracy=this[0].test_accuracy + 0.001 * draw,
+                    mia_auc=max(r.mia_auc for r in this) - 0.002 * draw,
+                    mia_accuracy=0.6,
+                    tpr_at_fpr_0_01=0.02,
+                    tpr_at_fpr_0_001=math.nan,
+                    attack="loss",
+                )
+            )
     return out
 
 
 @pytest.fixture
 def written(tmp_path: Path, synthetic_rows: RowsFactory) -> tuple[list[ResultRow], Path]:
     rows = synthetic_rows(methods=METHODS, seeds=(0, 1), epsilons=EPSILONS)
-    logdir = write_tensorboard(rows, tmp_path / "tb", epsilons=EPSILONS, hparams={"m": 16},
-                               draws=draws_of(rows))  # fmt: skip
+    logdir = write_tensorboard(
+        rows, tmp_path / "tb", epsilons=EPSILONS, hparams={"m": 16}, draws=draws_of(rows)
+    )
     return rows, logdir
 
 
@@ -127,8 +137,11 @@ def test_every_method_epsilon_point_is_at_its_log_step(
             assert loss[k] == pytest.approx(np.mean(losses), rel=F32)
             assert shown[k] == pytest.approx(epsilon, rel=F32) and seeds[k] == 2
             for attack in {r.attack for r in cell(rows, method, epsilon, 0)}:
-                both = [r.mia_auc for r in rows if (r.method, r.epsilon, r.attack)
-                        == (method, epsilon, attack)]  # fmt: skip
+                both = [
+                    r.mia_auc
+                    for r in rows
+                    if (r.method, r.epsilon, r.attack) == (method, epsilon, attack)
+                ]
                 per_attack = series(mux, run, f"attack/{attack}/mia_auc")
                 assert per_attack[k] == pytest.approx(np.mean(both), rel=F32)
 
@@ -252,8 +265,9 @@ def test_plots_are_shown_as_images(tmp_path: Path, synthetic_rows: RowsFactory) 
     write_plots(rows, rocs, plots)
     mux = load(write_tensorboard(rows, tmp_path / "tb", epsilons=EPSILONS, images=plots))
     images = {t for t in mux.Runs()["."]["tensors"] if t.startswith("plots/")}
-    expected = {f"plots/{p.relative_to(plots).with_suffix('').as_posix()}"
-                for p in plots.rglob("*.png")}  # fmt: skip
+    expected = {
+        f"plots/{p.relative_to(plots).with_suffix('').as_posix()}" for p in plots.rglob("*.png")
+    }
     assert images == expected and "plots/equal_noise" in images
     (event,) = mux.Tensors(".", "plots/roc_loglog")
     blob = tensor_util.make_ndarray(event.tensor_proto)[2]  # [width, height, png]

@@ -36,12 +36,22 @@ def test_formula() -> None:
     assert s.value_l1 == pytest.approx(math.sqrt(650) * s.value_l2)
     info = s.to_info("l2")
     assert (info.value, info.norm, info.source.value, info.adjacency) == (
-        s.value_l2, "l2", "analytic", "replace-one")  # fmt: skip
+        s.value_l2,
+        "l2",
+        "analytic",
+        "replace-one",
+    )
     assert s.to_info("l1").value == s.value_l1
-    PrivacyStatement(epsilon=1.0, delta=0.0, guarantee=Guarantee.PURE_DP, mechanism="laplace",
-                     sensitivity=s.to_info("l1"))  # fmt: skip
-    removal = analytic_sensitivity(n=100, l2=0.1, clip_radius=1.0, grad_tol=0.0,
-                                   adjacency="remove-one")  # fmt: skip
+    PrivacyStatement(
+        epsilon=1.0,
+        delta=0.0,
+        guarantee=Guarantee.PURE_DP,
+        mechanism="laplace",
+        sensitivity=s.to_info("l1"),
+    )
+    removal = analytic_sensitivity(
+        n=100, l2=0.1, clip_radius=1.0, grad_tol=0.0, adjacency="remove-one"
+    )
     assert removal.value_l1 is None and removal.to_info().adjacency == "remove-one"
     with pytest.raises(ValueError, match="num_params"):
         removal.to_info("l1")
@@ -75,8 +85,12 @@ def test_lipschitz_constant_is_the_sup_of_gradient_norms(radius: float) -> None:
     for scale in (0.1, 1.0, 10.0, 100.0):
         w = (torch.randn(64, 5, 8, generator=g, dtype=torch.float64) * scale).requires_grad_(True)
         b = (torch.randn(64, 5, generator=g, dtype=torch.float64) * scale).requires_grad_(True)
-        x = torch.nn.functional.normalize(torch.randn(64, 8, generator=g, dtype=torch.float64),
-                                          dim=1) * radius  # fmt: skip
+        x = (
+            torch.nn.functional.normalize(
+                torch.randn(64, 8, generator=g, dtype=torch.float64), dim=1
+            )
+            * radius
+        )
         y = torch.randint(0, 5, (64,), generator=g)
         logits = torch.einsum("bcd,bd->bc", w, x) + b
         torch.nn.functional.cross_entropy(logits, y, reduction="sum").backward()
@@ -120,19 +134,20 @@ def test_sampled_never_exceeds_analytic(
     fit = train_convex_heads(x, y, masks=masks, num_classes=10, config=config)
     flat = flat_params(fit.params)
     num_params = flat.shape[1]
-    replace = analytic_sensitivity(n=N - 1, l2=l2, clip_radius=radius, grad_tol=fit.tol,
-                                   num_params=num_params)  # fmt: skip
+    replace = analytic_sensitivity(
+        n=N - 1, l2=l2, clip_radius=radius, grad_tol=fit.tol, num_params=num_params
+    )
     loo = flat[:N]
     l2_dist = torch.cdist(loo, loo, p=2.0)
     l1_dist = torch.cdist(loo, loo, p=1.0)
     assert replace.value_l1 is not None
     assert float(l2_dist.max()) <= replace.value_l2
     assert float(l1_dist.max()) <= replace.value_l1
-    remove = analytic_sensitivity(n=N, l2=l2, clip_radius=radius, grad_tol=fit.tol,
-                                  adjacency="remove-one")  # fmt: skip
+    remove = analytic_sensitivity(
+        n=N, l2=l2, clip_radius=radius, grad_tol=fit.tol, adjacency="remove-one"
+    )
     assert float(torch.linalg.vector_norm(loo - flat[N], dim=1).max()) <= remove.value_l2
     # and the sampler, run as a user would, agrees with the exhaustive check
-    sample = sample_sensitivity(x, y, num_classes=10, config=config, seed=0, m=40,
-                                solver="newton")  # fmt: skip
+    sample = sample_sensitivity(x, y, num_classes=10, config=config, seed=0, m=40, solver="newton")
     assert sample.value_l2 <= replace.value_l2 and sample.value_l1 <= replace.value_l1
     assert sample.value_l2 <= float(l2_dist.max()) * (1 + 1e-9)

@@ -39,8 +39,9 @@ def test_matches_sklearn(data: tuple[torch.Tensor, torch.Tensor]) -> None:
     xa = np.hstack([clip_features(x, CONFIG.clip_radius).numpy(), np.ones((N, 1))])
     for b in (0, 4):
         rows = masks[b].numpy()
-        ref = LogisticRegression(C=1 / (rows.sum() * CONFIG.l2), fit_intercept=False, tol=1e-12,
-                                 max_iter=10_000).fit(xa[rows], y.numpy()[rows])  # fmt: skip
+        ref = LogisticRegression(
+            C=1 / (rows.sum() * CONFIG.l2), fit_intercept=False, tol=1e-12, max_iter=10_000
+        ).fit(xa[rows], y.numpy()[rows])
         ours = np.hstack([fit.params["fc.weight"][b].numpy(), fit.params["fc.bias"][b][:, None]])
         assert np.max(np.abs(ours - ref.coef_)) <= 1e-5 * np.max(np.abs(ref.coef_))
 
@@ -106,10 +107,12 @@ def test_a_warm_start_reaches_the_same_minimiser_in_fewer_iterations(
     cold = train_convex_heads(x, y, masks=masks, num_classes=10, config=CONFIG)
     ones = torch.ones(1, N, dtype=torch.bool)
     whole = train_convex_heads(x, y, masks=ones, num_classes=10, config=CONFIG).params
-    warm = train_convex_heads(x, y, masks=masks, num_classes=10, config=CONFIG,
-                              init={k: v[0] for k, v in whole.items()})  # fmt: skip
-    per_head = train_convex_heads(x, y, masks=masks, num_classes=10, config=CONFIG,
-                                  init=cold.params)  # fmt: skip
+    warm = train_convex_heads(
+        x, y, masks=masks, num_classes=10, config=CONFIG, init={k: v[0] for k, v in whole.items()}
+    )
+    per_head = train_convex_heads(
+        x, y, masks=masks, num_classes=10, config=CONFIG, init=cold.params
+    )
     for fit in (warm, per_head):
         assert (fit.grad_norms <= DEFAULT_TOL).all()
         for k in cold.params:  # both within tol / l2 of the one minimiser
@@ -118,5 +121,11 @@ def test_a_warm_start_reaches_the_same_minimiser_in_fewer_iterations(
     assert warm.iterations < cold.iterations
     assert per_head.iterations <= 1  # started at the minimiser: at most one polishing step
     with pytest.raises(ValueError, match=r"init=.* is invalid"):
-        train_convex_heads(x, y, masks=masks, num_classes=10, config=CONFIG,
-                           init={"fc.weight": whole["fc.weight"][:, :5]})  # fmt: skip
+        train_convex_heads(
+            x,
+            y,
+            masks=masks,
+            num_classes=10,
+            config=CONFIG,
+            init={"fc.weight": whole["fc.weight"][:, :5]},
+        )

@@ -38,18 +38,23 @@ def test_pairs_are_iid_draws_of_the_members_size() -> None:
 
 def test_each_distance_is_that_of_two_heads_trained_on_the_pair(population) -> None:  # type: ignore[no-untyped-def]
     x, y = population
-    sample = sample_population_sensitivity(x, y, n=40, num_classes=10, config=FAST, seed=3,
-                                           m=4, population="digits rows", chunk_size=4)  # fmt: skip
+    sample = sample_population_sensitivity(
+        x, y, n=40, num_classes=10, config=FAST, seed=3, m=4, population="digits rows", chunk_size=4
+    )
     rows = draw_population_pairs(population=200, n=40, m=4, seed=3)
     for k in (0, 3):
         # the two data sets, materialised row by row (repeats included): an independent path
         d1 = torch.as_tensor(np.r_[rows[k, :39], rows[k, 39]])
         d2 = torch.as_tensor(np.r_[rows[k, :39], rows[k, 40]])
         ones = torch.ones(1, 40, dtype=torch.bool)
-        flat = torch.cat([
-            flat_params(train_heads(x[d], y[d], masks=ones, num_classes=10, config=FAST, seed=3))
-            for d in (d1, d2)
-        ])  # fmt: skip
+        flat = torch.cat(
+            [
+                flat_params(
+                    train_heads(x[d], y[d], masks=ones, num_classes=10, config=FAST, seed=3)
+                )
+                for d in (d1, d2)
+            ]
+        )
         diff = flat[0] - flat[1]
         # counts weigh a repeated row as its copies do; sums in another order: 50 Adam steps
         # keep the two paths within 1e-9 relative (see test_sensitivity_sampler's tolerances)
@@ -73,8 +78,16 @@ def test_warm_started_sampler_agrees_with_the_cold_start(population, solver: str
     from alm_opacus.sensitivity import DEFAULT_TOL
 
     x, y = population
-    kw = {"n": 60, "num_classes": 10, "config": CONVEX, "seed": 5, "m": 12,
-          "population": "digits rows", "chunk_size": 8, "solver": solver}  # fmt: skip
+    kw = {
+        "n": 60,
+        "num_classes": 10,
+        "config": CONVEX,
+        "seed": 5,
+        "m": 12,
+        "population": "digits rows",
+        "chunk_size": 8,
+        "solver": solver,
+    }
     warm = sample_population_sensitivity(x, y, **kw)  # type: ignore[arg-type]
     cold = sample_population_sensitivity(x, y, warm_start=False, **kw)  # type: ignore[arg-type]
     assert np.array_equal(warm.pairs, cold.pairs)
@@ -104,9 +117,20 @@ def test_a_chunk_is_a_pure_unit_of_work(population) -> None:  # type: ignore[no-
 
     x, y = population
     recipe = SamplerRecipe(num_classes=10, config=FAST, seed=3)
-    whole = sample_population_sensitivity(x, y, n=40, num_classes=10, config=FAST, seed=3,
-                                          m=6, population="digits rows", chunk_size=12)  # fmt: skip
-    parts = [population_chunk(x, y, recipe=recipe, n=40, seed=3, pairs=range(a, b))
-             for a, b in ((4, 6), (0, 4))]  # fmt: skip
+    whole = sample_population_sensitivity(
+        x,
+        y,
+        n=40,
+        num_classes=10,
+        config=FAST,
+        seed=3,
+        m=6,
+        population="digits rows",
+        chunk_size=12,
+    )
+    parts = [
+        population_chunk(x, y, recipe=recipe, n=40, seed=3, pairs=range(a, b))
+        for a, b in ((4, 6), (0, 4))
+    ]
     np.testing.assert_allclose(np.r_[parts[1][1], parts[0][1]], whole.l2, rtol=1e-9)
     np.testing.assert_array_equal(np.r_[parts[1][2], parts[0][2]], whole.pairs)

@@ -99,18 +99,26 @@ def test_pairs() -> None:
 def _fake(l2: np.ndarray, order: int, gamma: float) -> SensitivitySample:
     m = len(l2)
     return SensitivitySample(
-        l1=2 * l2, l2=l2, pairs=np.zeros((m, 2), dtype=np.int64), n=10, m=m, order=order,
-        gamma=gamma, confidence=sampler_confidence(m=m, order=order, gamma=gamma),
+        l1=2 * l2,
+        l2=l2,
+        pairs=np.zeros((m, 2), dtype=np.int64),
+        n=10,
+        m=m,
+        order=order,
+        gamma=gamma,
+        confidence=sampler_confidence(m=m, order=order, gamma=gamma),
         failure_probability=sampler_failure_probability(m=m, order=order, gamma=gamma),
-        value_l1=float(2 * np.sort(l2)[order - 1]), value_l2=float(np.sort(l2)[order - 1]),
+        value_l1=float(2 * np.sort(l2)[order - 1]),
+        value_l2=float(np.sort(l2)[order - 1]),
         solver="adam",
-    )  # fmt: skip
+    )
 
 
 def test_order_statistic_and_info(data: tuple[torch.Tensor, torch.Tensor]) -> None:
     x, y = data
-    s = sample_sensitivity(x, y, num_classes=10, config=HeadConfig(steps=50), seed=0, m=10,
-                           gamma=0.2)  # fmt: skip
+    s = sample_sensitivity(
+        x, y, num_classes=10, config=HeadConfig(steps=50), seed=0, m=10, gamma=0.2
+    )
     assert s.order == 10 and s.value_l2 == s.l2.max() and s.value_l1 == s.l1.max()
     assert s.confidence == pytest.approx(1 - 0.8**10)
     assert s.marginal_gamma == pytest.approx(1 / 11)
@@ -121,15 +129,21 @@ def test_order_statistic_and_info(data: tuple[torch.Tensor, torch.Tensor]) -> No
     info = s.to_info("l2")
     # Algorithm 2 on one fixed data set: if that set is private, no guarantee can rest on it
     assert (info.value, info.norm, info.source.value) == (s.value_l2, "l2", "sampled-members")
-    assert (info.m, info.gamma, info.confidence, info.adjacency) == (10, 0.2, s.confidence,
-                                                                     "replace-one")  # fmt: skip
+    assert (info.m, info.gamma, info.confidence, info.adjacency) == (
+        10,
+        0.2,
+        s.confidence,
+        "replace-one",
+    )
     assert s.to_info("l1").value == s.value_l1
     with pytest.raises(ValueError, match="private members"):
-        PrivacyStatement(epsilon=1.0, delta=0.0, guarantee=Guarantee.RANDOM_DP,
-                         mechanism="alm", sensitivity=info)  # fmt: skip
+        PrivacyStatement(
+            epsilon=1.0, delta=0.0, guarantee=Guarantee.RANDOM_DP, mechanism="alm", sensitivity=info
+        )
     drawn = dataclasses.replace(s, population="a public sample").to_info("l2")
-    statement = PrivacyStatement(epsilon=1.0, delta=0.0, guarantee=Guarantee.RANDOM_DP,
-                                 mechanism="alm", sensitivity=drawn)  # fmt: skip
+    statement = PrivacyStatement(
+        epsilon=1.0, delta=0.0, guarantee=Guarantee.RANDOM_DP, mechanism="alm", sensitivity=drawn
+    )
     assert "random-DP" in str(statement) and drawn.source.value == "sampled"
     with pytest.raises(ValueError, match="norm='linf'"):
         s.to_info("linf")
@@ -173,8 +187,9 @@ def test_progress_bar(
     data: tuple[torch.Tensor, torch.Tensor], capsys: pytest.CaptureFixture[str]
 ) -> None:
     x, y = data
-    sample_sensitivity(x, y, num_classes=10, config=HeadConfig(steps=2), seed=0, m=3,
-                       chunk_size=2, progress=True)  # fmt: skip
+    sample_sensitivity(
+        x, y, num_classes=10, config=HeadConfig(steps=2), seed=0, m=3, chunk_size=2, progress=True
+    )
     assert "sensitivity sampler" in capsys.readouterr().err
 
 
@@ -194,7 +209,13 @@ def test_bench_sampler_smoke(data: tuple[torch.Tensor, torch.Tensor]) -> None:
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     x, y = data
-    out = bench.bench_sampler(features=x[:40], labels=y[:40], num_classes=10, m=3,
-                              config=HeadConfig(steps=5), autograd_pairs=1)  # fmt: skip
+    out = bench.bench_sampler(
+        features=x[:40],
+        labels=y[:40],
+        num_classes=10,
+        m=3,
+        config=HeadConfig(steps=5),
+        autograd_pairs=1,
+    )
     assert out["max_rel_diff"] <= 1e-5 and out["ratio"] > 0 and out["ratio_vs_autograd"] > 0
     assert out["heads_sequential"] == 6 and out["heads_batched"] <= 6

@@ -63,10 +63,13 @@ def train(wrapper: str, mechanism: str, rank: int) -> dict[str, Any]:
     net = model(seed=100 + rank)
     engine = PrivacyEngine()
     private, optimizer, loader = engine.make_private(
-        module=WRAPPERS[wrapper](net), optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
-        data_loader=DataLoader(dataset(), batch_size=BATCH), noise_multiplier=1.0,
-        max_grad_norm=clip(mechanism, net), noise_mechanism=mechanism,
-    )  # fmt: skip
+        module=WRAPPERS[wrapper](net),
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
+        data_loader=DataLoader(dataset(), batch_size=BATCH),
+        noise_multiplier=1.0,
+        max_grad_norm=clip(mechanism, net),
+        noise_mechanism=mechanism,
+    )
     sizes, steps = [], 0
     while steps < STEPS:
         for x, y in loader:
@@ -99,10 +102,13 @@ def zero_gradient_noise(wrapper: str, mechanism: str) -> torch.Tensor:
     x = torch.randn(N, NOISE_WIDTH, dtype=torch.float64)
     engine = PrivacyEngine()
     private, optimizer, loader = engine.make_private(
-        module=WRAPPERS[wrapper](net), optimizer=torch.optim.SGD(net.parameters(), lr=0.0),
-        data_loader=DataLoader(TensorDataset(x), batch_size=BATCH), noise_multiplier=1.0,
-        max_grad_norm=1.0, noise_mechanism=mechanism,
-    )  # fmt: skip
+        module=WRAPPERS[wrapper](net),
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.0),
+        data_loader=DataLoader(TensorDataset(x), batch_size=BATCH),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        noise_mechanism=mechanism,
+    )
     grads = []
     for _, (batch,) in zip(range(NOISE_STEPS), loader, strict=False):
         optimizer.zero_grad()
@@ -117,12 +123,18 @@ def seeded(wrapper: str, mechanism: str) -> torch.Tensor:
     net = model(seed=0, dtype=torch.float64)
     engine = PrivacyEngine(secure_mode=False)
     private, optimizer, loader = engine.make_private(
-        module=WRAPPERS[wrapper](net), optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
-        data_loader=DataLoader(dataset(torch.float64), batch_size=BATCH,
-                               generator=torch.Generator().manual_seed(BATCH_SEED)),
-        noise_multiplier=1.0, max_grad_norm=clip(mechanism, net), noise_mechanism=mechanism,
+        module=WRAPPERS[wrapper](net),
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
+        data_loader=DataLoader(
+            dataset(torch.float64),
+            batch_size=BATCH,
+            generator=torch.Generator().manual_seed(BATCH_SEED),
+        ),
+        noise_multiplier=1.0,
+        max_grad_norm=clip(mechanism, net),
+        noise_mechanism=mechanism,
         noise_generator=torch.Generator().manual_seed(NOISE_SEED),
-    )  # fmt: skip
+    )
     for _, (x, y) in zip(range(SEEDED_STEPS), loader, strict=False):
         optimizer.zero_grad()
         nn.functional.cross_entropy(private(x), y).backward()
@@ -135,10 +147,13 @@ def empty_local_batch(rank: int) -> dict[str, Any]:
     net = model(seed=0)
     engine = PrivacyEngine()
     private, optimizer, _ = engine.make_private(
-        module=DPDDP(net), optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
-        data_loader=DataLoader(dataset(), batch_size=BATCH), noise_multiplier=1.0,
-        max_grad_norm=1.0, noise_mechanism="alm",
-    )  # fmt: skip
+        module=DPDDP(net),
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
+        data_loader=DataLoader(dataset(), batch_size=BATCH),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        noise_mechanism="alm",
+    )
     x, y = dataset().tensors
     count = 3 if rank == 0 else 0
     optimizer.zero_grad()
@@ -155,10 +170,13 @@ def virtual_steps() -> dict[str, Any]:
     net = model(seed=0)
     engine = PrivacyEngine()
     private, optimizer, loader = engine.make_private(
-        module=DPDDP(net), optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
-        data_loader=DataLoader(dataset(), batch_size=BATCH), noise_multiplier=1.0,
-        max_grad_norm=l1_clip(1.0, params=net), noise_mechanism="laplace",
-    )  # fmt: skip
+        module=DPDDP(net),
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
+        data_loader=DataLoader(dataset(), batch_size=BATCH),
+        noise_multiplier=1.0,
+        max_grad_norm=l1_clip(1.0, params=net),
+        noise_mechanism="laplace",
+    )
     physical = 0
     with BatchMemoryManager(
         data_loader=loader, max_physical_batch_size=4, optimizer=optimizer
@@ -168,17 +186,23 @@ def virtual_steps() -> dict[str, Any]:
             nn.functional.cross_entropy(private(x), y).backward()
             optimizer.step()
             physical += 1
-    return {"params": flat(net), "physical": physical, "noise_draws": optimizer.noise_draws,
-            "steps": len(engine.accountant)}  # fmt: skip
+    return {
+        "params": flat(net),
+        "physical": physical,
+        "noise_draws": optimizer.noise_draws,
+        "steps": len(engine.accountant),
+    }
 
 
 def sampler_batches(rank: int) -> dict[str, Any]:
     """Batches of the distributed sampler: seeded (to compare with one process) and secure
     with a tiny rate (empty local batches must still be yielded)."""
     seeded_sampler = SecureDistributedPoissonSampler(
-        total_size=50, sample_rate=0.3, generator=torch.Generator().manual_seed(BATCH_SEED),
+        total_size=50,
+        sample_rate=0.3,
+        generator=torch.Generator().manual_seed(BATCH_SEED),
         steps=6,
-    )  # fmt: skip
+    )
     sparse = SecureDistributedPoissonSampler(total_size=6, sample_rate=0.05, steps=40)
     return {
         "seeded": list(seeded_sampler),
@@ -195,10 +219,12 @@ def plain_module_warning() -> list[str]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         PrivacyEngine().make_private(
-            module=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
-            data_loader=DataLoader(dataset(), batch_size=BATCH), noise_multiplier=1.0,
+            module=net,
+            optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
+            data_loader=DataLoader(dataset(), batch_size=BATCH),
+            noise_multiplier=1.0,
             max_grad_norm=1.0,
-        )  # fmt: skip
+        )
     return [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
 
 
@@ -210,10 +236,12 @@ def fsdp_refusal() -> str:
     net = fully_shard(model(seed=0), mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
     try:
         PrivacyEngine().make_private(
-            module=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
-            data_loader=DataLoader(dataset(), batch_size=BATCH), noise_multiplier=1.0,
+            module=net,
+            optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
+            data_loader=DataLoader(dataset(), batch_size=BATCH),
+            noise_multiplier=1.0,
             max_grad_norm=1.0,
-        )  # fmt: skip
+        )
     except ValueError as refusal:
         return str(refusal)
     return ""
@@ -227,9 +255,12 @@ def run(rank: int, world_size: int, init_file: str, out: str, timeout_s: float =
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     warnings.filterwarnings("ignore", message="Using a non-full backward hook")
     dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
-    )  # fmt: skip
+    )
     try:
         results: dict[str, Any] = {"rank": rank}
         for wrapper in WRAPPERS:

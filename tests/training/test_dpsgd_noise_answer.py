@@ -73,8 +73,18 @@ def test_selection_sees_only_the_score_and_takes_the_first_best(script: ModuleTy
 
 
 def _row(script: ModuleType, mech: str, acc: float) -> object:
-    return script.Row(dataset="digits", head="linear", params=1290, mechanism=mech, epsilon=10.0,
-                      sigma=2.0, lr=1.0, clip=0.5, accuracy=acc, auc=0.55)  # fmt: skip
+    return script.Row(
+        dataset="digits",
+        head="linear",
+        params=1290,
+        mechanism=mech,
+        epsilon=10.0,
+        sigma=2.0,
+        lr=1.0,
+        clip=0.5,
+        accuracy=acc,
+        auc=0.55,
+    )
 
 
 def test_table_puts_mechanisms_side_by_side(script: ModuleType) -> None:

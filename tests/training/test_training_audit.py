@@ -36,11 +36,22 @@ LAWS = {"alm": stats.logistic, "laplace": stats.laplace, "gaussian": stats.norm}
 SMALL = CanaryAuditConfig(trials=300, chunk=128)
 
 
-def _observations(config: CanaryAuditConfig, *, sigma: float, with_canary: bool, seed: int,
-                  factory: Any = mechanism_optimizer) -> np.ndarray:  # fmt: skip
-    return _observe(config, trials=config.trials, with_canary=with_canary,
-                    noise_multiplier=sigma, make_optimizer=factory,
-                    generator=make_generator(seed=seed))  # fmt: skip
+def _observations(
+    config: CanaryAuditConfig,
+    *,
+    sigma: float,
+    with_canary: bool,
+    seed: int,
+    factory: Any = mechanism_optimizer,
+) -> np.ndarray:
+    return _observe(
+        config,
+        trials=config.trials,
+        with_canary=with_canary,
+        noise_multiplier=sigma,
+        make_optimizer=factory,
+        generator=make_generator(seed=seed),
+    )
 
 
 def test_the_canary_is_clipped_to_the_norm() -> None:
@@ -79,8 +90,9 @@ def test_the_auditor_sees_the_optimizers_noise(mechanism: str) -> None:
     law = LAWS[mechanism]
     seen = _observations(config, sigma=0.7, with_canary=False, seed=1)[:, 0]
     assert stats.kstest(seen, law(scale=0.7).cdf).pvalue > 1e-4
-    broken = _observations(config, sigma=0.7, with_canary=False, seed=2,
-                           factory=miscalibrated_optimizer(0.5))[:, 0]  # fmt: skip
+    broken = _observations(
+        config, sigma=0.7, with_canary=False, seed=2, factory=miscalibrated_optimizer(0.5)
+    )[:, 0]
     assert stats.kstest(broken, law(scale=0.35).cdf).pvalue > 1e-4
     # KS at n = 2000 against a scale off by 2x: p ~ 1e-40 in simulation
     assert stats.kstest(broken, law(scale=0.7).cdf).pvalue < 1e-8
@@ -101,13 +113,18 @@ def test_the_score_is_the_log_likelihood_ratio(
 
 
 def test_the_threshold_separates_separable_scores() -> None:
-    t = choose_threshold(scores_in=np.arange(10.0, 20.0), scores_out=np.arange(0.0, 10.0),
-                         delta=1e-5, confidence=0.95)  # fmt: skip
+    t = choose_threshold(
+        scores_in=np.arange(10.0, 20.0),
+        scores_out=np.arange(0.0, 10.0),
+        delta=1e-5,
+        confidence=0.95,
+    )
     assert 9.0 < t <= 10.0
 
 
-def _miss_probability(n: int, p_fp: float, p_fn: float, *, claim: float, delta: float,
-                      confidence: float, above: bool) -> float:  # fmt: skip
+def _miss_probability(
+    n: int, p_fp: float, p_fn: float, *, claim: float, delta: float, confidence: float, above: bool
+) -> float:
     """P(bound > claim) (``above``) or P(bound <= claim) with FP ~ Bin(n, p_fp) and
     FN ~ Bin(n, p_fn) independent: the exact law of the audit at a fixed threshold
     (outcomes of probability < 1e-16 each are left out; they cannot add up to 1e-9)."""
@@ -131,32 +148,55 @@ CATCH = [("alm", 2000, 1.0), ("laplace", 2000, 0.65), ("gaussian", 8000, 1.85)]
 def test_the_audit_catches_half_the_noise_and_passes_the_right_noise(
     mechanism: str, trials: int, point: float
 ) -> None:
-    config = CanaryAuditConfig(noise_mechanism=mechanism, target_epsilon=2.0, target_delta=1e-3,
-                               trials=trials, chunk=500, confidence=0.999)  # fmt: skip
+    config = CanaryAuditConfig(
+        noise_mechanism=mechanism,
+        target_epsilon=2.0,
+        target_delta=1e-3,
+        trials=trials,
+        chunk=500,
+        confidence=0.999,
+    )
     sigma = calibrated_noise_multiplier(config)
     claim = accountant_epsilon(config, noise_multiplier=sigma)
     # The threshold is fixed in advance (no selection trials): "in" iff x >= point.
     threshold = float(canary_scores(np.array([[point]]), config=config, noise_multiplier=sigma)[0])
     law, c = LAWS[mechanism], canary_shift(config)
     for scale, above in ((sigma / 2, False), (sigma, True)):
-        failure = _miss_probability(trials, law.sf(point, scale=scale),
-                                    law.cdf(point - c, scale=scale), claim=claim,
-                                    delta=config.target_delta, confidence=config.confidence,
-                                    above=above)  # fmt: skip
+        failure = _miss_probability(
+            trials,
+            law.sf(point, scale=scale),
+            law.cdf(point - c, scale=scale),
+            claim=claim,
+            delta=config.target_delta,
+            confidence=config.confidence,
+            above=above,
+        )
         assert failure < 1e-6, (scale, failure)  # the test's own false-failure probability
-    broken = run_canary_audit(config, seed=0, noise_multiplier=sigma, epsilon=claim,
-                              make_optimizer=miscalibrated_optimizer(0.5),
-                              threshold=threshold)  # fmt: skip
-    right = run_canary_audit(config, seed=0, noise_multiplier=sigma, epsilon=claim,
-                             threshold=threshold)  # fmt: skip
+    broken = run_canary_audit(
+        config,
+        seed=0,
+        noise_multiplier=sigma,
+        epsilon=claim,
+        make_optimizer=miscalibrated_optimizer(0.5),
+        threshold=threshold,
+    )
+    right = run_canary_audit(
+        config, seed=0, noise_multiplier=sigma, epsilon=claim, threshold=threshold
+    )
     assert broken.violation and broken.epsilon_lower_bound > claim
     assert not right.violation and right.epsilon_lower_bound <= claim
     assert right.scalar_epsilon <= claim + 1e-9
 
 
 def test_a_chosen_threshold_audit_is_below_the_claim_and_reports_it() -> None:
-    config = CanaryAuditConfig(noise_mechanism="laplace", target_epsilon=2.0, trials=1000,
-                               chunk=500, sample_rate=0.5, steps=2)  # fmt: skip
+    config = CanaryAuditConfig(
+        noise_mechanism="laplace",
+        target_epsilon=2.0,
+        trials=1000,
+        chunk=500,
+        sample_rate=0.5,
+        steps=2,
+    )
     result = run_canary_audits(config, seeds=[3])[0]
     assert 0 < result.epsilon_lower_bound <= result.accountant_epsilon <= 2.0
     assert result.epsilon_ceiling > result.epsilon_lower_bound
@@ -195,8 +235,18 @@ def test_the_audit_script_writes_its_table_into_the_docs(tmp_path: Path) -> None
     doc = tmp_path / "doc.md"
     doc.write_text("before\n<!-- generated audit -->\nold\n<!-- end generated audit -->\nafter\n")
     out = tmp_path / "audit"
-    args = ["--mechanisms", "laplace", "--trials", "laplace=500", "--seeds", "2",
-            "--out", str(out), "--write", str(doc)]  # fmt: skip
+    args = [
+        "--mechanisms",
+        "laplace",
+        "--trials",
+        "laplace=500",
+        "--seeds",
+        "2",
+        "--out",
+        str(out),
+        "--write",
+        str(doc),
+    ]
     torch_threads = torch.get_num_threads()
     assert script.main(args) == 0
     torch.set_num_threads(torch_threads)

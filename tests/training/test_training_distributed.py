@@ -112,8 +112,9 @@ def test_every_rank_accounts_the_one_process_steps(
     assert first["sample_rate"] == second["sample_rate"] == q
     assert first["expected_batch_size"] * WORLD == 32  # per rank, as Opacus; 32 in all
     reference = PipelineAccountant()
-    reference.step(noise_multiplier=1.0, sample_rate=q, mechanism=mechanism, dim=first["dim"],
-                   num_steps=20)  # fmt: skip
+    reference.step(
+        noise_multiplier=1.0, sample_rate=q, mechanism=mechanism, dim=first["dim"], num_steps=20
+    )
     assert first["dim"] == 8 * 16 + 16 + 16 * 2 + 2  # every parameter, as on one process
     assert first["epsilon"] == second["epsilon"] == reference.get_epsilon(DELTA)
     assert first["noise_steps"] == second["noise_steps"] == reference.noise_steps
@@ -145,13 +146,18 @@ def _one_process(mechanism: str, worker: Any) -> torch.Tensor:
     net = worker.model(seed=0, dtype=torch.float64)
     engine = PrivacyEngine(secure_mode=False)
     private, optimizer, loader = engine.make_private(
-        module=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
-        data_loader=DataLoader(worker.dataset(torch.float64), batch_size=worker.BATCH,
-                               generator=torch.Generator().manual_seed(worker.BATCH_SEED)),
-        noise_multiplier=1.0, max_grad_norm=worker.clip(mechanism, net),
+        module=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
+        data_loader=DataLoader(
+            worker.dataset(torch.float64),
+            batch_size=worker.BATCH,
+            generator=torch.Generator().manual_seed(worker.BATCH_SEED),
+        ),
+        noise_multiplier=1.0,
+        max_grad_norm=worker.clip(mechanism, net),
         noise_mechanism=mechanism,
         noise_generator=torch.Generator().manual_seed(worker.NOISE_SEED),
-    )  # fmt: skip
+    )
     for _, (x, y) in zip(range(worker.SEEDED_STEPS), loader, strict=False):
         optimizer.zero_grad()
         nn.functional.cross_entropy(private(x), y).backward()
@@ -234,11 +240,12 @@ def test_a_distributed_module_without_a_process_group_is_refused() -> None:
     fake.module = module
     with pytest.raises(ValueError, match=r"torch\.distributed is not initialised"):
         PrivacyEngine().make_private(
-            module=fake, optimizer=torch.optim.SGD(fake.parameters(), lr=0.1),
-            data_loader=DataLoader(torch.utils.data.TensorDataset(torch.zeros(4, 2)),
-                                   batch_size=2),
-            noise_multiplier=1.0, max_grad_norm=1.0,
-        )  # fmt: skip
+            module=fake,
+            optimizer=torch.optim.SGD(fake.parameters(), lr=0.1),
+            data_loader=DataLoader(torch.utils.data.TensorDataset(torch.zeros(4, 2)), batch_size=2),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+        )
 
 
 ROOT = HERE.parents[1]
@@ -257,12 +264,24 @@ def test_the_torchrun_example_runs_on_two_cpu_ranks(
     """``torchrun --nproc_per_node 2 examples/dpsgd_distributed.py`` with what torchrun sets
     in each process's environment, but a file rendezvous (torchrun's TCP store listens on
     every interface; the docs' command itself was run by hand)."""
-    env = {**os.environ, "WORLD_SIZE": str(WORLD), "LOCAL_WORLD_SIZE": str(WORLD),
-           "GLOO_SOCKET_IFNAME": worker.loopback_interface(), "OMP_NUM_THREADS": "1"}  # fmt: skip
-    command = [sys.executable, str(EXAMPLE), "--epochs", "2",
-               "--init-method", f"file://{tmp_path / 'rendezvous'}"]  # fmt: skip
-    processes = [_launch(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
-                 for r in range(WORLD)]  # fmt: skip
+    env = {
+        **os.environ,
+        "WORLD_SIZE": str(WORLD),
+        "LOCAL_WORLD_SIZE": str(WORLD),
+        "GLOO_SOCKET_IFNAME": worker.loopback_interface(),
+        "OMP_NUM_THREADS": "1",
+    }
+    command = [
+        sys.executable,
+        str(EXAMPLE),
+        "--epochs",
+        "2",
+        "--init-method",
+        f"file://{tmp_path / 'rendezvous'}",
+    ]
+    processes = [
+        _launch(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(WORLD)
+    ]
     try:
         end = time.monotonic() + deadline(DEADLINE)
         outputs = [p.communicate(timeout=max(1.0, end - time.monotonic()))[0] for p in processes]
@@ -282,10 +301,9 @@ def test_the_example_is_an_opacus_dpddp_script_with_two_lines_changed() -> None:
     changed = [line for line in ours if "# was: " in line]
     assert len(changed) == 2
     opacus_script = [
-        line[: line.index(line.lstrip())] + line.split("# was: ")[1] if "# was: " in line
-        else line
+        line[: line.index(line.lstrip())] + line.split("# was: ")[1] if "# was: " in line else line
         for line in ours
-    ]  # fmt: skip
+    ]
     assert "from opacus import PrivacyEngine" in opacus_script
     assert not any("noise_mechanism" in x or "l1_clip" in x for x in opacus_script)
     assert sum(a != b for a, b in zip(ours, opacus_script, strict=True)) == 2

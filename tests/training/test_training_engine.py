@@ -121,8 +121,15 @@ def test_switching_an_opacus_loop_to_logistic_noise_changes_two_lines() -> None:
     # the hook recorded 5 epochs x 8 logistic steps of dimension 10 at q = 1/8, nothing else
     acc = engine.accountant
     assert isinstance(acc, PipelineAccountant) and acc.history == [] and acc.releases == []
-    assert acc.noise_steps == [{"mechanism": "alm", "noise_multiplier": 1.0,
-                                "sample_rate": 0.125, "num_steps": 40, "dim": 10}]  # fmt: skip
+    assert acc.noise_steps == [
+        {
+            "mechanism": "alm",
+            "noise_multiplier": 1.0,
+            "sample_rate": 0.125,
+            "num_steps": 40,
+            "dim": 10,
+        }
+    ]
     reference = PipelineAccountant()
     reference.step(noise_multiplier=1.0, sample_rate=0.125, mechanism="alm", dim=10, num_steps=40)
     assert ours["epsilon"] == reference.get_epsilon(DELTA)
@@ -136,9 +143,12 @@ def test_opacus_own_engine_is_unchanged_by_the_import() -> None:
     engine = opacus.PrivacyEngine(accountant="alm_pld")  # registered by alm_opacus.accounting
     model = nn.Linear(4, 2)
     _, opt, loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        data_loader=_loader(), noise_multiplier=1.0, max_grad_norm=1.0,
-    )  # fmt: skip
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=_loader(),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+    )
     assert type(opt) is DPOptimizer and type(loader) is DPDataLoader
     assert type(loader.batch_sampler) is UniformWithReplacementSampler
     assert isinstance(engine.accountant, PipelineAccountant)
@@ -167,23 +177,35 @@ def test_calibration_counts_a_release_recorded_first(mechanism: str) -> None:
     assert engine.get_epsilon(DELTA) == pytest.approx(1.0, abs=0.01)
     model = nn.Linear(4, 2)
     model, opt, loader = engine.make_private_with_epsilon(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
-        data_loader=_loader(), target_epsilon=3.0, target_delta=DELTA, epochs=2,
-        max_grad_norm=1.0, noise_mechanism=mechanism,
-    )  # fmt: skip
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        data_loader=_loader(),
+        target_epsilon=3.0,
+        target_delta=DELTA,
+        epochs=2,
+        max_grad_norm=1.0,
+        noise_mechanism=mechanism,
+    )
     for _ in range(2):
         _train(model, opt, loader)
     total = engine.get_epsilon(DELTA)
     # the search stops within its 1% tolerance below the target, never above it
     assert 3.0 * 0.99 <= total <= 3.0
     # calibrating DP-SGD alone (Opacus's behaviour) would have overshot the total
-    alone = noise_multiplier_for(accountant=PipelineAccountant(), target_epsilon=3.0,
-                                 target_delta=DELTA, sample_rate=0.125, steps=16,
-                                 noise_mechanism=mechanism, dim=10)  # fmt: skip
+    alone = noise_multiplier_for(
+        accountant=PipelineAccountant(),
+        target_epsilon=3.0,
+        target_delta=DELTA,
+        sample_rate=0.125,
+        steps=16,
+        noise_mechanism=mechanism,
+        dim=10,
+    )
     assert alone < opt.noise_multiplier
     overshoot = _engine_with_release(1.0).accountant
-    overshoot.step(noise_multiplier=alone, sample_rate=0.125, mechanism=mechanism, dim=10,
-                   num_steps=16)  # fmt: skip
+    overshoot.step(
+        noise_multiplier=alone, sample_rate=0.125, mechanism=mechanism, dim=10, num_steps=16
+    )
     assert overshoot.get_epsilon(DELTA) > 3.0
 
 
@@ -197,10 +219,15 @@ def test_opacus_engine_overshoots_where_ours_does_not() -> None:
     model = nn.Linear(4, 2)
     with pytest.warns(UserWarning, match="non-zero privacy budget"):
         model, opt, loader = engine.make_private_with_epsilon(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
-            data_loader=_loader(), target_epsilon=3.0, target_delta=DELTA, epochs=2,
-            max_grad_norm=1.0, epsilon_tolerance=0.1,
-        )  # fmt: skip
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+            data_loader=_loader(),
+            target_epsilon=3.0,
+            target_delta=DELTA,
+            epochs=2,
+            max_grad_norm=1.0,
+            epsilon_tolerance=0.1,
+        )
     for _ in range(2):
         _train(model, opt, loader)
     assert engine.get_epsilon(DELTA) > 3.3
@@ -211,10 +238,15 @@ def test_an_infeasible_target_is_refused_naming_the_spent_budget() -> None:
     model = nn.Linear(4, 2)
     with pytest.raises(InfeasibleBudget, match=r"already spent epsilon=0\.99\d*.*1 releases"):
         engine.make_private_with_epsilon(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
-            data_loader=_loader(), target_epsilon=0.9, target_delta=DELTA, epochs=1,
-            max_grad_norm=1.0, noise_mechanism="alm",
-        )  # fmt: skip
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+            data_loader=_loader(),
+            target_epsilon=0.9,
+            target_delta=DELTA,
+            epochs=1,
+            max_grad_norm=1.0,
+            noise_mechanism="alm",
+        )
     assert not model._forward_hooks and not model._backward_hooks  # nothing was attached
     assert len(engine.accountant) == 1
 
@@ -235,9 +267,13 @@ def test_unsupported_requests_are_refused_before_the_module_changes(
 ) -> None:
     engine = PrivacyEngine(**engine_kwargs)
     model = nn.Linear(4, 2)
-    args: dict[str, Any] = {"module": model, "data_loader": _loader(), "noise_multiplier": 1.0,
-                            "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
-                            "max_grad_norm": 1.0}  # fmt: skip
+    args: dict[str, Any] = {
+        "module": model,
+        "data_loader": _loader(),
+        "noise_multiplier": 1.0,
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+        "max_grad_norm": 1.0,
+    }
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         engine.make_private(**args)
@@ -249,10 +285,14 @@ def test_secure_mode_refuses_a_seed_as_opacus_does() -> None:
     model = nn.Linear(4, 2)
     with pytest.raises(ValueError, match="prohibited in secure mode"):
         PrivacyEngine().make_private(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-            data_loader=_loader(), noise_multiplier=1.0, max_grad_norm=1.0,
-            noise_generator=torch.Generator().manual_seed(0), noise_mechanism="alm",
-        )  # fmt: skip
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=_loader(),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            noise_generator=torch.Generator().manual_seed(0),
+            noise_mechanism="alm",
+        )
 
 
 def _seeded_run(seed: int) -> tuple[torch.Tensor, Any, Any]:
@@ -260,11 +300,14 @@ def _seeded_run(seed: int) -> tuple[torch.Tensor, Any, Any]:
     model = nn.Linear(4, 2)
     engine = PrivacyEngine(secure_mode=False)
     model, opt, loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
         data_loader=_loader(generator=torch.Generator().manual_seed(seed + 1)),
-        noise_multiplier=1.0, max_grad_norm=1.0, noise_mechanism="laplace",
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        noise_mechanism="laplace",
         noise_generator=torch.Generator().manual_seed(seed),
-    )  # fmt: skip
+    )
     _train(model, opt, loader)
     return model._module.weight.detach().clone(), opt, loader
 
@@ -284,10 +327,13 @@ def test_the_default_neither_replays_nor_is_seeded() -> None:
         model = nn.Linear(4, 2)
         engine = PrivacyEngine(secure_mode=False)  # seeds allowed, but none given
         model, opt, loader = engine.make_private(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
-            data_loader=_loader(), noise_multiplier=1.0, max_grad_norm=1.0,
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+            data_loader=_loader(),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
             noise_mechanism="alm",
-        )  # fmt: skip
+        )
         assert opt.noise_seeded is False and loader.seeded is False
         _train(model, opt, loader)
         weights.append(model._module.weight.detach().clone())
@@ -298,9 +344,13 @@ def test_checkpoints_round_trip_without_unpickling_code(tmp_path: Path) -> None:
     engine = _engine_with_release(0.5)
     model = nn.Linear(4, 2)
     model, opt, loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
-        data_loader=_loader(), noise_multiplier=1.0, max_grad_norm=1.0, noise_mechanism="alm",
-    )  # fmt: skip
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        data_loader=_loader(),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        noise_mechanism="alm",
+    )
     _train(model, opt, loader)
     path = tmp_path / "ckpt.pt"
     engine.save_checkpoint(path=path, module=model, optimizer=opt)
@@ -326,10 +376,14 @@ def test_a_checkpoint_holding_code_is_refused(tmp_path: Path) -> None:
 def test_every_per_sample_gradient_mode_clips_in_l1(grad_sample_mode: str) -> None:
     model = nn.Linear(4, 2)
     model, opt, loader = PrivacyEngine().make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
-        data_loader=_loader(), noise_multiplier=0.0, max_grad_norm=0.1,
-        noise_mechanism="alm", grad_sample_mode=grad_sample_mode,
-    )  # fmt: skip
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        data_loader=_loader(),
+        noise_multiplier=0.0,
+        max_grad_norm=0.1,
+        noise_mechanism="alm",
+        grad_sample_mode=grad_sample_mode,
+    )
     x, y = next(iter(loader))
     nn.functional.cross_entropy(model(x), y).backward()
     opt.pre_step()
@@ -345,6 +399,10 @@ def test_every_per_sample_gradient_mode_clips_in_l1(grad_sample_mode: str) -> No
         # ~64 terms in another order: ~1e-6 relative, so 1e-5 bounds the rest
         expected = torch.einsum("i,i...", factors, g)
         assert p.summed_grad.dtype == torch.int64
-        torch.testing.assert_close(opt.cells_to_grad(p.summed_grad, p), expected, rtol=1e-5,
-                                   atol=1e-7 + len(g) * grid.gamma / 2)  # fmt: skip
+        torch.testing.assert_close(
+            opt.cells_to_grad(p.summed_grad, p),
+            expected,
+            rtol=1e-5,
+            atol=1e-7 + len(g) * grid.gamma / 2,
+        )
     assert opt.noise_mechanism == "alm" and opt.clipping_norm == "l1"

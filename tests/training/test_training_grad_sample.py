@@ -156,10 +156,14 @@ def _make_private(module: nn.Module, **kwargs: object) -> tuple[nn.Module, objec
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         private, optimizer, _ = PrivacyEngine().make_private(
-            module=module, optimizer=torch.optim.SGD(module.parameters(), lr=0.5),
-            data_loader=_loader(), noise_multiplier=0.0, max_grad_norm=1.0,
-            noise_mechanism="gaussian", **kwargs,
-        )  # fmt: skip
+            module=module,
+            optimizer=torch.optim.SGD(module.parameters(), lr=0.5),
+            data_loader=_loader(),
+            noise_multiplier=0.0,
+            max_grad_norm=1.0,
+            noise_mechanism="gaussian",
+            **kwargs,
+        )
     return private, optimizer
 
 

@@ -47,9 +47,12 @@ def _private(engine: PrivacyEngine, mechanism: str, **kwargs: Any) -> tuple[Any,
     args: dict[str, Any] = {"noise_multiplier": 1.0, "max_grad_norm": 1.0}
     args.update(kwargs)
     return engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
-        data_loader=_loader(), noise_mechanism=mechanism, **args,
-    )  # fmt: skip
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        data_loader=_loader(),
+        noise_mechanism=mechanism,
+        **args,
+    )
 
 
 def _train(model: nn.Module, optimizer: Any, loader: Any) -> None:
@@ -66,10 +69,13 @@ def test_a_misspelt_keyword_is_refused_not_dropped() -> None:
     model = nn.Linear(4, 2)
     with pytest.raises(ValueError, match=r"unexpected keyword argument\(s\) \['noise_mechansim'\]"):
         PrivacyEngine().make_private(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-            data_loader=_loader(), noise_multiplier=1.0, max_grad_norm=1.0,
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=_loader(),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
             noise_mechansim="alm",
-        )  # fmt: skip
+        )
     assert not model._forward_hooks
 
 
@@ -77,19 +83,28 @@ def test_make_private_with_epsilon_refuses_them_too() -> None:
     model = nn.Linear(4, 2)
     with pytest.raises(ValueError, match="unexpected keyword"):
         PrivacyEngine().make_private_with_epsilon(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-            data_loader=_loader(), target_epsilon=3.0, target_delta=1e-5, epochs=1,
-            max_grad_norm=1.0, target_unclipped_quantile=0.5,
-        )  # fmt: skip
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=_loader(),
+            target_epsilon=3.0,
+            target_delta=1e-5,
+            epochs=1,
+            max_grad_norm=1.0,
+            target_unclipped_quantile=0.5,
+        )
 
 
 def test_opacus_own_engine_drops_noise_mechanism_silently() -> None:
     """Opacus's behaviour, pinned: the docs warn about it (docs/dpsgd_noise.md's table)."""
     model = nn.Linear(4, 2)
     _, optimizer, _ = opacus.PrivacyEngine().make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        data_loader=_loader(), noise_multiplier=1.0, max_grad_norm=1.0, noise_mechanism="alm",
-    )  # fmt: skip
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=_loader(),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        noise_mechanism="alm",
+    )
     assert type(optimizer) is DPOptimizer  # Gaussian noise, L2 clipping
 
 
@@ -126,9 +141,13 @@ def test_per_layer_budgets_bound_each_part_and_add_up_to_the_clip(
     module, grad_samples = _grad_sample_module()
     budgets = [0.1, 0.2, 0.3, 0.4]
     optimizer = MechanismDPOptimizer(
-        torch.optim.SGD(module.parameters(), lr=0.1), noise_multiplier=0.0,
-        max_grad_norm=budgets, expected_batch_size=16, noise_mechanism=mechanism, exact=exact,
-    )  # fmt: skip
+        torch.optim.SGD(module.parameters(), lr=0.1),
+        noise_multiplier=0.0,
+        max_grad_norm=budgets,
+        expected_batch_size=16,
+        noise_mechanism=mechanism,
+        exact=exact,
+    )
     grid = optimizer.noise_grid
     order = NORM_ORDER[mechanism]
     assert optimizer.max_grad_norm == pytest.approx(torch.tensor(budgets).norm(order).item())
@@ -156,17 +175,24 @@ def test_per_layer_budgets_bound_each_part_and_add_up_to_the_clip(
 def test_gaussian_per_layer_clipping_is_opacus_bit_for_bit() -> None:
     module, grad_samples = _grad_sample_module()
     budgets = [0.1, 0.2, 0.3, 0.4]
-    theirs = DPPerLayerOptimizer(torch.optim.SGD(module.parameters(), lr=0.1),
-                                 noise_multiplier=0.0, max_grad_norm=budgets,
-                                 expected_batch_size=16)  # fmt: skip
+    theirs = DPPerLayerOptimizer(
+        torch.optim.SGD(module.parameters(), lr=0.1),
+        noise_multiplier=0.0,
+        max_grad_norm=budgets,
+        expected_batch_size=16,
+    )
     theirs.clip_and_accumulate()
     expected = [p.summed_grad.clone() for p in module.parameters()]
     for p, g in zip(module.parameters(), grad_samples, strict=True):
         p.grad_sample, p.summed_grad = g, None
     ours = MechanismDPOptimizer(
-        torch.optim.SGD(module.parameters(), lr=0.1), noise_multiplier=0.0,
-        max_grad_norm=budgets, expected_batch_size=16, noise_mechanism="gaussian", exact=False,
-    )  # fmt: skip
+        torch.optim.SGD(module.parameters(), lr=0.1),
+        noise_multiplier=0.0,
+        max_grad_norm=budgets,
+        expected_batch_size=16,
+        noise_mechanism="gaussian",
+        exact=False,
+    )
     ours.clip_and_accumulate()
     for p, e in zip(module.parameters(), expected, strict=True):
         assert torch.equal(p.summed_grad, e)
@@ -179,8 +205,9 @@ def test_per_layer_steps_are_accounted_as_flat_steps_at_their_clip(mechanism: st
         engine, mechanism, clipping="per_layer", max_grad_norm=[0.5, 0.25]
     )
     _train(model, optimizer, loader)
-    assert optimizer.max_grad_norm == pytest.approx(0.75 if NORM_ORDER[mechanism] == 1
-                                                    else math.hypot(0.5, 0.25))  # fmt: skip
+    assert optimizer.max_grad_norm == pytest.approx(
+        0.75 if NORM_ORDER[mechanism] == 1 else math.hypot(0.5, 0.25)
+    )
     flat = PrivacyEngine()
     model, optimizer, loader = _private(flat, mechanism, max_grad_norm=1.0)
     _train(model, optimizer, loader)
@@ -219,10 +246,13 @@ def _warnings_of(mechanism: str, clip: float, width: int) -> list[str]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         PrivacyEngine().make_private(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-            data_loader=_loader(d=width), noise_multiplier=1.0, max_grad_norm=clip,
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=_loader(d=width),
+            noise_multiplier=1.0,
+            max_grad_norm=clip,
             noise_mechanism=mechanism,
-        )  # fmt: skip
+        )
     return [str(w.message) for w in caught if "is an L1 clip" in str(w.message)]
 
 
@@ -275,9 +305,14 @@ def test_a_checkpoint_records_the_mechanism_clip_and_entries(tmp_path: Path) -> 
     engine.save_checkpoint(path=path, module=model, optimizer=optimizer)
     saved = torch.load(path, weights_only=True)
     assert saved["training"] == {
-        "noise_mechanism": "alm", "clipping_norm": "l1", "max_grad_norm": 2.0,
-        "max_grad_norms": None, "noise_multiplier": 1.0, "distributed": False, "exact": True,
-    }  # fmt: skip
+        "noise_mechanism": "alm",
+        "clipping_norm": "l1",
+        "max_grad_norm": 2.0,
+        "max_grad_norms": None,
+        "noise_multiplier": 1.0,
+        "distributed": False,
+        "exact": True,
+    }
     assert saved["privacy_accountant_state_dict"]["noise_steps"] == engine.accountant.noise_steps
 
 
@@ -312,14 +347,20 @@ def test_a_checkpoint_loaded_first_fixes_the_mechanism_of_make_private(tmp_path:
     resumed.load_checkpoint(path=path, module=fresh)
     with pytest.raises(CheckpointMismatch, match=r"noise_mechanism='laplace'.*'gaussian'"):
         resumed.make_private(
-            module=fresh, optimizer=torch.optim.SGD(fresh.parameters(), lr=0.5),
-            data_loader=_loader(), noise_multiplier=1.0, max_grad_norm=1.0,
-        )  # fmt: skip
+            module=fresh,
+            optimizer=torch.optim.SGD(fresh.parameters(), lr=0.5),
+            data_loader=_loader(),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+        )
     model3, optimizer3, loader3 = resumed.make_private(
-        module=fresh, optimizer=torch.optim.SGD(fresh.parameters(), lr=0.5),
-        data_loader=_loader(), noise_multiplier=1.0, max_grad_norm=1.0,
+        module=fresh,
+        optimizer=torch.optim.SGD(fresh.parameters(), lr=0.5),
+        data_loader=_loader(),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
         noise_mechanism="laplace",
-    )  # fmt: skip
+    )
     _train(model3, optimizer3, loader3)  # resumed: the budget keeps adding up
     assert resumed.accountant.noise_steps[0]["num_steps"] == 2 * len(loader)
 
@@ -361,8 +402,9 @@ def test_an_interrupted_save_keeps_the_previous_checkpoint(tmp_path: Path) -> No
     engine.save_checkpoint(path=path, module=model, optimizer=optimizer)
     before = path.read_bytes()
     with pytest.raises(Exception, match="unpicklable"):
-        engine.save_checkpoint(path=path, module=model, optimizer=optimizer,
-                               checkpoint_dict={"bad": _Unpicklable()})  # fmt: skip
+        engine.save_checkpoint(
+            path=path, module=model, optimizer=optimizer, checkpoint_dict={"bad": _Unpicklable()}
+        )
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
 
@@ -404,9 +446,9 @@ def _readme_snippet() -> str:
 
 
 @pytest.mark.parametrize(
-    "document", ["README.md", "docs/dpsgd_noise.md", "docs/distributed.md",
-                 "examples/dpsgd_distributed.py"],
-)  # fmt: skip
+    "document",
+    ["README.md", "docs/dpsgd_noise.md", "docs/distributed.md", "examples/dpsgd_distributed.py"],
+)
 def test_every_document_shows_the_same_two_changed_lines(document: str) -> None:
     expected = [
         "from alm_opacus.training import PrivacyEngine, l1_clip",

@@ -56,8 +56,10 @@ def _optimizer(
 @pytest.mark.parametrize("norm", ["l1", "l2"])
 def test_per_sample_norms_is_the_norm_of_the_concatenated_gradient(norm: str) -> None:
     g = torch.Generator().manual_seed(2)
-    parts = [torch.randn(7, 3, 4, generator=g, dtype=torch.float64),
-             torch.randn(7, 5, generator=g, dtype=torch.float64)]  # fmt: skip
+    parts = [
+        torch.randn(7, 3, 4, generator=g, dtype=torch.float64),
+        torch.randn(7, 5, generator=g, dtype=torch.float64),
+    ]
     flat = torch.cat([p.reshape(7, -1) for p in parts], dim=1)
     expected = torch.linalg.vector_norm(flat, ord=1 if norm == "l1" else 2, dim=1)
     # float64 sums of 17 terms of O(1): agreement to ~1e-15 relative; 1e-12 leaves margin
@@ -68,8 +70,12 @@ def test_gaussian_float_clipping_is_opacus_bit_for_bit() -> None:
     module = GradSampleModule(_model())
     _grad_samples(module)
     ours = _optimizer(module, "gaussian", exact=False)
-    theirs = DPOptimizer(torch.optim.SGD(module.parameters(), lr=0.1), noise_multiplier=0.0,
-                         max_grad_norm=1.0, expected_batch_size=16)  # fmt: skip
+    theirs = DPOptimizer(
+        torch.optim.SGD(module.parameters(), lr=0.1),
+        noise_multiplier=0.0,
+        max_grad_norm=1.0,
+        expected_batch_size=16,
+    )
     saved = [copy.deepcopy(p.grad_sample) for p in module.parameters()]
     theirs.clip_and_accumulate()
     expected = [p.summed_grad.clone() for p in module.parameters()]
@@ -143,9 +149,13 @@ REFERENCE = {
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_noise_follows_the_mechanism_at_scale_sigma_times_clip(mechanism: str) -> None:
     param = nn.Parameter(torch.zeros(20_000, dtype=torch.float64))
-    opt = MechanismDPOptimizer(torch.optim.SGD([param], lr=1.0), noise_multiplier=1.5,
-                               max_grad_norm=0.4, expected_batch_size=1,
-                               noise_mechanism=mechanism)  # fmt: skip
+    opt = MechanismDPOptimizer(
+        torch.optim.SGD([param], lr=1.0),
+        noise_multiplier=1.5,
+        max_grad_norm=0.4,
+        expected_batch_size=1,
+        noise_mechanism=mechanism,
+    )
     param.summed_grad = torch.zeros_like(param, dtype=torch.int64)  # cells of an exact step
     opt.add_noise()
     noise = param.grad.numpy()
@@ -176,9 +186,14 @@ def test_a_seeded_generator_is_recorded_and_replays() -> None:
     grads = []
     for _ in range(2):
         param = nn.Parameter(torch.zeros(50, dtype=torch.float64))
-        opt = MechanismDPOptimizer(torch.optim.SGD([param], lr=1.0), noise_multiplier=1.0,
-                                   max_grad_norm=1.0, expected_batch_size=1, noise_mechanism="alm",
-                                   generator=torch.Generator().manual_seed(7))  # fmt: skip
+        opt = MechanismDPOptimizer(
+            torch.optim.SGD([param], lr=1.0),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            expected_batch_size=1,
+            noise_mechanism="alm",
+            generator=torch.Generator().manual_seed(7),
+        )
         assert opt.noise_seeded is True
         param.summed_grad = torch.zeros_like(param, dtype=torch.int64)
         opt.add_noise()
@@ -228,8 +243,9 @@ def test_virtual_steps_accumulate_clipped_gradients_then_noise_once(exact: bool)
     slack = 0.0 if grid is None else lr * 16 * grid.gamma / 2 / batch
     for p0, p, e in zip(start.parameters(), module.parameters(), expected, strict=True):
         # sigma = 0: exactly one SGD step on the clipped sum over both halves, divided by 16
-        torch.testing.assert_close(p.detach(), p0.detach() - lr * e / batch, rtol=1e-12,
-                                   atol=1e-14 + slack)  # fmt: skip
+        torch.testing.assert_close(
+            p.detach(), p0.detach() - lr * e / batch, rtol=1e-12, atol=1e-14 + slack
+        )
 
 
 def test_the_step_hook_sees_the_mechanism_fields() -> None:
@@ -268,8 +284,12 @@ def test_an_empty_batch_adds_noise_only() -> None:
     ],
 )
 def test_bad_input_is_refused_with_the_value(kwargs: dict[str, object], match: str) -> None:
-    args: dict[str, object] = {"noise_multiplier": 1.0, "max_grad_norm": 1.0,
-                               "expected_batch_size": 4, "noise_mechanism": "alm"}  # fmt: skip
+    args: dict[str, object] = {
+        "noise_multiplier": 1.0,
+        "max_grad_norm": 1.0,
+        "expected_batch_size": 4,
+        "noise_mechanism": "alm",
+    }
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         MechanismDPOptimizer(torch.optim.SGD(_model().parameters(), lr=0.1), **args)  # type: ignore[arg-type]

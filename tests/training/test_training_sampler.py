@@ -47,12 +47,19 @@ def test_sampler_defaults_to_the_csprng_and_is_an_opacus_sampler() -> None:
 
 
 def test_a_seeded_sampler_replays_and_says_so() -> None:
-    runs = [list(SecurePoissonSampler(num_samples=200, sample_rate=0.1,
-                                      generator=torch.Generator().manual_seed(5)))
-            for _ in range(2)]  # fmt: skip
+    runs = [
+        list(
+            SecurePoissonSampler(
+                num_samples=200, sample_rate=0.1, generator=torch.Generator().manual_seed(5)
+            )
+        )
+        for _ in range(2)
+    ]
     assert runs[0] == runs[1]
-    assert SecurePoissonSampler(num_samples=2, sample_rate=0.5,
-                                generator=torch.Generator()).seeded is True  # fmt: skip
+    assert (
+        SecurePoissonSampler(num_samples=2, sample_rate=0.5, generator=torch.Generator()).seeded
+        is True
+    )
 
 
 def _loader(
