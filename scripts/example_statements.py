@@ -30,6 +30,7 @@ from alm_opacus.run.config import RunConfig
 #: What the statements depend on besides this script (a change makes the block stale).
 DEPS = (
     "alm_opacus/statement.py",
+    "alm_opacus/claims.py",
     "alm_opacus/protect.py",
     "alm_opacus/posthoc.py",
     "alm_opacus/heads.py",
