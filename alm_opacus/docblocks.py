@@ -74,7 +74,7 @@ _BEGIN = re.compile(
 _END = "<!-- end generated {name} -->"
 #: A pending-re-measurement notice: its marker line, then the visible blockquote.
 _PENDING = re.compile(
-    r"<!-- pending (?P<name>[^\s:]+): inputs (?P<inputs>[0-9a-f]+) -->\n"
+    r"<!-- pending (?P<name>\S+?): inputs (?P<inputs>[0-9a-f]+) -->\n"
     r"(?P<notice>> \*\*Measured on earlier code; re-measurement pending\.\*\*[^\n]*\n"
     r"(?:>[^\n]*\n)*)\n?"
 )

@@ -186,3 +186,25 @@ def test_a_notice_must_stand_right_above_its_block(repo: Path) -> None:
     assert "is stale" in (_stale(repo) or "")
     with pytest.raises(ValueError, match="a placeholder needs no notice"):
         mark_pending(repo / "doc.md", name="other", reason="none", root=repo)
+
+
+def test_a_notice_covers_a_block_whose_name_has_a_colon(repo: Path) -> None:
+    # recipes.md names its blocks recipes:digits and recipes:mnist
+    text = (repo / "doc.md").read_text().replace("generated table", "generated recipes:digits")
+    (repo / "doc.md").write_text(text)
+    write_block(
+        repo / "doc.md",
+        name="recipes:digits",
+        script="scripts/measure.py",
+        args=("--n", "3"),
+        deps=("lib",),
+        body="| a | 0.913 |",
+        root=repo,
+    )
+    (repo / "lib" / "maths.py").write_text("X = 2\n")
+    assert "is stale" in (_stale(repo) or "")
+    mark_pending(repo / "doc.md", name="recipes:digits", reason="X changed.", root=repo)
+    (block,) = find_blocks(repo / "doc.md")
+    assert _stale(repo) is None and "X changed" in (pending(block, root=repo) or "")
+    mark_pending(repo / "doc.md", name="recipes:digits", reason="Again.", root=repo)
+    assert (repo / "doc.md").read_text().count("<!-- pending") == 1
