@@ -171,6 +171,7 @@ DEPS = (
     "alm_opacus/heads.py",
     "alm_opacus/posthoc.py",
     "alm_opacus/protect.py",
+    "alm_opacus/release.py",
     "alm_opacus/sensitivity",
     "alm_opacus/mechanisms",
     "alm_opacus/attacks",

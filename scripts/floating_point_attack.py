@@ -31,7 +31,13 @@ from alm_opacus.protect import PostTrainingPrivacyEngine, SensitivityInfo, Sensi
 
 ATTACK = "tests/mechanisms/test_mechanism_floating_point_attack.py"
 #: What the numbers depend on besides this script: the samplers, the release and the attack.
-DEPS = ("alm_opacus/mechanisms", "alm_opacus/protect.py", ATTACK, "constraints.txt")
+DEPS = (
+    "alm_opacus/mechanisms",
+    "alm_opacus/protect.py",
+    "alm_opacus/release.py",
+    ATTACK,
+    "constraints.txt",
+)
 LABELS = {"alm": "logistic", "laplace": "Laplace", "gaussian": "Gaussian"}
 #: (dtype, mechanism, float path's (advantage, impossible), exact path's).
 Row = tuple[str, str, tuple[float, float], tuple[float, float]]
