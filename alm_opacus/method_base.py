@@ -246,6 +246,24 @@ class Method(Generic[OptionsT, PreparedT]):
         ``delta = 0`` for it before its first cell (default: False)."""
         return False
 
+    @property
+    def sensitivity_source(self) -> str | None:
+        """Where the release's sensitivity comes from (``"sampled"``, ``"analytic"``...), for
+        the run's HParams; ``None`` for methods without a post-training sensitivity."""
+        return None
+
+    @property
+    def public_split_use(self) -> str | None:
+        """What this method draws from the public split besides the shared recipe (a run
+        refuses a public split of fewer than 2 rows for it, saying this), or ``None``."""
+        return None
+
+    @property
+    def needs_newton_basis(self) -> bool:
+        """Whether ``prepare`` fits the dense (d+1)^2 Newton basis whatever the head's solver
+        (a run checks its memory before the first cell; default: False)."""
+        return False
+
     def prepare(
         self, *, features: Tensor, labels: Tensor, seed: int, context: MethodContext
     ) -> PreparedT:

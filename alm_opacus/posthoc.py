@@ -299,6 +299,20 @@ class PostTrainingMethod(Method[PostTrainingOptions, PreparedHead]):
     def needs_delta(self) -> bool:
         return not create_mechanism(self.mechanism).pure
 
+    @property
+    def sensitivity_source(self) -> str | None:
+        return self.options.sensitivity
+
+    @property
+    def public_split_use(self) -> str | None:
+        if self.options.sensitivity != "sampled":
+            return None
+        return "sensitivity sampler, which draws neighbouring data sets from the public split"
+
+    @property
+    def needs_newton_basis(self) -> bool:
+        return self.options.sensitivity == "analytic"  # the analytic bound's Newton fit
+
     def preparation_key(self) -> Hashable:
         return ("posthoc-head", self.options)  # every mechanism protects the same head
 

@@ -66,7 +66,7 @@ from alm_opacus.attacks import AttackerKnowledge, AttackTarget, prepare_attacks 
 from alm_opacus.data import dataset_spec  # noqa: E402
 from alm_opacus.methods import MethodContext, create_method, plain_shadow_trainer  # noqa: E402
 from alm_opacus.run.evaluation import torch_threads  # noqa: E402
-from alm_opacus.run.harness import RunConfig, prepare  # noqa: E402
+from alm_opacus.run.harness import RunConfig, plan_run, prepare  # noqa: E402
 
 #: (dataset, target seconds, target peak RSS GiB) of ``compare.py --dataset D --methods all``
 #: from an empty cache (issue 13: digits <= 180 s; mnist <= 15 min and <= 4 GiB).
@@ -138,7 +138,11 @@ def help_cost(repeats: int = 3) -> dict[str, Any]:
 def attack_cost(work: Path) -> dict[str, Any]:
     """All attacks on one release of the unprotected head, once prepared."""
     data = prepare(
-        RunConfig(out=str(work / "attack"), cache_dir=str(work / "full" / "cache"), progress=False)
+        plan_run(
+            RunConfig(
+                out=str(work / "attack"), cache_dir=str(work / "full" / "cache"), progress=False
+            )
+        )
     )
     context = MethodContext(num_classes=data.num_classes, head=dataset_spec("digits").head)
     x_in, y_in = data.part("members")
@@ -223,8 +227,10 @@ def main() -> None:
         if not args.skip_full_run:
             report["first_run"] = bench_first_run()
         data = prepare(
-            RunConfig(
-                out=str(work / "bench"), cache_dir=str(work / "full" / "cache"), progress=False
+            plan_run(
+                RunConfig(
+                    out=str(work / "bench"), cache_dir=str(work / "full" / "cache"), progress=False
+                )
             )
         )
         x, y = data.part("members")

@@ -47,7 +47,7 @@ from alm_opacus.attacks.shadow import ShadowModelAttack
 from alm_opacus.docblocks import relative, write_block
 from alm_opacus.heads import train_head
 from alm_opacus.methods import Method, MethodContext, Release, create_method, plain_shadow_trainer
-from alm_opacus.run.harness import RunConfig, prepare, torch_threads
+from alm_opacus.run.harness import RunConfig, plan_run, prepare, torch_threads
 
 TARGET_SECONDS = 5.0
 #: Where the run folder (encoder and feature caches) goes without ``--cache-dir``.
@@ -76,11 +76,13 @@ class _Bench:
 
     def __post_init__(self) -> None:
         self.data = prepare(
-            RunConfig(
-                split_seed=self.split_seed,
-                cache_dir=self.cache_dir,
-                progress=False,
-                out=_run_folder(self.cache_dir),
+            plan_run(
+                RunConfig(
+                    split_seed=self.split_seed,
+                    cache_dir=self.cache_dir,
+                    progress=False,
+                    out=_run_folder(self.cache_dir),
+                )
             )
         )
         self.context = MethodContext(
@@ -198,11 +200,13 @@ def bench_attacks(
 def _victim(split_seed: int, seed: int, cache_dir: str | None) -> dict[str, Any]:
     """The default digits run's unprotected head, evaluation set and attacker's pool."""
     data = prepare(
-        RunConfig(
-            split_seed=split_seed,
-            cache_dir=cache_dir,
-            progress=False,
-            out=_run_folder(cache_dir),
+        plan_run(
+            RunConfig(
+                split_seed=split_seed,
+                cache_dir=cache_dir,
+                progress=False,
+                out=_run_folder(cache_dir),
+            )
         )
     )
     (x_in, y_in), (x_out, y_out) = data.part("members"), data.part("nonmembers")

@@ -136,7 +136,7 @@ class Unit:
         import torch
 
         from alm_opacus.run.config import RunConfig
-        from alm_opacus.run.harness import Session, load_plugins, prepare
+        from alm_opacus.run.harness import Session, load_plugins, plan_run, prepare
 
         load_plugins()
         self.torch = torch
@@ -148,8 +148,9 @@ class Unit:
             out=str(path.parent / "unused"),
             options={"m": m, "dpsgd.tune": False},
         )
-        self.data = prepare(self.config)
-        self.session = Session.open(self.config, self.data)
+        plan = plan_run(self.config)
+        self.data = prepare(plan)
+        self.session = Session.open(plan, self.data)
         self.context = self.session.context
         self.members = self.data.part("members")
         self.m = m

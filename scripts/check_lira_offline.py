@@ -152,12 +152,12 @@ def check(*, dataset: str, num_reference: int, seed: int, cache: str | None) -> 
         recipe_trainer,
     )
     from alm_opacus.heads import train_head
-    from alm_opacus.run.harness import RunConfig, prepare
+    from alm_opacus.run.harness import RunConfig, plan_run, prepare
 
     config = RunConfig(
         dataset=dataset, out=str(ROOT / "runs" / "check-lira"), cache_dir=cache, progress=False
     )
-    data = prepare(config)
+    data = prepare(plan_run(config))
     recipe = config.recipe
     x_in, y_in = data.part("members")
     x_out, y_out = data.part("nonmembers")

@@ -36,7 +36,7 @@ from alm_opacus.docblocks import relative, write_block
 from alm_opacus.heads import HeadConfig, accuracy, head_objective
 from alm_opacus.mechanisms import create_mechanism, make_generator
 from alm_opacus.run.config import RunConfig
-from alm_opacus.run.harness import Cell, Session, load_plugins, prepare, run_cell
+from alm_opacus.run.harness import Cell, Session, load_plugins, plan_run, prepare, run_cell
 
 GRID = tuple(float(10**k) for k in np.arange(-1, 5.01, 0.25))
 
@@ -103,8 +103,9 @@ def measure(dataset: str, name: str, head: HeadConfig, *, cache: str, draws: int
         options={"m": 200},
     )
     start = time.perf_counter()
-    data = prepare(config)
-    session = Session.open(config, data)
+    plan = plan_run(config)
+    data = prepare(plan)
+    session = Session.open(plan, data)
     rows = run_cell(Cell("none", math.inf, 0, 1), session).rows
     reference = rows[0].test_accuracy
     none_head = session.prepared_for("none", 0)

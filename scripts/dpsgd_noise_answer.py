@@ -35,7 +35,7 @@ from alm_opacus.data import dataset_spec
 from alm_opacus.docblocks import relative, write_block
 from alm_opacus.heads import HeadConfig
 from alm_opacus.run.config import RunConfig
-from alm_opacus.run.harness import prepare
+from alm_opacus.run.harness import plan_run, prepare
 from baselines._common import derive_seed
 from baselines.dpsgd.accounting import SigmaCache
 from baselines.dpsgd.config import TUNING_GRID, DPSGDConfig
@@ -203,7 +203,9 @@ class _Data:
 
 
 def _load(name: str, cache_dir: str) -> _Data:
-    data = prepare(RunConfig(dataset=name, cache_dir=cache_dir, progress=False, out="runs/answer"))
+    data = prepare(
+        plan_run(RunConfig(dataset=name, cache_dir=cache_dir, progress=False, out="runs/answer"))
+    )
     epochs, batch = dataset_spec(name).dpsgd.as_tuple()
     x_pub, y_pub = data.part("public")
     n = len(data.part("members")[1])

@@ -77,7 +77,9 @@ def harness_statements(*, cache: Path, out: Path) -> dict[str, str]:
 
 def per_query_statement(*, cache: Path, out: Path) -> str:
     """``lu`` on a two-class task (odd against even digits): the only per-query case."""
-    data = harness.prepare(RunConfig(out=str(out / "binary"), cache_dir=str(cache), progress=False))
+    data = harness.prepare(
+        harness.plan_run(RunConfig(out=str(out / "binary"), cache_dir=str(cache), progress=False))
+    )
     x, y = data.part("members")
     public_x, public_y = data.part("public")
     context = MethodContext(

@@ -255,11 +255,11 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def default_pipeline(shared_cache: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """The default digits pipeline (split, SimCLR encoder, features), built once."""
-    from alm_opacus.run.harness import RunConfig, prepare
+    from alm_opacus.run.harness import RunConfig, plan_run, prepare
 
     out = tmp_path_factory.mktemp("pipeline_run")
     config = RunConfig(out=str(out), cache_dir=str(shared_cache), progress=False)
-    return prepare(config)
+    return prepare(plan_run(config))
 
 
 @pytest.fixture

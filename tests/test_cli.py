@@ -271,4 +271,4 @@ def test_features_too_wide_for_the_newton_basis_exit_2_before_writing(
     assert f"about {need:.0f} MiB at its peak, more than the 10 MiB of memory on cpu" in err
     assert not out.exists()
     # Adam needs no basis: the same file passes every check before the run
-    harness.preflight(parse_command([*argv, "--l2", "0", "--sensitivity", "sampled"]).config)
+    harness.plan_run(parse_command([*argv, "--l2", "0", "--sensitivity", "sampled"]).config)

@@ -51,14 +51,14 @@ def test_unknown_executor_is_named() -> None:
 
 @pytest.mark.hard_limit(600)
 def test_an_in_process_run_imports_no_ray(
-    default_pipeline: Any, tmp_path: Path, processes: Any
+    default_pipeline: Any, shared_cache: Path, tmp_path: Path, processes: Any
 ) -> None:
     # in a fresh interpreter: Ray may already be imported in this one by other tests
     code = (
         "import sys\n"
         "from alm_opacus.run.harness import RunConfig, run\n"
         f"run(RunConfig(methods=('none',), attacks=('loss',), out={str(tmp_path / 'run')!r}, "
-        f"cache_dir={str(default_pipeline.config.cache_path)!r}, progress=False))\n"
+        f"cache_dir={str(shared_cache)!r}, progress=False))\n"
         "assert 'ray' not in sys.modules, sorted(m for m in sys.modules if 'ray' in m)\n"
     )
     processes.run([sys.executable, "-c", code], timeout=300, cwd=ROOT)

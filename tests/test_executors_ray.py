@@ -156,23 +156,30 @@ def cluster(list_ray_processes: Any, deadline: Any) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def in_process_small(default_pipeline: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def in_process_small(
+    default_pipeline: Any, shared_cache: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """The small grid run in-process: the table the Ray runs must reproduce."""
     harness.load_plugins()  # dpsgd registers from the baselines plugin
     work = tmp_path_factory.mktemp("in_process")
-    cache = _cache(default_pipeline.config.cache_path, work / "cache")
+    cache = _cache(shared_cache, work / "cache")
     harness.run(RunConfig(**SMALL, out=str(work / "run"), cache_dir=str(cache)))
     return work / "run" / "results.csv"
 
 
 @pytest.mark.slow
 def test_two_nodes_give_the_in_process_table(  # type: ignore[no-untyped-def]
-    cluster, in_process_small: Path, default_pipeline: Any, tmp_path: Path, list_ray_processes
+    cluster,
+    in_process_small: Path,
+    default_pipeline: Any,
+    shared_cache: Path,
+    tmp_path: Path,
+    list_ray_processes,
 ) -> None:
     from alm_opacus.run.executors import RayExecutor
 
     assert len([n for n in ray.nodes() if n["Alive"]]) == 2
-    cache = _cache(default_pipeline.config.cache_path, tmp_path / "cache")
+    cache = _cache(shared_cache, tmp_path / "cache")
     config = RunConfig(**SMALL, out=str(tmp_path / "run"), cache_dir=str(cache))
     with RayExecutor() as executor:  # the connected cluster: left running by close()
         result = harness.run(config, executor=executor)
@@ -212,7 +219,7 @@ def _dies_once(marker: str, fn: Any, *args: Any) -> Any:
 
 @pytest.mark.slow
 def test_a_worker_killed_mid_cell_leaves_no_duplicate_or_missing_row(  # type: ignore[no-untyped-def]
-    cluster, in_process_small: Path, default_pipeline: Any, tmp_path: Path
+    cluster, in_process_small: Path, default_pipeline: Any, shared_cache: Path, tmp_path: Path
 ) -> None:
     from ray import cloudpickle
 
@@ -228,7 +235,7 @@ def test_a_worker_killed_mid_cell_leaves_no_duplicate_or_missing_row(  # type: i
                 return super().submit(_dies_once, str(marker), fn, *args)
             return super().submit(fn, *args)
 
-    cache = _cache(default_pipeline.config.cache_path, tmp_path / "cache")
+    cache = _cache(shared_cache, tmp_path / "cache")
     config = RunConfig(**SMALL, out=str(tmp_path / "run"), cache_dir=str(cache))
     try:
         with KillsOneCell() as executor:
@@ -246,7 +253,12 @@ def _cli(*args: str) -> list[str]:
 
 @pytest.mark.slow
 def test_a_killed_driver_resumes_to_the_same_table(
-    default_pipeline: Any, tmp_path: Path, list_ray_processes: Any, processes: Any, deadline: Any
+    default_pipeline: Any,
+    shared_cache: Path,
+    tmp_path: Path,
+    list_ray_processes: Any,
+    processes: Any,
+    deadline: Any,
 ) -> None:
     """The command line on its own local cluster: the driver is killed (SIGKILL) right after
     it has written its second cell, its cluster goes with it, and ``--resume`` finishes the
@@ -274,12 +286,12 @@ def test_a_killed_driver_resumes_to_the_same_table(
         "--reproducible-noise",
     ]
     straight = tmp_path / "straight"
-    cache = _cache(default_pipeline.config.cache_path, tmp_path / "cache")
+    cache = _cache(shared_cache, tmp_path / "cache")
     run_seconds = 600  # for one small run on an idle machine: generous
     straight_run = _cli(*flags, "--out", str(straight), "--cache-dir", str(cache))
     processes.run(straight_run, timeout=run_seconds, stdout=subprocess.DEVNULL, cwd=ROOT)
     out = tmp_path / "run"
-    ray_cache = _cache(default_pipeline.config.cache_path, tmp_path / "ray-cache")
+    ray_cache = _cache(shared_cache, tmp_path / "ray-cache")
     flags = [*flags, "--out", str(out), "--cache-dir", str(ray_cache), "--executor", "ray"]
     log = tmp_path / "driver.log"
     killer = [

@@ -15,11 +15,15 @@ from alm_opacus.run.harness import (
     Cell,
     CellOutcome,
     Session,
-    plan_cells,
+    plan_run,
     run_cell,
     spread_by_method,
 )
-from alm_opacus.run.writer import RunWriter, run_settings
+from alm_opacus.run.writer import RunWriter
+
+
+def plan_cells(config: RunConfig) -> list[Cell]:
+    return list(plan_run(config).cells)
 
 
 def test_the_grid_puts_the_baseline_first_in_every_seed() -> None:
@@ -80,7 +84,7 @@ def test_cells_side_by_side_start_every_method_first() -> None:
 
 
 @pytest.fixture(scope="module")
-def session(default_pipeline):  # type: ignore[no-untyped-def]
+def session(default_pipeline, shared_cache):  # type: ignore[no-untyped-def]
     config = RunConfig(
         methods=("alm", "gaussian-classic"),
         epsilons=(1.0,),
@@ -89,9 +93,9 @@ def session(default_pipeline):  # type: ignore[no-untyped-def]
         options={"m": 6},
         reproducible_noise=True,
         progress=False,
-        cache_dir=str(default_pipeline.config.cache_path),
+        cache_dir=str(shared_cache),
     )
-    return Session.open(config, default_pipeline)
+    return Session.open(plan_run(config), default_pipeline)
 
 
 @pytest.mark.slow
@@ -127,7 +131,7 @@ def test_the_writer_rewrites_every_file_after_a_cell_and_resumes(tmp_path: Path)
 
     config = RunConfig(methods=("alm",), epsilons=(1.0,), out=str(tmp_path))
     out = tmp_path
-    settings = run_settings(config)
+    settings = plan_run(config).settings
     w = RunWriter(out, settings=settings, resume=False)
     row = ResultRow(
         dataset="digits",
@@ -157,7 +161,7 @@ def test_the_writer_rewrites_every_file_after_a_cell_and_resumes(tmp_path: Path)
     assert (out / "tb").is_dir() and not list(out.glob(".tb-*"))
     again = RunWriter(
         out,
-        settings=run_settings(RunConfig(methods=("alm",), epsilons=(2.0,), out=str(tmp_path))),
+        settings=plan_run(RunConfig(methods=("alm",), epsilons=(2.0,), out=str(tmp_path))).settings,
         resume=True,
     )
     assert again.rows == [row] and again.done == {row.cell()}

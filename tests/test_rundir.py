@@ -266,7 +266,7 @@ def test_duplicates_merge_and_close_epsilons_keep_their_own_labels(tmp_path) -> 
     )
     assert config.methods == ("alm", "none") and config.seeds == (1, 2)
     assert config.epsilons == (0.1, 0.1000001)
-    keys = {cell.key for cell in harness.plan_cells(config)}
+    keys = {cell.key for cell in harness.plan_run(config).cells}
     assert ("alm", "0.1", 1) in keys and ("alm", "0.1000001", 1) in keys
 
 

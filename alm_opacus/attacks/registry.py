@@ -174,12 +174,14 @@ def available_attacks() -> list[str]:
     return builtin + [name for name in names if name not in builtin]
 
 
-def attack_class(name: str | AttackKind) -> type[Attack]:
-    """The class registered under ``name``.
+def attack_class(name: str | AttackKind | type[Attack]) -> type[Attack]:
+    """The class registered under ``name`` (a class, e.g. from a run plan, is its own).
 
     Raises:
         ValueError: naming the unknown attack and listing the registered ones.
     """
+    if isinstance(name, type):
+        return name
     key = name.value if isinstance(name, AttackKind) else name
     found = ATTACKS.get(key)
     if found is not None:
@@ -187,15 +189,18 @@ def attack_class(name: str | AttackKind) -> type[Attack]:
     raise ValueError(f"attack={name!r} is unknown: expected one of {available_attacks()}")
 
 
-def parse_attack_names(names: Sequence[str | AttackKind]) -> list[str]:
-    """Validate a list of attack names (non-empty, registered, no repeats).
+def parse_attack_names(names: Sequence[str | AttackKind | type[Attack]]) -> list[type[Attack]]:
+    """Validate a list of attacks (names or classes: non-empty, registered, no repeats).
+
+    Returns:
+        The attack classes, in order.
 
     Raises:
         ValueError: on an empty list, an unknown name or a repeated one.
     """
     if isinstance(names, str) or not names:
         raise ValueError(f"names={names!r} is invalid: expected a non-empty list of attack names")
-    keys = [attack_class(n).name for n in names]
-    if len(set(keys)) != len(keys):
+    kinds = [attack_class(n) for n in names]
+    if len({kind.name for kind in kinds}) != len(kinds):
         raise ValueError(f"names={list(names)!r} repeats an attack")
-    return keys
+    return kinds

@@ -32,7 +32,7 @@ from alm_opacus.attacks.base import (
 )
 from alm_opacus.attacks.context import ShadowContext
 from alm_opacus.attacks.metrics import evaluate_attack
-from alm_opacus.attacks.registry import Attack, TargetQuery, attack_class, parse_attack_names
+from alm_opacus.attacks.registry import Attack, TargetQuery, parse_attack_names
 from alm_opacus.attacks.results import AttackResult
 from alm_opacus.attacks.shadow_data import subseed, to_numpy
 from alm_opacus.units import UnitMap, serial_map
@@ -146,7 +146,7 @@ class PreparedAttacks:
 
 def prepare_attacks(
     *,
-    names: Sequence[str] = DEFAULT_ATTACKS,
+    names: Sequence[str | type[Attack]] = DEFAULT_ATTACKS,
     knowledge: AttackerKnowledge,
     config: AttackConfig | None = None,
     seed: int,
@@ -158,7 +158,7 @@ def prepare_attacks(
     """Train the shadow/reference heads and fit the named attacks, before any target exists.
 
     Args:
-        names: attack names (see :func:`available_attacks`).
+        names: attack names (see :func:`available_attacks`) or classes.
         knowledge: the attacker's pool, trainer and the victim's training-set size.
         config: the attack configuration (default :class:`AttackConfig`).
         seed: the attacker's seed.
@@ -177,7 +177,7 @@ def prepare_attacks(
             missing input that an asked attack needs, or inconsistent shapes.
     """
     config = AttackConfig() if config is None else config
-    keys = parse_attack_names(names)
+    kinds = parse_attack_names(names)
     candidates = None
     if (candidate_features is None) != (candidate_labels is None):
         raise ValueError("pass both candidate_features and candidate_labels, or neither")
@@ -203,8 +203,8 @@ def prepare_attacks(
         map_units=map_units,
     )
     attacks = []
-    for key in keys:
-        attack = attack_class(key)(config=config, seed=subseed(seed, f"attack-{key}"))
+    for kind in kinds:
+        attack = kind(config=config, seed=subseed(seed, f"attack-{kind.name}"))
         attack.fit(context)
         attacks.append(attack)
     return PreparedAttacks(

@@ -1,8 +1,7 @@
 """The units of a run: a :class:`Cell` of the grid and the :class:`CellOutcome` it produces.
 
-The harness computes outcomes and the writer records them; both import this module (and
-:func:`planned_references`, the references that the grid holds besides the named methods),
-neither imports the other.
+The harness computes outcomes and the writer records them; both import this module, neither
+imports the other.
 """
 
 from __future__ import annotations
@@ -10,13 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from alm_opacus.methods import reference_methods
 from alm_opacus.report.draws import DrawRecord
 from alm_opacus.report.results import ResultRow, cell_key
 from alm_opacus.report.risk import CellScores
-from alm_opacus.run.config import RunConfig
 
-__all__ = ["Cell", "CellOutcome", "RocKey", "RocMap", "planned_references"]
+__all__ = ["Cell", "CellOutcome", "RocKey", "RocMap"]
 
 #: (method, epsilon, attack) of a ROC curve.
 RocKey = tuple[str, float, str]
@@ -54,10 +51,3 @@ class CellOutcome:
     baseline_accuracy: float | None = None
     draws: list[DrawRecord] = field(default_factory=list)
     scores: CellScores | None = None
-
-
-def planned_references(config: RunConfig) -> list[str]:
-    """The reference releases of the run (``Method.reference``: the no-leak reference): in
-    every run that attacks (without attacks they have nothing to measure), and wherever
-    ``--methods`` names them. Like the baseline, each is released once, at epsilon inf."""
-    return [m for m in reference_methods() if config.attack_names or m in config.methods]

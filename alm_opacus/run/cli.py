@@ -217,11 +217,11 @@ def _run(command: Command, *, wide: bool) -> int:
     from alm_opacus.report.tensorboard import dashboard_urls
     from alm_opacus.report.verdict import decide, format_verdict
     from alm_opacus.run.executors import ExecutorError
-    from alm_opacus.run.harness import run
+    from alm_opacus.run.harness import plan_run, run
 
     try:
         result = run(
-            config,
+            plan_run(config),  # names resolved once, every check made before any write
             on_start=_link_latest,
             on_plan=_announce,
             executor=command.executor,

@@ -15,7 +15,7 @@ from alm_opacus.data import DatasetSpec, dataset_spec
 from alm_opacus.data.split import SplitSizes
 from alm_opacus.heads import HeadConfig
 from alm_opacus.mechanisms.analysis import LARGEST_EPSILON
-from alm_opacus.methods import create_method, method_class, method_options, validate_options
+from alm_opacus.methods import method_class, validate_options
 from alm_opacus.run.layout import DEFAULT_CACHE
 from alm_opacus.ssl.pretrain import SSLConfig
 
@@ -101,8 +101,11 @@ class RunConfig:
             raise ValueError("methods is empty: expected at least one method name")
         for name in self.methods:
             method_class(name)  # names the registered ones
-        if spec.ssl is None:
-            _check_features_only(self)
+        if spec.ssl is None and self.ssl is not None:
+            raise ValueError(
+                f"ssl={self.ssl!r}: dataset {self.dataset!r} holds features, so nothing is "
+                "pre-trained; drop the SimCLR recipe"
+            )
         object.__setattr__(self, "methods", dedupe(self.methods))
         if self.epsilons is not None:
             if not self.epsilons:
@@ -140,17 +143,6 @@ class RunConfig:
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device={self.device!r} is invalid: expected 'cpu' or 'cuda[:N]'")
         validate_options(self.options)
-        if self.delta == 0:
-            needy = [
-                m
-                for m in self.methods
-                if create_method(m, method_options(m, self.options)).needs_delta
-            ]
-            if needy:
-                raise ValueError(
-                    f"--delta=0 cannot be met by {', '.join(needy)}: their guarantees are "
-                    "approximate DP (delta > 0); pass --delta > 0, or leave them out"
-                )
         try:
             AttackConfig(**self.attack_options)
         except (TypeError, ValueError) as exc:
@@ -230,26 +222,6 @@ class RunConfig:
         out["ssl"] = None if self.spec.ssl is None else self.ssl_config.to_dict()
         out["split"] = dataclasses.asdict(self.split_sizes)
         return out
-
-
-def _check_features_only(config: RunConfig) -> None:
-    """A dataset of features (``features:PATH``) has no images and nothing to pre-train.
-
-    Raises:
-        ValueError: naming a method that needs images, or an SSL recipe given anyway.
-    """
-    for name in config.methods:
-        if method_class(name).inputs != "features":
-            raise ValueError(
-                f"method {name!r} trains on images, but dataset {config.dataset!r} holds "
-                "features only: choose methods that work on features (e.g. alm, gaussian, "
-                "dpsgd, dperm)"
-            )
-    if config.ssl is not None:
-        raise ValueError(
-            f"ssl={config.ssl!r}: dataset {config.dataset!r} holds features, so nothing is "
-            "pre-trained; drop the SimCLR recipe"
-        )
 
 
 def dedupe(values: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from alm_opacus.attacks import (
     CLEAN_SUFFIX,
+    Attack,
     AttackConfig,
     AttackerKnowledge,
     AttackResult,
@@ -56,7 +57,7 @@ class Evaluation:
     labels: Tensor
     is_member: np.ndarray
     pool: tuple[Tensor, Tensor]
-    names: tuple[str, ...]
+    attacks: tuple[type[Attack], ...]
     num_classes: int
     config: AttackConfig
     map_units: UnitMap = serial_map
@@ -72,7 +73,7 @@ class Evaluation:
         )
         with torch_threads(1):
             return prepare_attacks(
-                names=self.names,
+                names=self.attacks,
                 knowledge=knowledge,
                 seed=seed,
                 config=self.config,

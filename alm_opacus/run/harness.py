@@ -4,7 +4,9 @@ The private split never touches the encoder: pre-training sees only the public s
 the dataset's unlabeled set), each method sees the members, each attack sees what its
 threat model allows.
 
-A run is small pure units: :func:`plan_cells` lists the (method, epsilon, seed) cells;
+A run is resolved once into a :class:`~alm_opacus.run.plan.RunPlan` (:func:`plan_run`: the
+data, the split, method objects, attack classes, the cells and the checks), then computed by
+small pure units:
 :func:`prepare_unit` does a method's per-seed work once (shared by methods with one
 preparation key), :func:`plain_attacks_unit` the plain attacker's per seed, and
 :func:`cell_unit` turns one cell into rows. :func:`run` (the driver) submits them to an
@@ -29,22 +31,20 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from alm_opacus._validation import default_delta
-from alm_opacus.attacks.base import ATTACKER_POOL_MIN
-from alm_opacus.data import Dataset, load_dataset
-from alm_opacus.data.split import Split, make_split
-from alm_opacus.methods import PLUGIN_GROUP, load_plugins, method_class, method_options
+from alm_opacus.data import Dataset
+from alm_opacus.data.split import Split
+from alm_opacus.methods import PLUGIN_GROUP, load_plugins
 from alm_opacus.report.results import ResultRow
-from alm_opacus.run.cells import Cell, CellOutcome, planned_references
+from alm_opacus.run.cells import Cell, CellOutcome
 from alm_opacus.run.config import RunConfig
 from alm_opacus.run.estimate import forecast
 from alm_opacus.run.evaluation import Evaluation, torch_threads, with_reference
 from alm_opacus.run.executors import Executor, create_executor
-from alm_opacus.run.limits import check_epsilons, check_newton_memory
-from alm_opacus.run.rundir import SPLIT_FILE, RunFolder, check_can_create
+from alm_opacus.run.plan import RunPlan, plan_run
+from alm_opacus.run.rundir import SPLIT_FILE, RunFolder
 from alm_opacus.run.units import (
     Infeasible,
-    Prepared,
+    RunData,
     RunInputs,
     Session,
     cell_unit,
@@ -52,7 +52,7 @@ from alm_opacus.run.units import (
     prepare_unit,
     run_cell,
 )
-from alm_opacus.run.writer import RunWriter, run_settings, tensorboard_hparams
+from alm_opacus.run.writer import RunWriter
 from alm_opacus.ssl.pretrain import array_digest, config_hash, extract_features, pretrain
 
 __all__ = [
@@ -61,17 +61,17 @@ __all__ = [
     "CellOutcome",
     "Evaluation",
     "Infeasible",
-    "Prepared",
     "RunConfig",
+    "RunData",
     "RunInputs",
+    "RunPlan",
     "RunResult",
     "Session",
     "cell_calls",
     "cell_unit",
     "load_plugins",
     "plain_attacks_unit",
-    "plan_cells",
-    "preflight",
+    "plan_run",
     "prepare",
     "prepare_unit",
     "run",
@@ -84,19 +84,17 @@ __all__ = [
 CELL_THREADS = 1
 
 
-def prepare(config: RunConfig) -> Prepared:
-    """Load the data, split it, pre-train on the public part, and extract features (a dataset
-    of features, ``features:PATH``, brings its own: nothing is pre-trained)."""
-    dataset = load_dataset(config.dataset, root=config.data_root)
-    split = make_split(dataset, sizes=config.split_sizes, seed=config.split_seed)
+def prepare(plan: RunPlan) -> RunData:
+    """Pre-train on the public part and extract features (a dataset of features,
+    ``features:PATH``, brings its own: nothing is pre-trained)."""
+    config, dataset, split = plan.config, plan.dataset, plan.split
     if dataset.images is None:
-        return given_features(config, dataset, split)
+        return given_features(plan)
     public_images = _public_images(dataset, split)
-    ssl = config.ssl_config
     key = encoder_key(config, dataset, split)
     encoder = pretrain(
         public_images,
-        config=ssl,
+        config=config.ssl_config,
         key=key,
         cache_dir=config.encoder_cache_path,
         device=config.device,
@@ -111,15 +109,12 @@ def prepare(config: RunConfig) -> Prepared:
         device=config.device,
         progress=config.progress,
     )
-    n = len(split.members)
-    delta = config.delta if config.delta is not None else default_delta(n)
-    return Prepared(
-        config=config,
+    return RunData(
         split=split,
         features=features,
         labels=torch.from_numpy(np.asarray(dataset.labels, dtype=np.int64)),
         num_classes=dataset.num_classes,
-        delta=delta,
+        delta=plan.delta,
         images=dataset.images,
         encoder=encoder,
     )
@@ -148,15 +143,13 @@ def encoder_key(config: RunConfig, dataset: Dataset, split: Split) -> str:
     )
 
 
-def describe_plan(config: RunConfig, cells: Sequence[Cell]) -> str:
+def describe_plan(plan: RunPlan, cells: Sequence[Cell]) -> str:
     """The first line a run prints: what will run, where it writes, and a forecast of the
     time it takes (:mod:`alm_opacus.run.estimate`)."""
-    dataset = load_dataset(config.dataset, root=config.data_root)
-    split = make_split(dataset, sizes=config.split_sizes, seed=config.split_seed)
+    config, dataset, split = plan.config, plan.dataset, plan.split
     members = len(split.members)
-    references = set(planned_references(config))
     methods = [
-        m + (" (reference)" if m in references else "")
+        m + (" (reference)" if m in plan.references else "")
         for m in dict.fromkeys(c.method for c in cells)
     ]
     epsilons = sorted({c.epsilon for c in cells if not math.isinf(c.epsilon)})
@@ -198,101 +191,18 @@ def _data_digest(dataset: Dataset) -> str:
     return "/".join(array_digest(part) for part in parts if part is not None)
 
 
-def given_features(config: RunConfig, dataset: Dataset, split: Split) -> Prepared:
+def given_features(plan: RunPlan) -> RunData:
     """The run's data from a dataset of features (the user's encoder ran already): the rows
     are used as the dataset holds them (memory-mapped for ``features:PATH``), not copied."""
+    dataset = plan.dataset
     assert dataset.features is not None
-    n = len(split.members)
-    return Prepared(
-        config=config,
-        split=split,
+    return RunData(
+        split=plan.split,
         features=torch.from_numpy(dataset.features),
         labels=torch.from_numpy(np.asarray(dataset.labels, dtype=np.int64)),
         num_classes=dataset.num_classes,
-        delta=config.delta if config.delta is not None else default_delta(n),
+        delta=plan.delta,
     )
-
-
-def preflight(config: RunConfig) -> None:
-    """Every check that can fail before the run writes anything (it writes nothing).
-
-    Raises:
-        ValueError: for an unusable device or cache folder, split sizes the data or the run
-            cannot use (naming ``--split``), an epsilon below what an exact release can
-            draw, or features too wide for the Newton basis (``run.limits``); DataError for
-            missing data.
-    """
-    if config.device.startswith("cuda"):
-        index = int(config.device.partition(":")[2] or 0)
-        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
-            raise ValueError(
-                f"--device={config.device!r}: CUDA is not available here (torch "
-                f"{torch.__version__}, {torch.cuda.device_count()} devices); use --device cpu"
-            )
-    check_can_create(config.cache_path, flag="--cache-dir")
-    if config.spec.ssl is not None:
-        check_can_create(config.encoder_cache_path, flag="ALM_OPACUS_ENCODER_CACHE")
-    dataset = load_dataset(config.dataset, root=config.data_root)  # missing/corrupt files fail
-    try:
-        split = make_split(dataset, sizes=config.split_sizes, seed=config.split_seed)
-    except ValueError as exc:
-        raise ValueError(f"--split: {exc}") from exc
-    _check_split(config, split.sizes())
-    check_epsilons(config, dataset, members=split.sizes()["members"])
-    check_newton_memory(config, dataset)
-
-
-def _check_split(config: RunConfig, sizes: dict[str, int]) -> None:
-    """Split sizes too small for what the run does fail here, not after pre-training."""
-    needs = [("members", 2, "a head, the sensitivity sampler and the attacks")]
-    if config.attack_names:
-        needs.append(
-            (
-                "nonmembers",
-                2,
-                "the attacks' split-half epsilon bound (halves of members and non-members)",
-            )
-        )
-        needs.append(("attacker", ATTACKER_POOL_MIN, "the attacker's shadow heads"))
-    sampled = [
-        m
-        for m in config.methods
-        if getattr(method_options(m, config.options), "sensitivity", None) == "sampled"
-    ]
-    if sampled:
-        needs.append(
-            (
-                "public",
-                2,
-                f"{', '.join(sampled)}'s sensitivity sampler, which draws "
-                "neighbouring data sets from the public split",
-            )
-        )
-    for part, low, why in needs:
-        if sizes[part] < low:
-            raise ValueError(
-                f"--split: {part}={sizes[part]} is too small: {why} need at least {low}; "
-                f"expected e.g. --split {part}={2 * low}"
-            )
-
-
-def baseline_methods(config: RunConfig) -> list[str]:
-    """The run's unprotected baselines: those it names, else ``none`` (always run)."""
-    return [m for m in config.methods if method_class(m).baseline] or ["none"]
-
-
-def plan_cells(config: RunConfig) -> list[Cell]:
-    """The grid, baseline first in each seed (every utility loss is measured against it),
-    then the protections, then the reference releases."""
-    baselines = baseline_methods(config)
-    references = planned_references(config)
-    others = [m for m in config.methods if m not in (*baselines, *references)]
-    cells = []
-    for seed in config.seeds:
-        cells += [Cell(m, math.inf, seed, 1) for m in baselines]
-        cells += [Cell(m, e, seed, config.noise_draws) for m in others for e in config.grid]
-        cells += [Cell(m, math.inf, seed, 1) for m in references]
-    return cells
 
 
 def spread_by_method(cells: Sequence[Cell]) -> list[Cell]:
@@ -328,7 +238,7 @@ def cell_calls(engine: Executor, shared: RunInputs, cells: Sequence[Cell]) -> li
         key = (shared.method(cell.method).preparation_key(), cell.seed)
         if key not in prepared:
             prepared[key] = engine.submit(prepare_unit, ref, cell.method, cell.seed)
-        if shared.evaluation.names and cell.seed not in plain:
+        if shared.evaluation.attacks and cell.seed not in plain:
             plain[cell.seed] = engine.submit(plain_attacks_unit, ref, cell.seed)
         calls.append((ref, cell, prepared[key], plain.get(cell.seed)))
     return calls
@@ -351,7 +261,7 @@ def image_source(images: np.ndarray | None) -> Callable[[np.ndarray], np.ndarray
 
 
 def run(
-    config: RunConfig,
+    config: RunConfig | RunPlan,
     *,
     on_cell: Callable[[Cell], None] | None = None,
     on_start: Callable[[Path], None] | None = None,
@@ -364,7 +274,8 @@ def run(
     by this process (the driver) after every cell.
 
     Args:
-        config: the run.
+        config: the run, or its plan (:func:`~alm_opacus.run.plan.plan_run`; a config is
+            planned first).
         on_cell: called with each cell before its outcome is recorded (in-process: before
             it is computed; tests use it to interrupt a run).
         on_start: called with the run folder once it is validated, locked, and about to
@@ -383,13 +294,13 @@ def run(
             dataset. ExecutorError: when a unit cannot be computed on the cluster.
     """
     start = time.perf_counter()
-    out = Path(config.out)
-    preflight(config)
+    # every name resolved and every check made before anything is written
+    plan = config if isinstance(config, RunPlan) else plan_run(config)
+    config, out = plan.config, plan.out
     folder = RunFolder(
         out, resume=config.resume, overwrite=config.overwrite, cache=config.cache_path
     )
-    settings = run_settings(config)
-    folder.check(settings)
+    folder.check(plan.settings)
 
     def commit() -> None:  # before the first result: the folder now holds this run
         folder.commit()
@@ -397,36 +308,31 @@ def run(
             on_start(out)
 
     with folder, contextlib.ExitStack() as stack:
-        writer = RunWriter(
-            out,
-            settings=settings,
-            resume=config.resume,
-            hparams=tensorboard_hparams(config),
-            before_write=commit,
+        writer = RunWriter.for_plan(
+            plan, images=image_source(plan.dataset.images), before_write=commit
         )
+        cells = [c for c in plan.cells if c.key not in writer.done]
         if on_plan is not None:
-            pending = [c for c in plan_cells(config) if c.key not in writer.done]
-            on_plan(describe_plan(config, pending))
-        data = prepare(config)
-        data.split.save(out / SPLIT_FILE)
-        writer.describe(num_classes=data.num_classes, images=image_source(data.images))
+            on_plan(describe_plan(plan, cells))
+        data = prepare(plan)
+        plan.split.save(out / SPLIT_FILE)
         engine = (
             executor
             if isinstance(executor, Executor)
             else stack.enter_context(create_executor(executor, **dict(executor_options or {})))
         )
         shared = RunInputs.build(
-            config,
+            plan,
             data,
             memo=engine.memo(),
             map_units=engine.unit_map(),
             progress=config.progress and engine.in_driver,
         )
         # a resumed run measures utility against its finished baseline
-        baselines = baseline_methods(config)
-        references = {row.seed: row.test_accuracy for row in writer.rows if row.method in baselines}
+        references = {
+            row.seed: row.test_accuracy for row in writer.rows if row.method in plan.baselines
+        }
         stack.enter_context(torch_threads(CELL_THREADS))
-        cells = [c for c in plan_cells(config) if c.key not in writer.done]
         if not engine.in_driver:  # cells run side by side: start every method's shared work
             cells = spread_by_method(cells)
         bar = tqdm(
@@ -460,7 +366,10 @@ def run(
                 writer.add(done)
         writer.finish(force=bool(cells))
     return RunResult(
-        rows=writer.rows, out=out, seconds=time.perf_counter() - start, num_classes=data.num_classes
+        rows=writer.rows,
+        out=out,
+        seconds=time.perf_counter() - start,
+        num_classes=plan.dataset.num_classes,
     )
 
 

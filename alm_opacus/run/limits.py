@@ -1,6 +1,6 @@
 """Limits of a run that depend on its data, checked before it writes anything.
 
-``run.harness.preflight`` calls these once the dataset is loaded: an epsilon too small for an
+``run.plan.plan_run`` calls these once the dataset is loaded: an epsilon too small for an
 exact release to draw (:func:`~alm_opacus.mechanisms.grid.smallest_epsilon`), and features
 too wide for the Newton solver's dense basis on this machine
 (:func:`~alm_opacus.sensitivity.convex.basis_peak_bytes`).
@@ -9,13 +9,14 @@ too wide for the Newton solver's dense basis on this machine
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
-from alm_opacus._validation import default_delta
 from alm_opacus.data import Dataset
-from alm_opacus.methods import method_options
-from alm_opacus.run.config import RunConfig
+from alm_opacus.heads import HeadConfig
+from alm_opacus.method_base import Method
 
 __all__ = ["check_epsilons", "check_newton_memory"]
 
@@ -35,40 +36,51 @@ def _gib(size: int) -> str:
     return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
 
 
-def check_newton_memory(config: RunConfig, dataset: Dataset) -> None:
+def check_newton_memory(
+    *, dataset: Dataset, methods: Mapping[str, Method[Any, Any]], recipe: HeadConfig, device: str
+) -> None:
     """Features too wide for the Newton solver's dense (d+1)^2 basis fail here, not after
     minutes of work (a 30,000-d file needs about 34 GiB).
+
+    Args:
+        dataset: the loaded data.
+        methods: the run's methods (those whose ``needs_newton_basis`` fit it anyway).
+        recipe: the head's recipe (its solver).
+        device: where the run computes.
 
     Raises:
         ValueError: naming the dimension, the memory needed and the machine's.
     """
     if dataset.features is None:  # image datasets: the encoder's output, a few hundred wide
         return
-    analytic = [
-        m
-        for m in config.methods
-        if getattr(method_options(m, config.options), "sensitivity", None) == "analytic"
-    ]
-    if config.recipe.solver != "newton" and not analytic:
+    analytic = [name for name, method in methods.items() if method.needs_newton_basis]
+    if recipe.solver != "newton" and not analytic:
         return
     from alm_opacus.sensitivity.convex import basis_peak_bytes
 
     dim = int(dataset.features.shape[1])
-    need, limit = basis_peak_bytes(dim), _machine_memory(config.device)
+    need, limit = basis_peak_bytes(dim), _machine_memory(device)
     if limit is not None and need > limit:
         who = "the head's Newton solver"
-        if config.recipe.solver != "newton":
+        if recipe.solver != "newton":
             who = f"the Newton fit of {', '.join(analytic)}'s analytic sensitivity"
         raise ValueError(
-            f"{config.dataset}: features of {dim:,} dimensions need a dense ({dim + 1:,})^2 "
+            f"{dataset.name}: features of {dim:,} dimensions need a dense ({dim + 1:,})^2 "
             f"eigendecomposition for {who}: about {_gib(need)} at its peak, more than the "
-            f"{_gib(limit)} of memory on {config.device}; reduce the "
+            f"{_gib(limit)} of memory on {device}; reduce the "
             "dimension (e.g. PCA), or train the head with Adam (--l2 0 or --head mlp) with "
             "--sensitivity sampled"
         )
 
 
-def check_epsilons(config: RunConfig, dataset: Dataset, *, members: int) -> None:
+def check_epsilons(
+    *,
+    dataset: Dataset,
+    grid: Sequence[float],
+    recipe: HeadConfig,
+    encoder: str | None,
+    delta: float,
+) -> None:
     """An epsilon too small for an exact release to draw its noise fails here, not in a cell.
 
     The floor grows with the released coordinates (:func:`smallest_epsilon`): the head's
@@ -76,10 +88,17 @@ def check_epsilons(config: RunConfig, dataset: Dataset, *, members: int) -> None
     (DP-SGD's noise stays bounded as epsilon -> 0, with delta > 0). At 1e-3 it would take a
     head of over 10^12 parameters, so grids from 1e-3 up skip the count.
 
+    Args:
+        dataset: the loaded data.
+        grid: the run's epsilons.
+        recipe: the head's recipe (its size).
+        encoder: the SimCLR encoder's name for image data (its output is the head's input).
+        delta: the run's delta.
+
     Raises:
         ValueError: naming the epsilon, the floor and the release's size.
     """
-    low = min(config.grid)
+    low = min(grid)
     if low >= 1e-3:
         return
     from alm_opacus.mechanisms.analysis import LARGEST_EPSILON
@@ -91,14 +110,14 @@ def check_epsilons(config: RunConfig, dataset: Dataset, *, members: int) -> None
     else:  # the features are the encoder's output
         assert dataset.images is not None
         in_channels = int(dataset.images.shape[1])
-        encoder = create_encoder(config.ssl_config.encoder, in_channels=in_channels)
-        dim = int(encoder.out_dim)  # type: ignore[arg-type]
-    classes, head = dataset.num_classes, config.recipe
+        assert encoder is not None
+        net = create_encoder(encoder, in_channels=in_channels)
+        dim = int(net.out_dim)  # type: ignore[arg-type]
+    classes, head = dataset.num_classes, recipe
     if head.kind == "linear":
         size = classes * (dim + 1)
     else:
         size = head.hidden * (dim + 1) + classes * (head.hidden + 1)
-    delta = config.delta if config.delta is not None else default_delta(members)
     floor = smallest_epsilon(dim=size, delta=delta)
     if low < floor:
         raise ValueError(

@@ -1,7 +1,7 @@
 """The pure units of a run and the inputs they share.
 
-* :class:`Prepared`: the run's data, split and features (built by the driver's
-  :func:`~alm_opacus.run.harness.prepare`);
+* :class:`RunData`: the run's data, split and features (built by the driver's
+  :func:`~alm_opacus.run.harness.prepare` from the :class:`~alm_opacus.run.plan.RunPlan`);
 * :class:`RunInputs`: what every unit reads, built once by the driver (read-only; on Ray, one
   object in the object store);
 * :func:`prepare_unit`: a method's work shared by every epsilon and draw of a seed;
@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from alm_opacus.attacks import AttackConfig, AttackResult, PreparedAttacks
+from alm_opacus.attacks import AttackResult, PreparedAttacks
 from alm_opacus.data import to_float
 from alm_opacus.data.split import Split
 from alm_opacus.errors import InfeasibleRelease
@@ -39,16 +39,12 @@ from alm_opacus.methods import (
     NoisePolicy,
     Release,
     RunMemo,
-    create_method,
     load_plugins,
-    method_class,
-    method_options,
     plain_shadow_trainer,
 )
 from alm_opacus.report.draws import draw_records
 from alm_opacus.report.risk import cell_scores
 from alm_opacus.run.cells import Cell, CellOutcome, RocMap
-from alm_opacus.run.config import RunConfig
 from alm_opacus.run.evaluation import (
     CLEAN_SUFFIX,
     Evaluation,
@@ -56,12 +52,13 @@ from alm_opacus.run.evaluation import (
     infeasible_row,
     with_reference,
 )
+from alm_opacus.run.plan import RunPlan
 from alm_opacus.units import UnitMap, serial_map
 
 __all__ = [
     "Infeasible",
     "PlainAttacks",
-    "Prepared",
+    "RunData",
     "RunInputs",
     "Session",
     "cell_unit",
@@ -72,7 +69,7 @@ __all__ = [
 
 
 @dataclass
-class Prepared:
+class RunData:
     """The data a run's methods and attacks share.
 
     Attributes:
@@ -81,7 +78,6 @@ class Prepared:
         encoder: the encoder pre-trained on the public split.
     """
 
-    config: RunConfig
     split: Split
     features: Tensor
     labels: Tensor
@@ -112,7 +108,8 @@ class RunInputs:
     (on Ray: one object in the object store, whatever the number of tasks).
 
     Attributes:
-        config: the run.
+        dataset: the dataset's name (the rows' first column).
+        methods: the plan's method objects by name (:attr:`RunPlan.methods`).
         delta: the run's delta.
         context: what every method may use besides the members' data.
         evaluation: the balanced evaluation set and the attacker's pool.
@@ -124,7 +121,8 @@ class RunInputs:
             per-example scores behind ``risk/``.
     """
 
-    config: RunConfig
+    dataset: str
+    methods: Mapping[str, Method[Any, Any]]
     delta: float
     context: MethodContext
     evaluation: Evaluation
@@ -135,21 +133,22 @@ class RunInputs:
     @classmethod
     def build(
         cls,
-        config: RunConfig,
-        data: Prepared,
+        plan: RunPlan,
+        data: RunData,
         *,
         memo: RunMemo | None = None,
         map_units: UnitMap = serial_map,
         progress: bool | None = None,
     ) -> RunInputs:
-        """The inputs of ``config``'s units from the prepared data.
+        """The inputs of ``plan``'s units from the prepared data.
 
         Args:
             memo: work shared by the units (default: a fresh in-process memo).
             map_units: how units map their own units (sampler and bank chunks).
-            progress: show progress bars inside units (default: ``config.progress``).
+            progress: show progress bars inside units (default: the config's).
         """
-        kinds = {method_class(m).inputs for m in ("none", *config.methods)}
+        config = plan.config
+        kinds = {method.inputs for method in plan.methods.values()}
         images = "images" in kinds
         public_x, public_y = data.part("public")
         context = MethodContext(
@@ -174,9 +173,9 @@ class RunInputs:
             labels=torch.cat([y_in, y_out]),
             is_member=np.r_[np.ones(len(y_in), bool), np.zeros(len(y_out), bool)],
             pool=data.part("attacker"),
-            names=config.attack_names,
+            attacks=plan.attacks,
             num_classes=data.num_classes,
-            config=AttackConfig(**config.attack_options),
+            config=plan.attack_config,
             map_units=map_units,
         )
         queries: dict[tuple[InputKind, str], Tensor] = {}
@@ -185,8 +184,9 @@ class RunInputs:
             queries[kind, "members"], queries[kind, "nonmembers"] = members, nonmembers
             queries[kind, "evaluation"] = torch.cat([members, nonmembers])
         return cls(
-            config=config,
-            delta=data.delta,
+            dataset=config.dataset,
+            methods=dict(plan.methods),
+            delta=plan.delta,
             context=context,
             evaluation=evaluation,
             queries=queries,
@@ -195,8 +195,8 @@ class RunInputs:
         )
 
     def method(self, name: str) -> Method[Any, Any]:
-        """The method ``name`` with the run's options."""
-        return create_method(name, method_options(name, self.config.options))
+        """The plan's method ``name`` (resolved with the run's options)."""
+        return self.methods[name]
 
     def inputs(self, kind: InputKind, part: str) -> Tensor:
         """A split part (or ``evaluation``: members then non-members) as ``kind``."""
@@ -251,7 +251,7 @@ def cell_unit(shared: RunInputs, cell: Cell, prepared: Any, plain: PlainAttacks)
         releases, accuracies, per_draw = _draws(cell, shared, method, prepared, plain)
     except InfeasibleRelease as exc:
         row = infeasible_row(
-            dataset=shared.config.dataset,
+            dataset=shared.dataset,
             method=cell.method,
             epsilon=cell.epsilon,
             seed=cell.seed,
@@ -262,7 +262,7 @@ def cell_unit(shared: RunInputs, cell: Cell, prepared: Any, plain: PlainAttacks)
         return CellOutcome(rows=[row], rocs={})
     results = [result for draw in per_draw for result in draw]
     rows = cell_rows(
-        dataset=shared.config.dataset,
+        dataset=shared.dataset,
         method=cell.method,
         epsilon=cell.epsilon,
         seed=cell.seed,
@@ -339,7 +339,7 @@ def _draws(
         accuracies.append(accuracy(release.predict_proba(shared.inputs(kind, "nonmembers")), y_out))
         results: list[AttackResult] = []  # extended in place below: per_draw holds it
         per_draw.append(results)
-        if not evaluation.names:
+        if not evaluation.attacks:
             continue
         queried = None if kind == "features" else shared.inputs(kind, "evaluation")
         if release.attacker is None:
@@ -358,17 +358,16 @@ class Session:
     per-(preparation, seed) work, the plain attacks per seed, and the baselines' accuracies.
     For scripts and tests that compute cells by hand; :func:`run` drives an executor."""
 
-    config: RunConfig
-    data: Prepared
+    plan: RunPlan
+    data: RunData
     shared: RunInputs
-    methods: dict[str, Method[Any, Any]] = field(default_factory=dict)
     prepared: dict[tuple[Hashable, int], Any] = field(default_factory=dict)
     plain_attacks: dict[int, PreparedAttacks] = field(default_factory=dict)
     reference: dict[int, float] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, config: RunConfig, data: Prepared) -> Session:
-        return cls(config=config, data=data, shared=RunInputs.build(config, data))
+    def open(cls, plan: RunPlan, data: RunData) -> Session:
+        return cls(plan=plan, data=data, shared=RunInputs.build(plan, data))
 
     @property
     def context(self) -> MethodContext:
@@ -379,9 +378,7 @@ class Session:
         return self.shared.evaluation
 
     def method(self, name: str) -> Method[Any, Any]:
-        if name not in self.methods:
-            self.methods[name] = self.shared.method(name)
-        return self.methods[name]
+        return self.shared.method(name)
 
     def inputs(self, kind: InputKind, part: str) -> Tensor:
         """A split part (or ``evaluation``: members then non-members) as ``kind``."""

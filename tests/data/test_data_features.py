@@ -349,11 +349,11 @@ def test_a_rewritten_file_is_read_again(tmp_path: Path) -> None:
 
 def test_harness_uses_the_file_and_refuses_image_methods(good: Path, tmp_path: Path) -> None:
     from alm_opacus.run.config import RunConfig
-    from alm_opacus.run.harness import load_plugins, prepare
+    from alm_opacus.run.harness import load_plugins, plan_run, prepare
 
     load_plugins()
     config = RunConfig(dataset=f"features:{good}", out=str(tmp_path / "run"), progress=False)
-    data = prepare(config)
+    data = prepare(plan_run(config))
     assert data.images is None and data.encoder is None
     assert data.features.shape == (60, 6) and data.features.dtype == torch.float32
     assert config.to_dict()["ssl"] is None
