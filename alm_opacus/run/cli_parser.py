@@ -210,7 +210,10 @@ def build_parser(*, method_flags: Sequence[MethodFlag] | None = None) -> argpars
         "releases are private only while the seeds stay secret (default: the OS CSPRNG)",
     )
 
-    _add_method_flags(parser, help_method_flags() if method_flags is None else method_flags)
+    methods = parser.add_argument_group(
+        "method options",
+        "flags the methods' options declare; --opt sets any option, these included",
+    )
 
     attack = parser.add_argument_group("attacks")
     attack.add_argument("--attacks", default="all", help="comma list of attack names, or 'all'")
@@ -296,16 +299,20 @@ def build_parser(*, method_flags: Sequence[MethodFlag] | None = None) -> argpars
         help="print the side-by-side table (a column block per method) instead of one line per "
         "(method, epsilon) in at most 100 columns",
     )
+    # last, so that a method flag that takes a core flag's name is refused by name
+    _add_method_flags(
+        parser, methods, help_method_flags() if method_flags is None else method_flags
+    )
     return parser
 
 
-def _add_method_flags(parser: argparse.ArgumentParser, flags: Sequence[MethodFlag]) -> None:
+def _add_method_flags(
+    parser: argparse.ArgumentParser,
+    group: argparse._ArgumentGroup,
+    flags: Sequence[MethodFlag],
+) -> None:
     """One flag per key the methods' options declare (``cli_option``); its value goes to the
     run config's options under that key (:func:`method_options_of`)."""
-    group = parser.add_argument_group(
-        "method options",
-        "flags the methods' options declare; --opt sets any option, these included",
-    )
     for flag in flags:
         if flag.flag in parser._option_string_actions:
             parser.error(
