@@ -80,7 +80,8 @@ METHOD_FLAGS_FILE = Path(__file__).with_name("method_flags.json")
 
 
 def _installed_plugins() -> list[str]:
-    return sorted(ep.name for ep in importlib.metadata.entry_points(group=METHOD_PLUGIN_GROUP))
+    # a set: a distribution found twice on the path lists its entry points twice
+    return sorted({ep.name for ep in importlib.metadata.entry_points(group=METHOD_PLUGIN_GROUP)})
 
 
 def help_method_flags() -> tuple[MethodFlag, ...]:
