@@ -194,3 +194,23 @@ def test_a_plugin_flag_that_takes_a_core_flags_name_is_refused(
     register_method("clash")(ClashMethod)
     err = _refused(tmp_path, capsys, "--methods", "none")
     assert "--seeds, declared by the options of clash, is a core flag" in err
+
+
+def test_help_with_plugins_whose_flags_disagree_exits_2(
+    toy: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    @dataclass(frozen=True)
+    class Wide(MethodOptions):
+        width: float = cli_option(1.0, help="a width of another type")
+
+    class WideMethod(Method[Wide, None]):
+        name = "wide"
+        Options = Wide
+
+    register_method("wide")(WideMethod)
+    monkeypatch.setattr(catalogue, "_installed_plugins", lambda: ["another"])
+    with pytest.raises(SystemExit) as exc:
+        build_parser()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "flag --width is declared twice" in err and len(err.splitlines()) == 1

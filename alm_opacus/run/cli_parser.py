@@ -300,9 +300,12 @@ def build_parser(*, method_flags: Sequence[MethodFlag] | None = None) -> argpars
         "(method, epsilon) in at most 100 columns",
     )
     # last, so that a method flag that takes a core flag's name is refused by name
-    _add_method_flags(
-        parser, methods, help_method_flags() if method_flags is None else method_flags
-    )
+    if method_flags is None:
+        try:  # the snapshot, or the plugins it does not cover, loaded
+            method_flags = help_method_flags()
+        except OptionError as exc:
+            parser.error(str(exc))
+    _add_method_flags(parser, methods, method_flags)
     return parser
 
 
