@@ -38,10 +38,13 @@ from alm_opacus.method_base import (
     TrainingNoise,
 )
 from alm_opacus.options import (
+    MethodFlag,
     MethodOptions,
     NoOptions,
     OptionError,
     build_options,
+    cli_option,
+    collect_flags,
     option_fields,
     split_scoped,
 )
@@ -57,6 +60,7 @@ __all__ = [
     "InputKind",
     "Method",
     "MethodContext",
+    "MethodFlag",
     "MethodOptions",
     "MethodPluginError",
     "NoOptions",
@@ -67,10 +71,12 @@ __all__ = [
     "ShadowTrainer",
     "TrainingNoise",
     "available_methods",
+    "cli_option",
     "create_method",
     "default_methods",
     "load_plugins",
     "method_class",
+    "method_flags",
     "method_options",
     "plain_shadow_trainer",
     "reference_methods",
@@ -199,6 +205,16 @@ def validate_options(values: Mapping[str, Any]) -> None:
             )
     for name in available_methods():
         method_options(name, values)
+
+
+def method_flags() -> tuple[MethodFlag, ...]:
+    """The command-line flags the registered methods' options declare (``cli_option``),
+    plugins included: one per distinct key, with the methods that read it.
+
+    Raises:
+        OptionError: for two methods that declare one flag in ways that disagree.
+    """
+    return collect_flags({name: method_class(name).Options for name in available_methods()})
 
 
 def create_method(

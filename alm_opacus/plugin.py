@@ -12,6 +12,7 @@ What is here:
 
 - the base classes and registration of each extension point (``Method``, ``Attack``,
   ``DatasetSpec`` and their ``register_*``), and the generic :class:`Registry`;
+- :func:`cli_option`, for a method option with a command-line flag of its own;
 - the input checks the core uses, so that a plugin's errors read like the core's;
 - seeds and digests: stable seeds from labels, digests of tensors, payloads and code (cache
   keys that change with the code that produced them);
@@ -54,6 +55,7 @@ from alm_opacus.methods import (
     Release,
     ShadowTrainer,
     TrainingNoise,
+    cli_option,
     register_method,
 )
 from alm_opacus.posthoc import clean_shadow_heads, convex_config
@@ -98,6 +100,7 @@ __all__ = [
     "check_features_labels",
     "check_positive",
     "clean_shadow_heads",
+    "cli_option",
     "clip_features",
     "code_digest",
     "content_digest",

@@ -41,7 +41,7 @@ from alm_opacus.heads import (
 from alm_opacus.io import cached
 from alm_opacus.mechanisms import create_mechanism, make_generator
 from alm_opacus.method_base import Method, MethodContext, Predict, Release, RunMemo
-from alm_opacus.options import MethodOptions
+from alm_opacus.options import MethodOptions, cli_option
 from alm_opacus.protect import PostTrainingPrivacyEngine, ProtectedModule, SensitivityInfo
 from alm_opacus.sensitivity import (
     SensitivitySample,
@@ -79,8 +79,14 @@ class PostTrainingOptions(MethodOptions):
         clip_radius: features are clipped to this L2 norm in the convex head.
     """
 
-    sensitivity: SensitivitySourceName = "sampled"
-    m: int = 200
+    sensitivity: SensitivitySourceName = cli_option(
+        "sampled",
+        help="sensitivity of the post-training mechanisms: sampled (neighbouring data sets "
+        "drawn from the public split: random-DP), analytic (the convex head's proven bound: "
+        "pure/approx DP), or sampled-members (the ALM paper's Algorithm 2 on the members: no "
+        "guarantee, for reproducing the paper)",
+    )
+    m: int = cli_option(200, help="neighbour pairs drawn by the sensitivity sampler")
     gamma: float = 0.05
     analytic_l2: float = ANALYTIC_L2
     clip_radius: float = ANALYTIC_CLIP

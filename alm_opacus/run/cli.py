@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from alm_opacus.run.catalogue import CLUSTER_EXTRA
 from alm_opacus.run.cli_export import export_main
-from alm_opacus.run.cli_parser import RUNS, _apply_config_file, _one_line, build_parser
+from alm_opacus.run.cli_parser import (
+    RUNS,
+    _apply_config_file,
+    _one_line,
+    build_parser,
+    method_options_of,
+)
 from alm_opacus.run.ray_address import check_connect_timeout, cluster_address
 
 if TYPE_CHECKING:
@@ -76,11 +82,17 @@ def parse_command(argv: Sequence[str] | None = None) -> Command:
     if {"-h", "--help"} & set(argv):
         parser.parse_args(["--help"])  # prints and exits before anything heavy is imported
     from alm_opacus.data import DataError, dataset_spec, parse_split_sizes
-    from alm_opacus.methods import load_plugins
+    from alm_opacus.methods import load_plugins, method_flags
+    from alm_opacus.options import OptionError
     from alm_opacus.run.config import RunConfig
     from alm_opacus.run.rundir import check_can_create
 
     load_plugins()
+    try:  # the flags of every registered method, plugins included, with their checks
+        flags = method_flags()
+    except OptionError as exc:
+        parser.error(str(exc))
+    parser = build_parser(method_flags=flags)
     _apply_config_file(parser, argv)
     args = parser.parse_args(argv)
     methods = _methods(parser, str(args.methods))
@@ -108,13 +120,9 @@ def parse_command(argv: Sequence[str] | None = None) -> Command:
     attacks = tuple(a.strip() for a in str(args.attacks).split(",") if a.strip())
     if not attacks:
         parser.error("--attacks is empty: expected a comma list of attack names, or 'all'")
-    shared = {
-        "sensitivity": args.sensitivity,
-        "m": args.m,
-        "accountant": args.accountant,
-        "queries": args.queries,
-        "analytic_l2": args.l2 if args.l2 is not None and args.l2 > 0 else None,
-    }
+    options: dict[str, Any] = method_options_of(args, flags)
+    if args.l2 is not None and args.l2 > 0:
+        options["analytic_l2"] = args.l2
     try:
         split = None if args.split is None else parse_split_sizes(args.split, default=spec.split)
     except ValueError as exc:
@@ -126,7 +134,6 @@ def parse_command(argv: Sequence[str] | None = None) -> Command:
         # the dataset's solver where it still applies (Newton needs a convex objective)
         solver = spec.head.solver if kind == "linear" and l2 > 0 else "adam"
         head = spec.head.replace(kind=kind, l2=l2, solver=solver)
-    options: dict[str, Any] = {k: v for k, v in shared.items() if v is not None}
     options.update(dict(args.opt))
     try:
         config = RunConfig(

@@ -1,8 +1,10 @@
 """The ``alm-opacus`` argument parser: its flags, their type converters, and ``--config``.
 
 Imports nothing heavy (``--help`` must not load torch): what the help names comes from
-:mod:`alm_opacus.run.catalogue`. A bad value exits with code 2 and a one-line message naming
-the flag and what was expected. :mod:`alm_opacus.run.cli` turns the parsed flags into a run.
+:mod:`alm_opacus.run.catalogue`. The core flags are written here; the methods' own flags
+are built from their ``Options`` (``cli_option`` fields), so this module names none. A bad
+value exits with code 2 and a one-line message naming the flag and what was expected.
+:mod:`alm_opacus.run.cli` turns the parsed flags into a run.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from alm_opacus.options import MethodFlag, OptionError
 from alm_opacus.run.catalogue import (
     CLUSTER_EXTRA,
     DATASETS,
@@ -22,6 +25,7 @@ from alm_opacus.run.catalogue import (
     OPT_IN_METHODS,
     PRIVATE_DIR,
     REFERENCE_METHODS,
+    help_method_flags,
 )
 from alm_opacus.run.ray_address import DEFAULT_CONNECT_TIMEOUT_S
 
@@ -109,7 +113,14 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, method_flags: Sequence[MethodFlag] | None = None) -> argparse.ArgumentParser:
+    """The parser: the core flags, then one flag per key the methods' options declare.
+
+    Args:
+        method_flags: the methods' flags (``alm_opacus.methods.method_flags()``, which
+            converts and checks their values); default: the snapshot ``--help`` prints
+            (:func:`~alm_opacus.run.catalogue.help_method_flags`), which parses nothing.
+    """
     parser = _Parser(
         prog="alm-opacus",
         description="Protect a fine-tuned head in several ways, attack every release with the "
@@ -171,23 +182,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="independent noise draws per (method, epsilon, seed)",
     )
     privacy.add_argument(
-        "--sensitivity",
-        choices=("sampled", "sampled-members", "analytic"),
-        default=None,
-        help="sensitivity of the post-training mechanisms (default: "
-        f"{DEFAULTS['PostTrainingOptions.sensitivity']}): sampled (neighbouring data "
-        "sets drawn from the public split: random-DP), analytic (the convex head's proven "
-        "bound: pure/approx DP), or sampled-members (the ALM paper's Algorithm 2 on the "
-        "members: no guarantee, for reproducing the paper)",
-    )
-    privacy.add_argument(
-        "--m",
-        type=_positive_int("--m"),
-        default=None,
-        help="neighbour pairs drawn by the sensitivity sampler (default: "
-        f"{DEFAULTS['PostTrainingOptions.m']})",
-    )
-    privacy.add_argument(
         "--head",
         choices=("linear", "mlp"),
         default=None,
@@ -197,22 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--l2",
         type=_non_negative_float,
         default=None,
-        help="L2 coefficient of the head recipe (default: the dataset's recipe); with "
-        "--sensitivity analytic, also the convex head's lambda",
-    )
-    privacy.add_argument(
-        "--accountant",
-        choices=("alm_pld", "prv", "rdp"),
-        default=None,
-        help=f"DP-SGD's accountant (default: {DEFAULTS['DPSGD accountant']}, this project's PLD "
-        "accountant, registered in Opacus)",
-    )
-    privacy.add_argument(
-        "--queries",
-        type=_positive_int("--queries"),
-        default=None,
-        help="queries answered by per-query methods (lu; default: "
-        f"{DEFAULTS['LuOptions.queries']}); their total epsilon covers this many",
+        help="L2 coefficient of the head recipe (default: the dataset's recipe); for the "
+        "post-training methods' analytic sensitivity, also the convex head's lambda",
     )
     privacy.add_argument(
         "--opt",
@@ -228,6 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="seed release noise from public labels, for reproducible research only: such "
         "releases are private only while the seeds stay secret (default: the OS CSPRNG)",
+    )
+
+    methods = parser.add_argument_group(
+        "method options",
+        "flags the methods' options declare; --opt sets any option, these included",
     )
 
     attack = parser.add_argument_group("attacks")
@@ -314,7 +299,55 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the side-by-side table (a column block per method) instead of one line per "
         "(method, epsilon) in at most 100 columns",
     )
+    # last, so that a method flag that takes a core flag's name is refused by name
+    if method_flags is None:
+        try:  # the snapshot, or the plugins it does not cover, loaded
+            method_flags = help_method_flags()
+        except OptionError as exc:
+            parser.error(str(exc))
+    _add_method_flags(parser, methods, method_flags)
     return parser
+
+
+def _add_method_flags(
+    parser: argparse.ArgumentParser,
+    group: argparse._ArgumentGroup,
+    flags: Sequence[MethodFlag],
+) -> None:
+    """One flag per key the methods' options declare (``cli_option``); its value goes to the
+    run config's options under that key (:func:`method_options_of`)."""
+    for flag in flags:
+        if flag.flag in parser._option_string_actions:
+            parser.error(
+                f"{flag.flag}, declared by the options of {', '.join(flag.methods)}, is a core "
+                "flag: expected another name (cli_option(flag=...))"
+            )
+        # the help snapshot has no readers: it parses nothing, so its flags take plain text
+        group.add_argument(
+            flag.flag,
+            dest=flag.dest,
+            type=_flag_parser(flag) if flag.readers else str,
+            choices=flag.choices,
+            default=None,
+            metavar=flag.metavar,
+            help=flag.help,
+        )
+
+
+def _flag_parser(flag: MethodFlag) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            return flag.parse(text)
+        except OptionError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def method_options_of(args: argparse.Namespace, flags: Sequence[MethodFlag]) -> dict[str, Any]:
+    """``{key: value}`` of the methods' flags given (on the command line or in ``--config``)."""
+    given = {flag.key: getattr(args, flag.dest, None) for flag in flags}
+    return {key: value for key, value in given.items() if value is not None}
 
 
 def _apply_config_file(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from alm_opacus.methods import MethodOptions
+from alm_opacus.methods import MethodOptions, cli_option
 from alm_opacus.plugin import check_positive
 
 __all__ = [
@@ -139,7 +139,10 @@ class DPSGDOptions(DPSGDRecipeOptions):
         accountant: ``"alm_pld"`` (this project's PLD accountant), ``"prv"`` or ``"rdp"``.
     """
 
-    accountant: AccountantName = DEFAULT_ACCOUNTANT
+    accountant: AccountantName = cli_option(
+        DEFAULT_ACCOUNTANT,
+        help="DP-SGD's accountant: alm_pld is this project's PLD accountant, registered in Opacus",
+    )
 
     def __post_init__(self) -> None:
         check_accountant(self.accountant)

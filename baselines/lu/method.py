@@ -38,6 +38,7 @@ from alm_opacus.methods import (
     Predict,
     Release,
     ShadowTrainer,
+    cli_option,
     register_method,
 )
 from alm_opacus.plugin import FLOAT_NOTE, Params
@@ -91,7 +92,9 @@ class LuOptions(MethodOptions):
     """
 
     noise: NoiseName = "laplace"
-    queries: int = 1
+    queries: int = cli_option(
+        1, help="queries answered by a per-query method: its total epsilon covers this many"
+    )
     l2: float | None = None
     alpha: float = 1.0
     hidden: int = 128
