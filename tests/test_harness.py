@@ -53,7 +53,7 @@ def test_pretraining_sees_only_the_public_split(tmp_path: Path, monkeypatch) -> 
 
     monkeypatch.setattr(harness, "pretrain", spy)
     with pytest.raises(Stop):
-        harness.prepare(harness.RunConfig(out=str(tmp_path), progress=False))
+        harness.prepare(harness.plan_run(harness.RunConfig(out=str(tmp_path), progress=False)))
     from alm_opacus.data import dataset_spec, load_dataset
     from alm_opacus.data.split import make_split
 
@@ -304,7 +304,7 @@ def test_an_image_method_is_trained_tested_and_attacked_on_images(
     assert ("query", (150, 1, 8, 8)) in seen  # test accuracy on the non-members' images
     assert ("query", (300, 1, 8, 8)) in seen  # the attack's balanced evaluation set
     # the reported accuracy is the probe's on the non-members' images, recomputed here
-    data = harness.prepare(config)
+    data = harness.prepare(harness.plan_run(config))
     ds = load_dataset("digits")
 
     def flat(part: str) -> torch.Tensor:

@@ -7,7 +7,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from alm_opacus.attacks.registry import ATTACKS
@@ -69,20 +68,6 @@ def test_planning_refuses_what_the_objects_cannot_do(tmp_path: Path) -> None:
         )
     )
     assert not (tmp_path / "run").exists()
-
-
-def test_a_dataset_of_features_refuses_a_method_that_trains_on_images(tmp_path: Path) -> None:
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(400, 6)).astype(np.float32)
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    np.savez(tmp_path / "f.npz", x=x, y=rng.integers(0, 3, 400))
-    image_methods = [n for n, cls in METHODS.items() if cls.inputs == "images"]
-    if not image_methods:
-        pytest.skip("no registered method trains on images")
-    name = image_methods[0]
-    config = RunConfig(dataset=f"features:{tmp_path / 'f.npz'}", methods=(name,))
-    with pytest.raises(ValueError, match=rf"method '{name}' trains on images, but dataset"):
-        plan_run(config)
 
 
 def _sizes(**parts: int) -> Any:

@@ -21,7 +21,6 @@ from alm_opacus.data.registry import (
     load_dataset,
     register_dataset,
     register_dataset_family,
-    to_float,
 )
 from alm_opacus.data.spec import (
     DEFAULT_EPSILON_GRID,
@@ -34,6 +33,7 @@ from alm_opacus.data.spec import (
     register_dataset_spec,
 )
 from alm_opacus.data.split import SplitSizes
+from alm_opacus.ssl.images import to_float  # the stored images as the encoder takes them
 
 __all__ = [
     "DEFAULT_EPSILON_GRID",

@@ -175,10 +175,3 @@ def load_dataset(name: str, *, root: str | Path | None = None) -> Dataset:
         known = ", ".join(available_datasets())
         raise DataError(f"unknown dataset {name!r}: expected one of {known}{families}")
     return DATASETS[name](root=None if root is None else Path(root))
-
-
-def to_float(images: np.ndarray) -> np.ndarray:
-    """Convert a batch of images to ``float32`` in [0, 1]."""
-    if images.dtype == np.uint8:
-        return images.astype(np.float32) / 255.0
-    return np.asarray(images, dtype=np.float32)

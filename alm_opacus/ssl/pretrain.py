@@ -24,11 +24,11 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from alm_opacus._hashing import code_digest
-from alm_opacus.data.registry import to_float
 from alm_opacus.io import MISSING, StaleCacheWarning, read_cache, write_cache
 from alm_opacus.ssl.augment import create_augmentation
 from alm_opacus.ssl.config import SSLConfig
 from alm_opacus.ssl.encoders import create_encoder
+from alm_opacus.ssl.images import to_float
 from alm_opacus.ssl.losses import nt_xent
 
 CHECKPOINT_KIND = "alm_opacus.simclr-encoder"

@@ -358,7 +358,7 @@ def test_harness_uses_the_file_and_refuses_image_methods(good: Path, tmp_path: P
     assert data.features.shape == (60, 6) and data.features.dtype == torch.float32
     assert config.to_dict()["ssl"] is None
     with pytest.raises(ValueError, match=r"method 'dpsgd-full' trains on images.*features only"):
-        RunConfig(dataset=f"features:{good}", methods=("dpsgd-full",))
+        plan_run(RunConfig(dataset=f"features:{good}", methods=("dpsgd-full",)))
     with pytest.raises(DataError, match="not found"):
         RunConfig(dataset=f"features:{tmp_path / 'missing.npz'}")
 

@@ -1,6 +1,6 @@
 """Measure a dataset's SimCLR recipe: its cost, a linear probe, and a loss attack on the head.
 
-``python -m alm_opacus.ssl.probe --dataset mnist`` pre-trains the dataset's encoder on the
+``python -m alm_opacus.data.probe --dataset mnist`` pre-trains the dataset's encoder on the
 public part of its default split (nothing private), trains the default head
 (``HeadConfig()``) on the members' features, and prints:
 
@@ -111,7 +111,7 @@ def probe(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command-line entry: ``python -m alm_opacus.ssl.probe --dataset mnist``."""
+    """Command-line entry: ``python -m alm_opacus.data.probe --dataset mnist``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="mnist")
     parser.add_argument("--seed", type=int, default=0)
