@@ -154,7 +154,7 @@ _jit = _jit_with(fastmath=frozenset({"contract"}))
 _jit_uncontracted = _jit_with(fastmath=frozenset())
 #: Reassociation only (no nnan/ninf: a NaN or inf must reach the caller): a float32 sum of
 #: non-negative terms is within γ_T of the exact sum in any order, so the vectorised order
-#: keeps the bound (`_l1_tiles`).
+#: keeps the bound (`_tile_loop`).
 _jit_reassociated = _jit_with(fastmath=frozenset({"reassoc"}))
 
 
@@ -442,33 +442,42 @@ def cell_sum_kernel() -> Callable[..., None] | None:
 
 
 @_jit_reassociated
-def _l1_tiles(rows: np.ndarray, width: int, out: np.ndarray) -> None:
-    """out[i, t] = the float32 sum of |rowsᵢⱼ| over the t-th tile of ``width`` columns (in any
-    order: `_jit_reassociated`); float32 rows, float64 ``out``."""
-    batch, length = rows.shape
-    for i in range(batch):
-        for start in range(0, length, width):
-            tile = rows[i, start : min(length, start + width)]
-            acc = _ZERO32
-            for j in range(len(tile)):
-                acc += abs(tile[j])
-            out[i, start // width] = acc
+def _magnitude(x: np.float32) -> np.float32:
+    return abs(x)
 
 
 @_jit_reassociated
-def _l2_tiles(rows: np.ndarray, width: int, out: np.ndarray) -> None:
-    """As `_l1_tiles` with rounded squares fl(rowsᵢⱼ²) (an overflow is inf, handed back)."""
-    batch, length = rows.shape
-    for i in range(batch):
-        for start in range(0, length, width):
-            tile = rows[i, start : min(length, start + width)]
-            acc = _ZERO32
-            for j in range(len(tile)):
-                acc += tile[j] * tile[j]
-            out[i, start // width] = acc
+def _square(x: np.float32) -> np.float32:
+    return x * x  # rounded once; an overflow is inf, handed back
+
+
+def _tile_loop(term: Callable[[np.float32], np.float32]) -> Callable[..., None]:
+    """The tile loop for one norm, ``term`` being |x| (L1) or x² (L2): a closure, so that
+    numba compiles (and caches, the closure's contents keyed) one loop per norm with the
+    term inlined, as if written out twice."""
+
+    @_jit_reassociated
+    def tiles(rows: np.ndarray, width: int, out: np.ndarray) -> None:
+        """out[i, t] = the float32 sum of term(rowsᵢⱼ) over the t-th tile of ``width``
+        columns (in any order: `_jit_reassociated`); float32 rows, float64 ``out``."""
+        batch, length = rows.shape
+        for i in range(batch):
+            for start in range(0, length, width):
+                tile = rows[i, start : min(length, start + width)]
+                acc = _ZERO32
+                for j in range(len(tile)):
+                    acc += term(tile[j])
+                out[i, start // width] = acc
+
+    return tiles
+
+
+_abs_tiles = _tile_loop(_magnitude)
+_square_tiles = _tile_loop(_square)
+_TILES = {"l1": _abs_tiles, "l2": _square_tiles}
 
 
 def norm_tile_kernel(norm: str) -> Callable[[np.ndarray, int, np.ndarray], None] | None:
-    """The compiled tile sums of |x| (``"l1"``: `_l1_tiles`) or of x² (``"l2"``: `_l2_tiles`),
-    or None where numba does not import."""
-    return None if _numba is None else {"l1": _l1_tiles, "l2": _l2_tiles}[norm]
+    """The compiled tile sums of |x| (``"l1"``) or of x² (``"l2"``), or None where numba
+    does not import."""
+    return None if _numba is None else _TILES[norm]
