@@ -21,8 +21,10 @@ processor.
 numba is a dependency; if it cannot be imported (a Python or numpy it does not support yet),
 `first_pass_kernel` returns None and the eager pass runs: the law of K is the same, only the
 few draws near the margin that each path leaves in doubt may differ, so a *seeded* stream is
-reproducible on one installation, not across the two paths. The clipping kernels then give
-way to torch in the same way, with the same cell sums (they are exact either way).
+reproducible on one installation, not across the two paths. The exact DP-SGD step then
+clips in float64 (`alm_opacus.mechanisms.cells.enforce_radius`): its cell sums are as exact
+and within the same radius, but may differ from the compiled path's by the rounding of each
+example's factor, so the same holds for them.
 """
 
 from __future__ import annotations
@@ -388,7 +390,7 @@ def first_pass_kernel(name: str) -> Kernel | None:
 _ZERO32 = np.float32(0.0)
 #: Bound on the magnitudes a float32 accumulator of integer cells may reach between flushes:
 #: every integer of magnitude ≤ 2²⁴ is a float32, and the float64 running bound errs by far
-#: less than the 1 kept in reserve for any batch below 2²⁸ (`cells._tile_sums` checks).
+#: less than the 1 kept in reserve for any batch below 2²⁸ (`cells.fused_cell_sums` checks).
 _EXACT_SUM = 2.0**24 - 1.0
 
 
