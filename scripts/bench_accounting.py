@@ -38,7 +38,7 @@ from alm_opacus.accounting import (
     find_noise_multiplier,
 )
 from alm_opacus.accounting.entries import clear_entry_cache
-from alm_opacus.accounting.grid import interval_for_epsilon
+from alm_opacus.accounting.pld_grid import interval_for_epsilon
 from alm_opacus.docblocks import relative, write_block
 
 TARGETS = (1e-6, 0.01, 0.1, 1.0, 10.0, 100.0, 1e4, 1e6)

@@ -46,7 +46,7 @@ def unit_overhead(*, units: int = 200, cpus: int = 2) -> dict[str, Any]:
     """Seconds per no-op unit mapped as Ray tasks (after a warm-up), minus in-process. The
     unit is ``operator.getitem(shared, i)``: importable by every worker, it does nothing."""
     from alm_opacus.run.executors import RayExecutor
-    from alm_opacus.units import serial_map
+    from alm_opacus.unit_map import serial_map
 
     items = list(range(units))
     t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """Compiled loops (numba) for exact noise and exact clipping: the exact sampler's first pass,
 one loop per cell law, and the exact DP-SGD step's norm tiles and cell sums (the last section;
-their proofs are in `alm_opacus.mechanisms.cells`).
+their proofs are in `alm_opacus.mechanisms.cell_clipping`).
 
 The eager first pass (`alm_opacus.mechanisms.exact`) streams each chunk through a dozen
 tensor operations; on a 2-core machine each costs about a millisecond per 10⁶ draws in
@@ -22,7 +22,7 @@ numba is a dependency; if it cannot be imported (a Python or numpy it does not s
 `first_pass_kernel` returns None and the eager pass runs: the law of K is the same, only the
 few draws near the margin that each path leaves in doubt may differ, so a *seeded* stream is
 reproducible on one installation, not across the two paths. The exact DP-SGD step then
-clips in float64 (`alm_opacus.mechanisms.cells.enforce_radius`): its cell sums are as exact
+clips in float64 (`alm_opacus.mechanisms.cell_clipping.enforce_radius`): its cell sums are as exact
 and within the same radius, but may differ from the compiled path's by the rounding of each
 example's factor, so the same holds for them.
 """
@@ -384,13 +384,14 @@ def first_pass_kernel(name: str) -> Kernel | None:
 
 
 # --------------------------------------------------------------------------------------------
-# Exact DP-SGD clipping: round and sum the cells of a batch in one pass (`cells._tile_sums`).
+# Exact DP-SGD clipping: round and sum the cells of a batch in one pass
+# (`cell_clipping._tile_sums`).
 # --------------------------------------------------------------------------------------------
 
 _ZERO32 = np.float32(0.0)
 #: Bound on the magnitudes a float32 accumulator of integer cells may reach between flushes:
 #: every integer of magnitude ≤ 2²⁴ is a float32, and the float64 running bound errs by far
-#: less than the 1 kept in reserve for any batch below 2²⁸ (`cells.fused_cell_sums` checks).
+#: less than the 1 kept in reserve for any batch below 2²⁸ (`cell_clipping.fused_cell_sums` checks).
 _EXACT_SUM = 2.0**24 - 1.0
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from alm_opacus.methods import RunMemo
-from alm_opacus.units import UnitMap, serial_map
+from alm_opacus.unit_map import UnitMap, serial_map
 
 __all__ = ["CLUSTER_EXTRA", "Executor", "ExecutorError", "InProcessExecutor"]
 

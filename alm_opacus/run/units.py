@@ -56,7 +56,7 @@ from alm_opacus.run.evaluation import (
     infeasible_row,
     with_reference,
 )
-from alm_opacus.units import UnitMap, serial_map
+from alm_opacus.unit_map import UnitMap, serial_map
 
 __all__ = [
     "Infeasible",

@@ -42,7 +42,7 @@ from alm_opacus.run.manifest import (
 
 __all__ = ["RunWriter", "data_digest", "run_settings", "tensorboard_hparams"]
 
-BASELINE = "none"
+from alm_opacus.report.results import BASELINE
 
 #: What a cell may rewrite (named in the manifest before the writes: :mod:`.manifest`).
 _CELL_FILES = ("results.csv", "rocs.json", DRAWS_FILE, "config.json", str(RISK_FOLDER), "tb")

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from alm_opacus.mechanisms import cells
-from alm_opacus.mechanisms.cells import _norm_bound, fused_cell_sums
+from alm_opacus.mechanisms import cell_clipping
+from alm_opacus.mechanisms.cell_clipping import _norm_bound, fused_cell_sums
 from alm_opacus.mechanisms.exact import (
     cell_radius,
     enforce_radius,
@@ -277,5 +277,5 @@ def test_without_numba_the_float64_path_takes_the_step(monkeypatch: pytest.Monke
         )
 
     assert fused() is not None
-    monkeypatch.setattr(cells, "cell_sum_kernel", lambda: None)
+    monkeypatch.setattr(cell_clipping, "cell_sum_kernel", lambda: None)
     assert fused() is None
