@@ -175,7 +175,7 @@ def docs_block(report: dict[str, Any]) -> str:
 
 def write_docs(report: dict[str, Any], *, args: list[str]) -> None:
     """The generated block ``bench-ray``; ``args`` are the options that decided it."""
-    from alm_opacus.docblocks import write_block
+    from docblocks import write_block
 
     write_block(DOC, name=BLOCK, script=__file__, args=args, deps=DEPS, body=docs_block(report))
 
