@@ -41,7 +41,8 @@ SOLVER_NAMES = ("adam", "newton")
 _BUILTIN_SOLVERS = {"newton": "alm_opacus.sensitivity.convex"}
 
 
-def _check_solver(name: str, solve: object = None) -> None:
+def _check_solver(name: str, _solver: object) -> None:
+    """The registry's check on every registration: only the names of :data:`SOLVER_NAMES`."""
     if name not in SOLVER_NAMES:
         raise ValueError(f"solver name {name!r} is invalid: expected one of {SOLVER_NAMES}")
 
@@ -61,9 +62,9 @@ def register_solver(name: str, *, force: bool = False) -> Callable[[HeadSolver],
     """Decorator registering a batched head solver under one of :data:`SOLVER_NAMES`.
 
     Raises:
-        ValueError: for a name outside :data:`SOLVER_NAMES`, or one taken (without ``force``).
+        ValueError: when the decorator is applied, for a name outside :data:`SOLVER_NAMES`, or
+            one taken (without ``force``).
     """
-    _check_solver(name)  # at once, not when the decorator is applied
     return SOLVERS.register(name, force=force)
 
 

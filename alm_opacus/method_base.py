@@ -29,7 +29,7 @@ from alm_opacus.heads import HeadConfig
 from alm_opacus.mechanisms.sampling import NoiseGenerator, make_generator
 from alm_opacus.options import MethodOptions, NoOptions, OptionError
 from alm_opacus.protect import PrivacyStatement
-from alm_opacus.units import UnitMap, serial_map
+from alm_opacus.unit_map import UnitMap, serial_map
 
 __all__ = [
     "INPUT_KINDS",

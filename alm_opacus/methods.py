@@ -151,14 +151,10 @@ def method_class(name: str) -> type[Method[Any, Any]]:
     """The class registered as ``name``.
 
     Raises:
-        ValueError: for an unknown name, listing the registered ones.
+        alm_opacus.registry.UnknownName: (a ValueError) for an unknown name, listing the
+            registered ones.
     """
-    found = METHODS.get(name)
-    if found is None:
-        raise ValueError(
-            f"unknown method {name!r}: expected one of {', '.join(available_methods())}"
-        )
-    return found
+    return METHODS[name]
 
 
 def method_options(name: str, values: Mapping[str, Any] | None = None) -> MethodOptions:

@@ -345,37 +345,29 @@ def statement_for(
         "sensitivity": sensitivity,
         "noise": noise,
     }
-    if plan is not None:
-        common.update(
-            grid=plan.grid.gamma, clamp=plan.grid.clamp, grid_sensitivity=plan.sensitivity
-        )
-    else:
-        notes.append(FLOAT_NOTE)
+
+    def no_guarantee(reason: str) -> PrivacyStatement:
+        """Nothing claimed, for ``reason``; the nominal epsilon kept for reference."""
         return PrivacyStatement(
             epsilon=math.inf,
             delta=0.0,
             guarantee=Guarantee.NONE,
             neighbouring="",
             nominal_epsilon=float(epsilon),
-            notes=tuple(notes),
+            notes=(*notes, reason),
             **common,
         )
+
+    if plan is None:
+        return no_guarantee(FLOAT_NOTE)
+    common.update(grid=plan.grid.gamma, clamp=plan.grid.clamp, grid_sensitivity=plan.sensitivity)
     source = sensitivity.source
     if source is SensitivitySource.SAMPLED_MEMBERS:
-        notes.append(
+        return no_guarantee(
             "no guarantee: the sensitivity was sampled on the private members (the ALM paper's "
             "Algorithm 2 as written), so the estimate itself depends on them and neighbouring "
             "data sets can be told apart from it; Rubinstein & Aldà's random-DP needs "
             "neighbouring sets drawn from the population, not from the members"
-        )
-        return PrivacyStatement(
-            epsilon=math.inf,
-            delta=0.0,
-            guarantee=Guarantee.NONE,
-            neighbouring="",
-            nominal_epsilon=float(epsilon),
-            notes=tuple(notes),
-            **common,
         )
     if source is SensitivitySource.SAMPLED:
         guarantee = Guarantee.RANDOM_DP

@@ -6,7 +6,7 @@ per seed, audit the real optimizer twice (`alm_opacus.training.audit`): as it is
 bound must stay below the claim), and deliberately broken to add half the noise it claims
 (σ/2: the bound should exceed the claim; the audit's power). Writes ``audit_dpsgd.json`` and
 ``audit_dpsgd.md`` into ``--out``; with ``--write docs/dpsgd_noise.md`` the table and the
-run time replace the generated block ``audit`` (``alm_opacus.docblocks``)::
+run time replace the generated block ``audit`` (``scripts/docblocks.py``)::
 
     python scripts/audit_dpsgd.py --write docs/dpsgd_noise.md
 
@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 
-from alm_opacus.docblocks import relative, write_block
 from alm_opacus.io import atomic_write_json, atomic_write_text
 from alm_opacus.training.audit import (
     CanaryAuditConfig,
@@ -36,6 +35,7 @@ from alm_opacus.training.audit import (
     miscalibrated_optimizer,
     run_canary_audits,
 )
+from docblocks import relative, write_block
 
 #: What the numbers depend on besides this script.
 DEPS = (

@@ -13,7 +13,7 @@ Standalone::
     .venv/bin/python scripts/bench_accounting.py --compare  # accountant agreement table
 
 ``--write docs/accounting.md`` runs all three and replaces the generated blocks
-``accounting-compare``, ``accounting-cost`` and ``accounting-grid`` (``alm_opacus.docblocks``).
+``accounting-compare``, ``accounting-cost`` and ``accounting-grid`` (``scripts/docblocks.py``).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from alm_opacus.accounting import (
     find_noise_multiplier,
 )
 from alm_opacus.accounting.entries import clear_entry_cache
-from alm_opacus.accounting.grid import interval_for_epsilon
-from alm_opacus.docblocks import relative, write_block
+from alm_opacus.accounting.pld_grid import interval_for_epsilon
+from docblocks import relative, write_block
 
 TARGETS = (1e-6, 0.01, 0.1, 1.0, 10.0, 100.0, 1e4, 1e6)
 BLOCKS = ("accounting-compare", "accounting-cost", "accounting-grid")

@@ -44,10 +44,10 @@ from alm_opacus.attacks import (
     tpr_at_fpr,
 )
 from alm_opacus.attacks.shadow import ShadowModelAttack
-from alm_opacus.docblocks import relative, write_block
 from alm_opacus.heads import train_head
 from alm_opacus.methods import Method, MethodContext, Release, create_method, plain_shadow_trainer
 from alm_opacus.run.harness import RunConfig, plan_run, prepare, torch_threads
+from docblocks import relative, write_block
 
 TARGET_SECONDS = 5.0
 #: Where the run folder (encoder and feature caches) goes without ``--cache-dir``.

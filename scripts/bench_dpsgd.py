@@ -46,9 +46,9 @@ import torch.multiprocessing as mp
 from torch import distributed as dist
 from torch import nn
 
-from alm_opacus.docblocks import relative, write_block
 from alm_opacus.io import atomic_write_text
 from alm_opacus.training import PrivacyEngine, l1_clip
+from docblocks import relative, write_block
 
 __all__ = ["DEPS", "bench_distributed", "bench_dpsgd", "bench_step", "markdown", "mlp"]
 

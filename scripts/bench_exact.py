@@ -8,7 +8,7 @@
   ``DPOptimizer`` step on the same model and batch;
 * the sensitivity inflation Δ'/Δ − 1 of the grid at the shipped heads (digits: 128 features,
   mnist: 576, 10 classes, linear heads) for a release and a DP-SGD step; with ``--write`` it
-  goes into ``docs/mechanisms.md``'s generated block ``exact-grid`` (``alm_opacus.docblocks``).
+  goes into ``docs/mechanisms.md``'s generated block ``exact-grid`` (``scripts/docblocks.py``).
 
     .venv/bin/python scripts/bench_exact.py [--repeats 7] [--write docs/mechanisms.md]
 """
@@ -35,7 +35,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import alm_opacus.mechanisms.exact as exact_module  # noqa: E402
-from alm_opacus.docblocks import relative, write_block  # noqa: E402
 from alm_opacus.io import atomic_write_text  # noqa: E402
 from alm_opacus.mechanisms import SecureGenerator, create_mechanism  # noqa: E402
 from alm_opacus.mechanisms.exact import (  # noqa: E402
@@ -46,6 +45,7 @@ from alm_opacus.mechanisms.exact import (  # noqa: E402
 )
 from alm_opacus.mechanisms.kernels import first_pass_kernel  # noqa: E402
 from alm_opacus.training import MechanismDPOptimizer  # noqa: E402
+from docblocks import relative, write_block  # noqa: E402
 
 __all__ = ["DEPS", "bench_exact", "inflation_table"]
 

@@ -33,7 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from alm_opacus.docblocks import write_block  # noqa: E402
+from docblocks import write_block  # noqa: E402
 
 #: The README's main command, after the install (run from the folder the runs go to).
 COMMAND = ("scripts/compare.py", "--methods", "alm,dpsgd")

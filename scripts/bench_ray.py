@@ -46,7 +46,7 @@ def unit_overhead(*, units: int = 200, cpus: int = 2) -> dict[str, Any]:
     """Seconds per no-op unit mapped as Ray tasks (after a warm-up), minus in-process. The
     unit is ``operator.getitem(shared, i)``: importable by every worker, it does nothing."""
     from alm_opacus.run.executors import RayExecutor
-    from alm_opacus.units import serial_map
+    from alm_opacus.unit_map import serial_map
 
     items = list(range(units))
     t0 = time.perf_counter()
@@ -175,7 +175,7 @@ def docs_block(report: dict[str, Any]) -> str:
 
 def write_docs(report: dict[str, Any], *, args: list[str]) -> None:
     """The generated block ``bench-ray``; ``args`` are the options that decided it."""
-    from alm_opacus.docblocks import write_block
+    from docblocks import write_block
 
     write_block(DOC, name=BLOCK, script=__file__, args=args, deps=DEPS, body=docs_block(report))
 

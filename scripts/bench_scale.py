@@ -855,7 +855,7 @@ DEPS = ("alm_opacus", "baselines", "constraints.txt")
 def write_docs(cache: Cache, *, args: Sequence[str] = ("--write",)) -> None:
     """The generated blocks ``scale-table`` and ``scale-paper`` of docs/scale.md, and the
     plot; ``args`` are the options that decided the measurements (the block's command)."""
-    from alm_opacus.docblocks import write_block
+    from docblocks import write_block
 
     for name, body in (("scale-table", table(cache)), ("scale-paper", paper_block(cache))):
         write_block(DOC, name=name, script=__file__, args=args, deps=DEPS, body=body)

@@ -15,7 +15,7 @@ train on it, with one global variance (their advice for few references).
 Both attack the same victim, the dataset's default unprotected head on the default split;
 ``alm_opacus``'s ``lira-offline`` (full strength) and ``lira-offline-pool`` (references on
 the pool only: the stricter attacker) use ``N`` references too. The result goes into the
-generated block ``lira-offline-check`` of docs/threat_model.md (``alm_opacus.docblocks``)
+generated block ``lira-offline-check`` of docs/threat_model.md (``scripts/docblocks.py``)
 with ``--update-docs``.
 
     .venv/bin/python scripts/check_lira_offline.py --dataset mnist [--update-docs]
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render(result)
     print(text)
     if args.update_docs:
-        from alm_opacus.docblocks import write_block
+        from docblocks import write_block
 
         shown = [
             "--dataset",

@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from alm_opacus.docblocks import relative, write_block
 from alm_opacus.heads import HeadConfig, accuracy, head_objective
 from alm_opacus.mechanisms import create_mechanism, make_generator
 from alm_opacus.run.config import RunConfig
 from alm_opacus.run.harness import Cell, Session, load_plugins, plan_run, prepare, run_cell
+from docblocks import relative, write_block
 
 GRID = tuple(float(10**k) for k in np.arange(-1, 5.01, 0.25))
 
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         "--markdown",
         type=Path,
         default=None,
-        help="replace this dataset's generated block recipes:DATASET (alm_opacus.docblocks)",
+        help="replace this dataset's generated block recipes:DATASET (scripts/docblocks.py)",
     )
     args = parser.parse_args(argv)
     load_plugins()

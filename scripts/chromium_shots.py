@@ -78,7 +78,7 @@ def show_in_doc(
         images: (PNG file, caption) in the order shown.
         deps: what the images depend on besides the script and the run folder.
     """
-    from alm_opacus.docblocks import relative, write_block
+    from docblocks import relative, write_block
 
     lines = [intro, ""]
     for path, caption in images:

@@ -18,8 +18,8 @@ from pathlib import Path
 from alm_opacus.data import available_dataset_specs, dataset_spec
 from alm_opacus.data.features import FEATURES_EPSILONS, FEATURES_HEAD
 from alm_opacus.data.spec import DatasetSpec
-from alm_opacus.docblocks import write_block
 from alm_opacus.heads import HeadConfig
+from docblocks import write_block
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "datasets.md"
 BLOCK = "datasets-table"

@@ -11,7 +11,7 @@ non-members and the median AUC of the loss attack (members against non-members):
 
     python scripts/dpsgd_noise_answer.py --write docs/dpsgd_noise.md
 
-``--write`` replaces the generated block ``answer`` (:mod:`alm_opacus.docblocks`, atomically);
+``--write`` replaces the generated block ``answer`` (``scripts/docblocks.py``, atomically);
 without it the table is printed only.
 """
 
@@ -32,7 +32,6 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from alm_opacus.data import dataset_spec
-from alm_opacus.docblocks import relative, write_block
 from alm_opacus.heads import HeadConfig
 from alm_opacus.run.config import RunConfig
 from alm_opacus.run.harness import plan_run, prepare
@@ -41,6 +40,7 @@ from baselines.dpsgd.accounting import SigmaCache
 from baselines.dpsgd.config import TUNING_GRID, DPSGDConfig
 from baselines.dpsgd.head import head_size, train_dpsgd_head
 from baselines.dpsgd.mechanisms import ALM_TRAINING, l1_clip
+from docblocks import relative, write_block
 
 __all__ = [
     "DEPS",

@@ -5,7 +5,7 @@ Runs the harness on the embedded ``digits`` at epsilon = 1 (one noise draw, no a
 every registered method, once per post-training sensitivity source; ``lu`` on a two-class
 task (odd against even digits); and protects a small head through the engine with a
 caller-supplied bound. With ``--write docs/guarantees.md`` the
-statements replace the generated block ``statements`` (:mod:`alm_opacus.docblocks`), so the
+statements replace the generated block ``statements`` (``scripts/docblocks.py``), so the
 examples in the docs are generated, never hand-written.
 
     python scripts/example_statements.py --write docs/guarantees.md
@@ -22,10 +22,10 @@ import torch
 
 import alm_opacus.run.harness as harness
 from alm_opacus.data import dataset_spec
-from alm_opacus.docblocks import relative, write_block
 from alm_opacus.methods import MethodContext, available_methods, create_method
 from alm_opacus.protect import PostTrainingPrivacyEngine
 from alm_opacus.run.config import RunConfig
+from docblocks import relative, write_block
 
 #: What the statements depend on besides this script (a change makes the block stale).
 DEPS = (

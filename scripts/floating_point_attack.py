@@ -25,9 +25,9 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from alm_opacus.docblocks import ROOT, relative, write_block
 from alm_opacus.mechanisms import create_mechanism
 from alm_opacus.protect import PostTrainingPrivacyEngine, SensitivityInfo, SensitivitySource
+from docblocks import ROOT, relative, write_block
 
 ATTACK = "tests/mechanisms/test_mechanism_floating_point_attack.py"
 #: What the numbers depend on besides this script: the samplers, the release and the attack.

@@ -11,7 +11,7 @@ PLD, valid in every dimension because one coordinate dominates under L1 (Theorem
   recalibrated for each), at equal ε: test accuracy and the best attack's AUC.
 
 With ``--write docs/accounting.md`` the tables replace the generated blocks
-``logistic-epsilon`` and ``logistic-harness`` (``alm_opacus.docblocks``)::
+``logistic-epsilon`` and ``logistic-harness`` (``scripts/docblocks.py``)::
 
     python scripts/logistic_accounting.py --write docs/accounting.md
     python scripts/logistic_accounting.py --harness --dataset mnist --write docs/accounting.md
@@ -35,8 +35,8 @@ from alm_opacus.accounting.subsampled import (
     STEP_PROFILES,
     register_step_profile,
 )
-from alm_opacus.docblocks import relative, write_block
 from alm_opacus.io import atomic_write_json
+from docblocks import relative, write_block
 
 #: What the ε table depends on besides this script (the accountant alone).
 EPSILON_DEPS = ("alm_opacus/accounting", "constraints.txt")

@@ -17,7 +17,7 @@ subsampled REMOVE and ADD pairs. This script checks the claim without the proof'
   both grids for the single shift.
 
 With ``--write docs/accounting.md`` the table replaces the generated block ``dominance``
-(``alm_opacus.docblocks``)::
+(``scripts/docblocks.py``)::
 
     python scripts/logistic_dominance.py --write docs/accounting.md
 """
@@ -34,8 +34,8 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import signal, special
 
-from alm_opacus.docblocks import relative, write_block
 from alm_opacus.io import atomic_write_json
+from docblocks import relative, write_block
 
 #: What the numbers depend on besides this script (numpy and scipy only).
 DEPS = ("constraints.txt",)

@@ -13,8 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from alm_opacus.docblocks import relative, write_block
 from baselines.lu import compare_chains
+from docblocks import relative, write_block
 
 #: (label, members n, input dimension d) of the table's rows.
 SETTINGS = (

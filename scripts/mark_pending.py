@@ -2,7 +2,7 @@
 """Mark generated blocks whose re-measurement is pending, with a notice every reader sees.
 
 For blocks that take hours to measure, when a change to what they depend on lands first
-(``alm_opacus.docblocks``, "Pending re-measurement"). The notice pins the current code: a later
+(``scripts/docblocks.py``, "Pending re-measurement"). The notice pins the current code: a later
 change makes the block stale again. Re-running the block's own command removes the notice.
 
     .venv/bin/python scripts/mark_pending.py docs/scale.md scale-table --reason "..."
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alm_opacus.docblocks import mark_pending
+from docblocks import mark_pending
 
 
 def main() -> None:

@@ -51,7 +51,7 @@ from alm_opacus.report.results import ResultRow, read_results  # noqa: E402
 POST = ("alm", "laplace", "gaussian")
 HOLDS, FAILS, UNTESTABLE = "holds", "fails", "not testable here"
 DOC = ROOT / "docs" / "results.md"
-#: What the page's numbers depend on besides this script (alm_opacus.docblocks).
+#: What the page's numbers depend on besides this script (scripts/docblocks.py).
 DEPS = ("alm_opacus", "baselines", "scripts/compare.py", "constraints.txt")
 LEVEL = 0.95
 #: Utility loss this close to 1 means accuracy at chance for every method: no difference shows.
@@ -583,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{dataset:13s} {claim.verdict:17s} {claim.paper}, {claim.where}")
     print(f"runs and verdicts: {folder}")
     if args.update_docs:
-        from alm_opacus.docblocks import write_block
+        from docblocks import write_block
 
         if not DOC.exists() or "<!-- generated results -->" not in DOC.read_text():
             atomic_write_text(DOC, "<!-- generated results -->\n<!-- end generated results -->\n")

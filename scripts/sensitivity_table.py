@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from alm_opacus.data import load_dataset
-from alm_opacus.docblocks import relative, write_block
 from alm_opacus.heads import HeadConfig
 from alm_opacus.sensitivity import analytic_sensitivity, sample_sensitivity, train_convex_heads
+from docblocks import relative, write_block
 
 #: (n, lambda, R) of the table.
 SETTINGS = ((150, 0.05, 1.0), (300, 0.05, 1.0), (300, 0.01, 1.0), (300, 0.01, 3.0))

@@ -14,7 +14,7 @@ from types import ModuleType
 import pytest
 
 from alm_opacus.accounting import PipelineAccountant, find_noise_multiplier
-from alm_opacus.docblocks import find_blocks
+from docblocks import find_blocks
 
 ROOT = Path(__file__).parents[1]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from alm_opacus.docblocks import (
+from docblocks import (
     LEGACY,
     ROOT,
     find_blocks,
@@ -33,7 +33,7 @@ def test_every_generated_block_in_the_docs_is_fresh(block) -> None:  # type: ign
 @pytest.mark.parametrize("doc", DOCS, ids=[d.name for d in DOCS])
 def test_no_doc_keeps_a_marker_that_names_no_script(doc: Path) -> None:
     legacy = LEGACY.findall(doc.read_text())
-    assert not legacy, f"{doc.name}: {legacy} name no generator; use alm_opacus.docblocks"
+    assert not legacy, f"{doc.name}: {legacy} name no generator; use scripts/docblocks.py"
 
 
 def test_the_docs_have_generated_blocks() -> None:

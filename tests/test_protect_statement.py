@@ -8,7 +8,14 @@ from dataclasses import replace
 import pytest
 
 from alm_opacus.mechanisms import create_mechanism
-from alm_opacus.protect import Guarantee, PrivacyStatement, SensitivityInfo
+from alm_opacus.mechanisms.exact import plan_release
+from alm_opacus.protect import (
+    FLOAT_NOTE,
+    Guarantee,
+    PrivacyStatement,
+    SensitivityInfo,
+    statement_for,
+)
 from alm_opacus.statement import describe
 
 SAMPLED = SensitivityInfo(
@@ -444,3 +451,35 @@ def test_from_dict_refuses_every_edited_field(
 def test_valid_statements_still_round_trip() -> None:
     for statement in (PURE, RANDOM, PrivacyStatement.unprotected()):
         assert PrivacyStatement.from_dict(statement.to_dict()) == statement
+
+
+@pytest.mark.parametrize("noise", ["secure", "seeded"])
+def test_float_noise_and_member_sampled_sensitivity_claim_nothing(noise: str) -> None:
+    laplace = create_mechanism("laplace")
+    members = SensitivityInfo(
+        value=0.3, norm="l1", source="sampled-members", m=200, gamma=0.02, confidence=0.98
+    )
+    plan = plan_release(mechanism=laplace, epsilon=2.0, delta=0.0, sensitivity=0.3, dim=50)
+    floating = statement_for(
+        mechanism=laplace, epsilon=2.0, delta=0.0, scale=0.15, sensitivity=ANALYTIC, noise=noise
+    )
+    sampled = statement_for(
+        mechanism=laplace,
+        epsilon=2.0,
+        delta=0.0,
+        scale=plan.scale,
+        sensitivity=members,
+        noise=noise,
+        plan=plan,
+    )
+    seeded = ("seeded noise" in n for n in floating.notes)
+    assert any(seeded) is (noise == "seeded")
+    for statement, sensitivity in ((floating, ANALYTIC), (sampled, members)):
+        assert statement.guarantee is Guarantee.NONE and statement.epsilon == math.inf
+        assert statement.delta == 0.0 and statement.neighbouring == ""
+        assert statement.nominal_epsilon == 2.0 and statement.sensitivity == sensitivity
+        assert statement.noise == noise and len(statement.notes) == 1 + (noise == "seeded")
+    assert floating.notes[-1] == FLOAT_NOTE and floating.grid is None
+    assert floating.noise_scale == 0.15
+    assert "sampled on the private members" in sampled.notes[-1]
+    assert sampled.grid == plan.grid.gamma and sampled.grid_sensitivity == plan.sensitivity

@@ -89,3 +89,25 @@ def test_entry_points_load_once_and_name_a_broken_plugin(monkeypatch: pytest.Mon
 
         found = load_entry_points("g.test", what="toy", error=RuntimeError, accept=accept)
         assert found == ["ok", "obj"] and taken == [42]
+
+
+def test_an_unknown_method_is_named_with_the_registered_ones() -> None:
+    from alm_opacus.methods import METHODS, method_class
+
+    with pytest.raises(UnknownName) as caught:
+        method_class("nosuch")
+    assert str(caught.value) == (
+        f"method='nosuch' is unknown: expected one of {', '.join(METHODS.names())}"
+    )
+    assert {"none", "alm"} <= set(METHODS.names())
+
+
+def test_a_solver_outside_the_solver_names_is_refused_and_not_registered() -> None:
+    from alm_opacus.heads import SOLVER_NAMES, SOLVERS, register_solver
+
+    def solve(*args: object, **kwargs: object) -> None:
+        raise AssertionError("never called")
+
+    with pytest.raises(ValueError, match=r"solver name 'sgd' is invalid: expected one of"):
+        register_solver("sgd")(solve)  # type: ignore[arg-type]
+    assert "sgd" not in SOLVERS and set(SOLVERS.names()) == set(SOLVER_NAMES)

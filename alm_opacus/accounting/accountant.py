@@ -27,7 +27,6 @@ from alm_opacus.accounting.entries import (
     entry_pld,
     entry_span,
 )
-from alm_opacus.accounting.grid import auto_delta, auto_epsilon, coarse_interval
 from alm_opacus.accounting.neighbouring import ADD_REMOVE
 from alm_opacus.accounting.pld import (
     DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
@@ -38,6 +37,7 @@ from alm_opacus.accounting.pld import (
     compose,
     log_mixture,
 )
+from alm_opacus.accounting.pld_grid import auto_delta, auto_epsilon, coarse_interval
 from alm_opacus.accounting.subsampled import canonical_step_mechanism
 from alm_opacus.mechanisms import create_mechanism
 from alm_opacus.mechanisms.base import _check_dim
@@ -60,7 +60,7 @@ class PipelineAccountant(IAccountant):
 
     Every entry becomes a pessimistic dp_accounting PLD (`alm_opacus.accounting.pld`,
     `alm_opacus.accounting.subsampled`) and their composition answers ε(δ) and δ(ε), on a
-    grid chosen from the answer (`alm_opacus.accounting.grid`) unless one is given.
+    grid chosen from the answer (`alm_opacus.accounting.pld_grid`) unless one is given.
 
     All entries must share one neighbouring relation: DP-SGD steps are add/remove, and a
     release declares its own (`record_release`); mixing them raises ``ValueError``.
@@ -262,7 +262,7 @@ class PipelineAccountant(IAccountant):
             delta: δ in [0, 1). At δ = 0 the answer is the sum of the pure-DP epsilons,
                 or ``inf`` if any Gaussian noise was recorded.
             value_discretization_interval: PLD grid step; ``None`` (default) chooses it
-                from the answer, about 1e-4·ε (`alm_opacus.accounting.grid.auto_epsilon`).
+                from the answer, about 1e-4·ε (`alm_opacus.accounting.pld_grid.auto_epsilon`).
             **kwargs: ignored, as Opacus passes accountant-specific options through.
 
         Returns:

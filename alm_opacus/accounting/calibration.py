@@ -3,7 +3,7 @@
 `find_noise_multiplier` searches σ in log space. Every candidate is judged by the very
 computation the accountant will run after training: a copy of the prior accountant plus the
 new steps, asked `PipelineAccountant.get_epsilon`. The PLD grid follows the epsilon
-(`alm_opacus.accounting.grid`), so one evaluation takes milliseconds to a second at any
+(`alm_opacus.accounting.pld_grid`), so one evaluation takes milliseconds to a second at any
 target from 0.01 to 10⁶, and the answer is never looser than what the accountant reports.
 """
 

@@ -17,7 +17,6 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from alm_opacus._validation import check_delta, check_positive
 from alm_opacus.accounting.divergence import pld_epsilon
-from alm_opacus.accounting.grid import auto_epsilon
 from alm_opacus.accounting.pld import (
     PrivacyLossDistribution,
     _check_interval,
@@ -25,6 +24,7 @@ from alm_opacus.accounting.pld import (
     _check_steps,
     compose,
 )
+from alm_opacus.accounting.pld_grid import auto_epsilon
 from alm_opacus.accounting.subsampled import step_loss_span
 
 __all__ = [
@@ -135,7 +135,7 @@ def epsilon_replace_one(
         history: ``(noise_multiplier, sample_rate, num_steps)`` triples, as Opacus records.
         delta: δ in (0, 1).
         value_discretization_interval: PLD grid step; ``None`` chooses it from ε
-            (`alm_opacus.accounting.grid.auto_epsilon`).
+            (`alm_opacus.accounting.pld_grid.auto_epsilon`).
 
     Returns:
         ε ≥ 0 (0 for an empty history, ``inf`` if a step had noise_multiplier 0).

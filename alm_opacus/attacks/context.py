@@ -33,7 +33,7 @@ from alm_opacus.attacks.shadow_data import (
     synthesize,
     train_bank,
 )
-from alm_opacus.units import UnitMap, serial_map
+from alm_opacus.unit_map import UnitMap, serial_map
 
 
 class ShadowContext:

@@ -35,7 +35,7 @@ from alm_opacus.attacks.metrics import evaluate_attack
 from alm_opacus.attacks.registry import Attack, TargetQuery, parse_attack_names
 from alm_opacus.attacks.results import AttackResult
 from alm_opacus.attacks.shadow_data import subseed, to_numpy
-from alm_opacus.units import UnitMap, serial_map
+from alm_opacus.unit_map import UnitMap, serial_map
 
 DEFAULT_ATTACKS: tuple[str, ...] = tuple(k.value for k in AttackKind)
 """The built-in attacks (``available_attacks()`` adds the registered plugins)."""

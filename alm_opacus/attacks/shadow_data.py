@@ -19,7 +19,7 @@ from torch import Tensor
 
 from alm_opacus.attacks.base import BoolArray, FloatArray, Predictor, ShadowTrainer
 from alm_opacus.heads import HeadConfig, Params, batched_logits, train_heads, warm_start
-from alm_opacus.units import UnitMap, serial_map
+from alm_opacus.unit_map import UnitMap, serial_map
 
 
 def subseed(seed: int, tag: str) -> int:

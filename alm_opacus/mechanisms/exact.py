@@ -43,6 +43,12 @@ import mpmath
 import numpy as np
 import torch
 
+from alm_opacus.mechanisms.cell_clipping import (
+    clip_to_cells,
+    enforce_radius,
+    fused_cell_sums,
+    scaled_cells,
+)
 from alm_opacus.mechanisms.cell_laws import (
     CELL_LAWS,
     CellLaw,
@@ -52,12 +58,6 @@ from alm_opacus.mechanisms.cell_laws import (
     cell_law,
     cell_log_pmf,
     cell_pld,
-)
-from alm_opacus.mechanisms.cells import (
-    clip_to_cells,
-    enforce_radius,
-    fused_cell_sums,
-    scaled_cells,
 )
 from alm_opacus.mechanisms.grid import (
     INFLATION,

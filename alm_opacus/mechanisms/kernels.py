@@ -1,6 +1,6 @@
 """Compiled loops (numba) for exact noise and exact clipping: the exact sampler's first pass,
 one loop per cell law, and the exact DP-SGD step's norm tiles and cell sums (the last section;
-their proofs are in `alm_opacus.mechanisms.cells`).
+their proofs are in `alm_opacus.mechanisms.cell_clipping`).
 
 The eager first pass (`alm_opacus.mechanisms.exact`) streams each chunk through a dozen
 tensor operations; on a 2-core machine each costs about a millisecond per 10⁶ draws in
@@ -21,8 +21,10 @@ processor.
 numba is a dependency; if it cannot be imported (a Python or numpy it does not support yet),
 `first_pass_kernel` returns None and the eager pass runs: the law of K is the same, only the
 few draws near the margin that each path leaves in doubt may differ, so a *seeded* stream is
-reproducible on one installation, not across the two paths. The clipping kernels then give
-way to torch in the same way, with the same cell sums (they are exact either way).
+reproducible on one installation, not across the two paths. The exact DP-SGD step then
+clips in float64 (`alm_opacus.mechanisms.cell_clipping.enforce_radius`): its cell sums are as exact
+and within the same radius, but may differ from the compiled path's by the rounding of each
+example's factor, so the same holds for them.
 """
 
 from __future__ import annotations
@@ -154,7 +156,7 @@ _jit = _jit_with(fastmath=frozenset({"contract"}))
 _jit_uncontracted = _jit_with(fastmath=frozenset())
 #: Reassociation only (no nnan/ninf: a NaN or inf must reach the caller): a float32 sum of
 #: non-negative terms is within γ_T of the exact sum in any order, so the vectorised order
-#: keeps the bound (`_l1_tiles`).
+#: keeps the bound (`_tile_loop`).
 _jit_reassociated = _jit_with(fastmath=frozenset({"reassoc"}))
 
 
@@ -382,13 +384,14 @@ def first_pass_kernel(name: str) -> Kernel | None:
 
 
 # --------------------------------------------------------------------------------------------
-# Exact DP-SGD clipping: round and sum the cells of a batch in one pass (`cells._tile_sums`).
+# Exact DP-SGD clipping: round and sum the cells of a batch in one pass
+# (`cell_clipping._tile_sums`).
 # --------------------------------------------------------------------------------------------
 
 _ZERO32 = np.float32(0.0)
 #: Bound on the magnitudes a float32 accumulator of integer cells may reach between flushes:
 #: every integer of magnitude ≤ 2²⁴ is a float32, and the float64 running bound errs by far
-#: less than the 1 kept in reserve for any batch below 2²⁸ (`cells._tile_sums` checks).
+#: less than the 1 kept in reserve for any batch below 2²⁸ (`cell_clipping.fused_cell_sums` checks).
 _EXACT_SUM = 2.0**24 - 1.0
 
 
@@ -442,33 +445,42 @@ def cell_sum_kernel() -> Callable[..., None] | None:
 
 
 @_jit_reassociated
-def _l1_tiles(rows: np.ndarray, width: int, out: np.ndarray) -> None:
-    """out[i, t] = the float32 sum of |rowsᵢⱼ| over the t-th tile of ``width`` columns (in any
-    order: `_jit_reassociated`); float32 rows, float64 ``out``."""
-    batch, length = rows.shape
-    for i in range(batch):
-        for start in range(0, length, width):
-            tile = rows[i, start : min(length, start + width)]
-            acc = _ZERO32
-            for j in range(len(tile)):
-                acc += abs(tile[j])
-            out[i, start // width] = acc
+def _magnitude(x: np.float32) -> np.float32:
+    return abs(x)
 
 
 @_jit_reassociated
-def _l2_tiles(rows: np.ndarray, width: int, out: np.ndarray) -> None:
-    """As `_l1_tiles` with rounded squares fl(rowsᵢⱼ²) (an overflow is inf, handed back)."""
-    batch, length = rows.shape
-    for i in range(batch):
-        for start in range(0, length, width):
-            tile = rows[i, start : min(length, start + width)]
-            acc = _ZERO32
-            for j in range(len(tile)):
-                acc += tile[j] * tile[j]
-            out[i, start // width] = acc
+def _square(x: np.float32) -> np.float32:
+    return x * x  # rounded once; an overflow is inf, handed back
+
+
+def _tile_loop(term: Callable[[np.float32], np.float32]) -> Callable[..., None]:
+    """The tile loop for one norm, ``term`` being |x| (L1) or x² (L2): a closure, so that
+    numba compiles (and caches, the closure's contents keyed) one loop per norm with the
+    term inlined, as if written out twice."""
+
+    @_jit_reassociated
+    def tiles(rows: np.ndarray, width: int, out: np.ndarray) -> None:
+        """out[i, t] = the float32 sum of term(rowsᵢⱼ) over the t-th tile of ``width``
+        columns (in any order: `_jit_reassociated`); float32 rows, float64 ``out``."""
+        batch, length = rows.shape
+        for i in range(batch):
+            for start in range(0, length, width):
+                tile = rows[i, start : min(length, start + width)]
+                acc = _ZERO32
+                for j in range(len(tile)):
+                    acc += term(tile[j])
+                out[i, start // width] = acc
+
+    return tiles
+
+
+_abs_tiles = _tile_loop(_magnitude)
+_square_tiles = _tile_loop(_square)
+_TILES = {"l1": _abs_tiles, "l2": _square_tiles}
 
 
 def norm_tile_kernel(norm: str) -> Callable[[np.ndarray, int, np.ndarray], None] | None:
-    """The compiled tile sums of |x| (``"l1"``: `_l1_tiles`) or of x² (``"l2"``: `_l2_tiles`),
-    or None where numba does not import."""
-    return None if _numba is None else {"l1": _l1_tiles, "l2": _l2_tiles}[norm]
+    """The compiled tile sums of |x| (``"l1"``) or of x² (``"l2"``), or None where numba
+    does not import."""
+    return None if _numba is None else _TILES[norm]

@@ -37,9 +37,8 @@ from alm_opacus.report.plot_style import (
     series_label,
     wrap_notes,
 )
-from alm_opacus.report.results import ResultRow
+from alm_opacus.report.results import BASELINE, ResultRow
 from alm_opacus.report.series import (
-    BASELINE,
     CHANCE,
     CHANCE_COLOUR,
     WEAK_EPSILON,

@@ -47,8 +47,8 @@ from alm_opacus.report.html_context import (
     verdict_section,
 )
 from alm_opacus.report.html_settings import RunFacts, attack_notes, settings_section
-from alm_opacus.report.results import ResultRow, read_results
-from alm_opacus.report.risk import BASELINE, CellScores
+from alm_opacus.report.results import BASELINE, ResultRow, read_results
+from alm_opacus.report.risk import CellScores
 from alm_opacus.report.series import (
     format_epsilon,
     methods,

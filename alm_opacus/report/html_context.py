@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from alm_opacus.report.html_settings import RunFacts
-from alm_opacus.report.results import ResultRow
-from alm_opacus.report.risk import BASELINE, RISK_FOLDER, CellScores, top_size
+from alm_opacus.report.results import BASELINE, ResultRow
+from alm_opacus.report.risk import RISK_FOLDER, CellScores, top_size
 from alm_opacus.report.series import (
     WEAK_EPSILON,
     Point,

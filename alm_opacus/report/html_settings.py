@@ -9,8 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from alm_opacus.report.results import ResultRow
-from alm_opacus.report.risk import BASELINE
+from alm_opacus.report.results import BASELINE, ResultRow
 from alm_opacus.report.series import (
     NO_LEAK,
     format_epsilon,

@@ -19,6 +19,10 @@ from typing import Any, Literal, get_type_hints
 
 from alm_opacus.io import atomic_write_text
 
+#: The ``method`` of the unprotected baseline's rows (`alm_opacus.methods.NoProtection`): every
+#: utility loss and risk is read against it.
+BASELINE = "none"
+
 
 @dataclass(frozen=True)
 class ColumnSpec:

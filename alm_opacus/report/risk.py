@@ -36,7 +36,6 @@ from alm_opacus.io import atomic_write_text, make_private_folder
 from alm_opacus.report.results import cell_key
 
 __all__ = [
-    "BASELINE",
     "RISK_ATTACKS",
     "RISK_FOLDER",
     "TOP_K",
@@ -65,7 +64,6 @@ RISK_ATTACKS: dict[str, tuple[str, ...]] = {
 }
 #: The size of the "most vulnerable" set compared across releases (capped by top_size).
 TOP_K = 100
-BASELINE = "none"
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]

@@ -30,8 +30,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from alm_opacus.report.folders import replace_folder
+from alm_opacus.report.results import BASELINE
 from alm_opacus.report.risk import (
-    BASELINE,
     RISK_FOLDER,
     CellScores,
     class_auc,

@@ -25,9 +25,8 @@ from alm_opacus.report.plot_style import (
     is_dp,
     set_log,
 )
-from alm_opacus.report.results import ResultRow
+from alm_opacus.report.results import BASELINE, ResultRow
 from alm_opacus.report.series import (
-    BASELINE,
     CHANCE_COLOUR,
     NO_LEAK,
     format_epsilon,

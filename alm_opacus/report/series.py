@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from alm_opacus.report.results import ResultRow
+from alm_opacus.report.results import BASELINE, ResultRow
 
 #: Above this (replace-one) epsilon the guarantee is marked as weak in every view.
 WEAK_EPSILON = 10.0
@@ -37,7 +37,6 @@ CHANCE = {"mia_auc": 0.5, "mia_accuracy": 0.5, "tpr_at_fpr_0_01": 0.01, "tpr_at_
 COMMON_RELATION = "replace-one"
 ADD_REMOVE = "add-remove"
 INFEASIBLE = "infeasible"
-BASELINE = "none"
 #: The no-leak reference release: the unprotected recipe trained on as many public rows as
 #: there are members, so it never saw a member or a non-member. Attacked like every release,
 #: its strongest-attack figures are what the same max-over-attacks statistic reads when

@@ -22,9 +22,8 @@ import textwrap
 from collections import defaultdict
 from collections.abc import Sequence
 
-from alm_opacus.report.results import ResultRow
+from alm_opacus.report.results import BASELINE, ResultRow
 from alm_opacus.report.series import (
-    BASELINE,
     COMMON_RELATION,
     WEAK_DELTA_UNKNOWN_N,
     WEAK_EPSILON,

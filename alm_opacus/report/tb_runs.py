@@ -14,10 +14,9 @@ import numpy as np
 from tensorboard.compat.proto import summary_pb2
 
 from alm_opacus.report import events
-from alm_opacus.report.results import ResultRow
+from alm_opacus.report.results import BASELINE, ResultRow
 from alm_opacus.report.series import (
     ADD_REMOVE,
-    BASELINE,
     NO_LEAK,
     Point,
     cells,

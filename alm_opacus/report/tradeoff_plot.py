@@ -37,9 +37,8 @@ from alm_opacus.report.plot_style import (
     weak_words,
     wrap_notes,
 )
-from alm_opacus.report.results import ResultRow
+from alm_opacus.report.results import BASELINE, ResultRow
 from alm_opacus.report.series import (
-    BASELINE,
     CHANCE,
     CHANCE_COLOUR,
     Point,

@@ -48,9 +48,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from alm_opacus.report.results import ResultRow
+from alm_opacus.report.results import BASELINE, ResultRow
 from alm_opacus.report.series import (
-    BASELINE,
     Point,
     Stat,
     cells,

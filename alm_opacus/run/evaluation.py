@@ -25,7 +25,7 @@ from alm_opacus.attacks import (
 from alm_opacus.heads import utility_loss
 from alm_opacus.methods import Release, ShadowTrainer
 from alm_opacus.report.results import ResultRow
-from alm_opacus.units import UnitMap, serial_map
+from alm_opacus.unit_map import UnitMap, serial_map
 
 __all__ = [
     "CLEAN_SUFFIX",

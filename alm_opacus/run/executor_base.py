@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from alm_opacus.methods import RunMemo
-from alm_opacus.units import UnitMap, serial_map
+from alm_opacus.unit_map import UnitMap, serial_map
 
 __all__ = ["CLUSTER_EXTRA", "Executor", "ExecutorError", "InProcessExecutor"]
 
@@ -34,7 +34,7 @@ class Executor(ABC):
 
     ``put(value)`` and ``submit(fn, *args)`` return handles; a handle may be an argument of a
     later ``submit``, and the unit then gets the value. ``map`` is the
-    :class:`~alm_opacus.units.UnitMap` handed to the code below the harness.
+    :class:`~alm_opacus.unit_map.UnitMap` handed to the code below the harness.
     """
 
     name: ClassVar[str] = ""
@@ -67,7 +67,7 @@ class Executor(ABC):
     def map(
         self, fn: Callable[[S, U], R], units: Sequence[U], *, shared: S, desc: str | None = None
     ) -> list[R]:
-        """``[fn(shared, u) for u in units]`` (see :class:`~alm_opacus.units.UnitMap`)."""
+        """``[fn(shared, u) for u in units]`` (see :class:`~alm_opacus.unit_map.UnitMap`)."""
 
     def unit_map(self) -> UnitMap:
         """What units running under this executor map their own units with (picklable)."""

@@ -2,7 +2,7 @@
 
 A run is a graph of pure units (:mod:`alm_opacus.run.harness`): per (method preparation,
 seed) a *prepare* unit, per seed the *plain attacks*, per (method, epsilon, seed) a *cell*,
-and inside those the chunks that :class:`~alm_opacus.units.UnitMap` maps (sensitivity
+and inside those the chunks that :class:`~alm_opacus.unit_map.UnitMap` maps (sensitivity
 sampler draws, shadow and LiRA reference heads). The driver puts the shared inputs once
 (:meth:`Executor.put`), submits the prepare and plain-attacks units (:meth:`Executor.submit`),
 takes finished cells from :meth:`Executor.as_completed`, and alone writes the run folder.

@@ -21,7 +21,7 @@ from typing import Any, TypeVar, cast
 from alm_opacus.methods import RunMemo
 from alm_opacus.run.executor_base import CLUSTER_EXTRA, Executor, ExecutorError
 from alm_opacus.run.ray_address import DEFAULT_CONNECT_TIMEOUT_S, cluster_address
-from alm_opacus.units import UnitMap, serial_map
+from alm_opacus.unit_map import UnitMap, serial_map
 
 __all__ = [
     "CLAIM_WAIT_SECONDS",
@@ -144,7 +144,7 @@ def _unwrap(refs: Any) -> Any:
 
 @dataclass(frozen=True)
 class RayMap:
-    """The :class:`~alm_opacus.units.UnitMap` of units inside Ray tasks: each unit a task,
+    """The :class:`~alm_opacus.unit_map.UnitMap` of units inside Ray tasks: each unit a task,
     ``shared`` put into the object store once. Picklable (it holds only options)."""
 
     cpus: float = 1.0

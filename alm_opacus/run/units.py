@@ -53,7 +53,7 @@ from alm_opacus.run.evaluation import (
     with_reference,
 )
 from alm_opacus.run.plan import RunPlan
-from alm_opacus.units import UnitMap, serial_map
+from alm_opacus.unit_map import UnitMap, serial_map
 
 __all__ = [
     "Infeasible",

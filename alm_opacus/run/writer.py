@@ -14,7 +14,13 @@ from alm_opacus.io import atomic_write_json, atomic_write_text
 from alm_opacus.report.draws import DRAWS_FILE, DrawRecord, read_draws, write_draws
 from alm_opacus.report.html import REPORT_FILE, RunFacts, write_report
 from alm_opacus.report.plots import FIGURES, write_plots
-from alm_opacus.report.results import ResultRow, cell_key, read_results, write_results
+from alm_opacus.report.results import (
+    BASELINE,
+    ResultRow,
+    cell_key,
+    read_results,
+    write_results,
+)
 from alm_opacus.report.risk import RISK_FOLDER, CellScores, load_risk, write_risk
 from alm_opacus.report.risk_plots import RISK_PLOTS, ImageSource, one_seed, write_risk_plots
 from alm_opacus.report.tensorboard import write_tensorboard
@@ -31,8 +37,6 @@ from alm_opacus.run.manifest import (
 from alm_opacus.run.plan import RunPlan
 
 __all__ = ["RunWriter"]
-
-BASELINE = "none"
 
 #: What a cell may rewrite (named in the manifest before the writes: :mod:`.manifest`).
 _CELL_FILES = ("results.csv", "rocs.json", DRAWS_FILE, "config.json", str(RISK_FOLDER), "tb")

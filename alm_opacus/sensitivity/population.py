@@ -41,7 +41,7 @@ from alm_opacus.sensitivity.sampler import (
     _finish,
     default_chunk_size,
 )
-from alm_opacus.units import UnitMap, serial_map
+from alm_opacus.unit_map import UnitMap, serial_map
 
 __all__ = [
     "draw_population_pairs",
@@ -236,7 +236,7 @@ class _PopulationWork:
 def _population_unit(
     shared: _PopulationWork, pairs: range
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One unit for a :class:`~alm_opacus.units.UnitMap`: :func:`population_chunk`."""
+    """One unit for a :class:`~alm_opacus.unit_map.UnitMap`: :func:`population_chunk`."""
     w = shared
     return population_chunk(
         w.features,

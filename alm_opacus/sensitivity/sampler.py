@@ -35,7 +35,7 @@ from alm_opacus.sensitivity.convex import (
     feature_basis,
     train_convex_heads,
 )
-from alm_opacus.units import UnitMap, serial_map
+from alm_opacus.unit_map import UnitMap, serial_map
 
 __all__ = [
     "SOLVERS",
@@ -454,7 +454,7 @@ class _RemovalWork:
 
 
 def _removal_unit(shared: _RemovalWork, rows: np.ndarray) -> Tensor:
-    """One unit for a :class:`~alm_opacus.units.UnitMap`: :func:`removal_chunk`."""
+    """One unit for a :class:`~alm_opacus.unit_map.UnitMap`: :func:`removal_chunk`."""
     w = shared
     return removal_chunk(
         w.features, w.labels, recipe=w.recipe, rows=rows, start=w.start, basis=w.basis

@@ -20,7 +20,7 @@ Opacus's ``DPPerLayerOptimizer`` (C the L2 norm of the budgets); for ``alm`` and
 the budgets add up to C.
 
 Exact steps (the default, ``docs/mechanisms.md``): each clipped example is rounded to a
-power-of-two grid γ with its cell norm at most R (`alm_opacus.mechanisms.cells`: float32
+power-of-two grid γ with its cell norm at most R (`alm_opacus.mechanisms.cell_clipping`: float32
 tiles under a rigorous norm bound, or float64 with an exact check), the batch sum is exact in
 int64, integer noise K is drawn exactly from the mechanism's law rounded to the grid, and
 ``γ·(Σ cells + K)`` becomes the gradient (any later rounding to the parameter dtype is

@@ -16,8 +16,8 @@ import pytest
 
 from alm_opacus.data import DataError, available_datasets, dataset_spec
 from alm_opacus.data import registry as data_registry
-from alm_opacus.docblocks import find_blocks
 from alm_opacus.registry import Registry
+from docblocks import find_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 DATASETS, API = ROOT / "docs" / "datasets.md", ROOT / "docs" / "api.md"

@@ -1,5 +1,5 @@
 """Independent units (issue 20, item 2): the sampler's and the banks' chunks give the same
-result however a :class:`~alm_opacus.units.UnitMap` runs them (here: in reverse order, each
+result however a :class:`~alm_opacus.unit_map.UnitMap` runs them (here: in reverse order, each
 unit on its own copy of its inputs, as a worker would get them)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from alm_opacus.attacks import recipe_trainer
 from alm_opacus.attacks.shadow_data import sized_masks, train_bank
 from alm_opacus.heads import HeadConfig
 from alm_opacus.sensitivity import sample_population_sensitivity, sample_sensitivity
-from alm_opacus.units import serial_map
+from alm_opacus.unit_map import serial_map
 
 
 def shuffled_map(

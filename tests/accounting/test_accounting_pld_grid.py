@@ -11,7 +11,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from alm_opacus.accounting import PipelineAccountant, step_pld
 from alm_opacus.accounting.divergence import pld_delta, pld_epsilon
-from alm_opacus.accounting.grid import (
+from alm_opacus.accounting.pld_grid import (
     MAX_INTERVAL,
     MIN_INTERVAL,
     interval_for_epsilon,

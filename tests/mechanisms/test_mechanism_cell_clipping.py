@@ -1,6 +1,7 @@
-"""The fused float32 clipping of exact DP-SGD steps: every example's rounded cells within the
-radius (checked exactly, in Python integers), exact batch sums (both the direct and the split
-range), agreement with the float64 reference path, and the cases it hands back."""
+"""The fused float32 clipping of exact DP-SGD steps (compiled kernels): every example's
+rounded cells within the radius (checked exactly, in Python integers), exact batch sums
+(within float32's exact integers and beyond), agreement with the float64 reference path, and
+the cases it hands back to that path."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from alm_opacus.mechanisms import cells
-from alm_opacus.mechanisms.cells import _exact_run, _norm_bound, _sum_group, fused_cell_sums
+from alm_opacus.mechanisms import cell_clipping
+from alm_opacus.mechanisms.cell_clipping import _norm_bound, fused_cell_sums
 from alm_opacus.mechanisms.exact import (
     cell_radius,
     enforce_radius,
@@ -20,14 +21,8 @@ from alm_opacus.mechanisms.exact import (
 )
 from alm_opacus.mechanisms.kernels import cell_sum_kernel
 
-
-@pytest.fixture(params=["compiled", "tensor"], autouse=True)
-def _cell_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test through the compiled cell sums and through the tensor path (the fallback
-    where numba does not import, and the path for cells beyond 2²²)."""
-    if request.param == "compiled" and cell_sum_kernel() is None:
-        pytest.skip("numba does not import here")
-    monkeypatch.setattr(cells, "_USE_KERNEL", request.param == "compiled")
+if cell_sum_kernel() is None:  # pragma: no cover - numba is a dependency
+    pytest.skip("numba does not import here", allow_module_level=True)
 
 
 def _fits(cells: list[int], *, norm: str, radius: float) -> bool:
@@ -110,7 +105,7 @@ def test_the_wide_range_sums_exactly() -> None:
     dim, batch = 200_000, 16
     grid = step_grid(max_grad_norm=1.0, norm="l1", dim=dim)
     radius = cell_radius(max_grad_norm=1.0, norm="l1", dim=dim, grid=grid)
-    assert radius >= 2**24 and _sum_group(batch=batch, radius=radius) == 0
+    assert radius >= 2**24
     g = torch.Generator().manual_seed(3)
     rows = [torch.zeros(batch, dim)]
     rows[0][:, :3] = torch.rand(batch, 3, generator=g) + 5  # mass on a few coordinates
@@ -123,11 +118,11 @@ def test_the_wide_range_sums_exactly() -> None:
 
 @pytest.mark.parametrize("dim", [3_000, 20_000])
 def test_runs_of_examples_sum_exactly(dim: int) -> None:
-    # L1 at thousands of weights: 1 < G < B, so runs of G examples are summed in float32
+    # L1 at thousands of weights: one cell fits float32's exact integers, the batch's sum
+    # may not (R < 2^24 ≤ B·R), so the accumulator is flushed within the batch
     grid = step_grid(max_grad_norm=1.0, norm="l1", dim=dim)
     radius = cell_radius(max_grad_norm=1.0, norm="l1", dim=dim, grid=grid)
-    group = _sum_group(batch=200, radius=radius)
-    assert group is not None and 1 <= group < 200
+    assert radius < 2**24 <= 200 * radius
     g = torch.Generator().manual_seed(4)
     rows = [torch.zeros(200, dim)]
     rows[0][:, :2] = torch.rand(200, 2, generator=g) + 1  # mass on two coordinates
@@ -159,17 +154,6 @@ def test_fused_path_hands_back_what_it_cannot_prove(bad: str) -> None:
     )
 
 
-def test_a_run_is_as_long_as_the_largest_cell_allows() -> None:
-    cells = torch.zeros(64, 10)
-    assert _exact_run(cells) == 64  # all zero: any order is exact
-    cells[3, 4] = -(2.0**20)
-    assert _exact_run(cells) == 15  # 15 · 2^20 < 2^24 ≤ 16 · 2^20
-    cells[5, 0] = 2.0**23
-    assert _exact_run(cells) == 1
-    cells[6, 1] = 2.0**24  # one cell alone at the edge of float32's integers: float64
-    assert _exact_run(cells) == 0
-
-
 @pytest.mark.parametrize(("spread", "runs"), [(4096, "whole batch"), (8, "runs")])
 def test_wide_range_cells_sum_in_float32_when_they_are_small(spread: int, runs: str) -> None:
     # L1 over 200,000 weights: R > 2^24, so the radius alone would send every cell to
@@ -178,7 +162,7 @@ def test_wide_range_cells_sum_in_float32_when_they_are_small(spread: int, runs: 
     dim, batch = 200_000, 64
     grid = step_grid(max_grad_norm=1.0, norm="l1", dim=dim)
     radius = cell_radius(max_grad_norm=1.0, norm="l1", dim=dim, grid=grid)
-    assert _sum_group(batch=batch, radius=radius) == 0
+    assert radius >= 2**24
     g = torch.Generator().manual_seed(5)
     rows = [torch.zeros(batch, dim)]
     rows[0][:, :spread] = torch.rand(batch, spread, generator=g) + 1
@@ -261,10 +245,37 @@ def test_the_norm_bound_hands_back_non_finite_gradients(norm: str) -> None:
 
 
 def test_the_norm_bound_of_a_strided_view_is_the_bound_of_its_copy() -> None:
-    # a non-contiguous view takes the fallback path: the same guarantee, whatever the path
     g = torch.Generator().manual_seed(9)
     rows = torch.randn(3000, 8, generator=g).t()
     assert not rows.is_contiguous()
-    bound = _norm_bound(rows, norm="l1").tolist()
+    bound = _norm_bound(rows, norm="l1")
+    assert torch.equal(bound, _norm_bound(rows.contiguous(), norm="l1"))
     exact = _exact_norms(rows, norm="l1")
-    assert all(Fraction(v) >= e for v, e in zip(bound, exact, strict=True))
+    assert all(Fraction(v) >= e for v, e in zip(bound.tolist(), exact, strict=True))
+
+
+def test_a_strided_batch_sums_as_its_copy() -> None:
+    grid = step_grid(max_grad_norm=1.0, norm="l2", dim=3000)
+    radius = cell_radius(max_grad_norm=1.0, norm="l2", dim=3000, grid=grid)
+    rows = torch.randn(3000, 8, generator=torch.Generator().manual_seed(10)).t()
+    strided, copied = (
+        fused_cell_sums([r], budgets=None, max_grad_norm=1.0, norm="l2", grid=grid, radius=radius)
+        for r in (rows, rows.contiguous())
+    )
+    assert strided is not None and copied is not None
+    assert torch.equal(strided[0], copied[0])
+
+
+def test_without_numba_the_float64_path_takes_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    grid = step_grid(max_grad_norm=1.0, norm="l1", dim=10)
+    radius = cell_radius(max_grad_norm=1.0, norm="l1", dim=10, grid=grid)
+    rows = [torch.randn(4, 10)]
+
+    def fused() -> list[torch.Tensor] | None:
+        return fused_cell_sums(
+            rows, budgets=None, max_grad_norm=1.0, norm="l1", grid=grid, radius=radius
+        )
+
+    assert fused() is not None
+    monkeypatch.setattr(cell_clipping, "cell_sum_kernel", lambda: None)
+    assert fused() is None
