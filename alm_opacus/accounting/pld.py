@@ -30,7 +30,7 @@ from scipy import special
 from alm_opacus._validation import check_positive, check_sensitivity
 from alm_opacus.mechanisms import analysis, create_mechanism
 from alm_opacus.mechanisms.analysis import _log_logistic_cdf, _logistic_log_delta
-from alm_opacus.mechanisms.base import _check_dim
+from alm_opacus.mechanisms.base import _check_dim, _load_noise_laws
 from alm_opacus.registry import Registry
 
 __all__ = [
@@ -204,8 +204,9 @@ def _gaussian_pld(
 
 
 ReleasePLDBuilder = Callable[..., PrivacyLossDistribution]
-#: One release's PLD builder by canonical mechanism name.
-RELEASE_PLDS: Registry[ReleasePLDBuilder] = Registry("release PLD")
+#: One release's PLD builder by canonical mechanism name: each noise law's
+#: (`alm_opacus.noise_laws`), and those of `register_release_pld`.
+RELEASE_PLDS: Registry[ReleasePLDBuilder] = Registry("release PLD", load=_load_noise_laws)
 
 
 def register_release_pld(name: str, builder: ReleasePLDBuilder, *, force: bool = False) -> None:
@@ -242,12 +243,6 @@ def _logistic_pld(
 ) -> PrivacyLossDistribution:
     # Every dim: the one-coordinate shift dominates under L1 (docs/accounting.md, Theorem 3).
     return _logistic_scalar_pld(scale=scale, sensitivity=sensitivity, interval=interval)
-
-
-register_release_pld("alm", _logistic_pld)
-register_release_pld("laplace", _laplace_pld)
-register_release_pld("gaussian", _gaussian_pld)
-register_release_pld("gaussian-classic", _gaussian_pld)
 
 
 def release_pld(
