@@ -286,8 +286,9 @@ def release_loss_span(
 ) -> float:
     """Width of the finite privacy-loss support of one release (sizes the PLD grid).
 
-    A pure ε₀-DP mechanism has its loss in [−ε₀, ε₀]; a Gaussian release is measured on
-    dp_accounting's truncated support (mass e^{-50} cut from each tail).
+    A pure ε₀-DP mechanism has its loss in [−ε₀, ε₀] (ε₀ its own ε at δ = 0: Δ/scale for ALM
+    and Laplace); a Gaussian release is measured on dp_accounting's truncated support (mass
+    e^{-50} cut from each tail).
 
     Raises:
         ValueError: if the mechanism is unknown or an argument is out of range.
@@ -295,8 +296,8 @@ def release_loss_span(
     mech = create_mechanism(mechanism)
     s = check_positive(scale, name="scale")
     sens = check_sensitivity(sensitivity)
-    if mech.pure:
-        return 2.0 * sens / s
+    if mech.pure:  # 2·(Δ/s) is the float 2Δ/s: doubling is exact
+        return 2.0 * mech.epsilon(delta=0.0, scale=s, sensitivity=sens)
     bounds = privacy_loss_mechanism.GaussianPrivacyLoss(s, sensitivity=sens).connect_dots_bounds()
     assert bounds.epsilon_upper is not None and bounds.epsilon_lower is not None
     return bounds.epsilon_upper - bounds.epsilon_lower

@@ -91,7 +91,7 @@ def test_the_law_is_registered_once_and_every_layer_finds_its_part(
         register_noise_law(dataclasses.replace(law, claim_rule=None))
 
     # ...all or nothing: a law whose alias is taken leaves no part behind
-    class Other(toy.ToyMechanism):  # type: ignore[name-defined,misc]
+    class Other(toy.ToyMechanism):  # type: ignore[name-defined]
         name = "toy-other"
 
     with pytest.raises(ValueError, match="mechanism 'laplace' is already registered"):
@@ -161,6 +161,7 @@ def test_an_exact_release_draws_the_toy_law_and_states_its_claim(toy: types.Modu
 
 def test_the_accountant_gives_the_closed_forms(toy: types.ModuleType) -> None:
     from alm_opacus.accounting import release_pld, step_pld
+    from alm_opacus.accounting.pld import release_loss_span
     from alm_opacus.mechanisms import analysis, create_mechanism
 
     mechanism = create_mechanism("toy")
@@ -168,6 +169,8 @@ def test_the_accountant_gives_the_closed_forms(toy: types.ModuleType) -> None:
     assert mechanism.epsilon(delta=0.0, scale=0.8, sensitivity=1.0) == 1 / 1.6
     assert mechanism.std(1.0) == pytest.approx(2 * math.sqrt(2))
     pld = release_pld(mechanism="toy", scale=0.8, sensitivity=1.0)
+    # the loss lies in ±Δ/(2b), which sizes the accountant's grid
+    assert release_loss_span(mechanism="toy", scale=0.8, sensitivity=1.0) == 2 / 1.6
     assert pld.get_epsilon_for_delta(0.0) == pytest.approx(1 / 1.6, abs=2e-4)
     for delta in (1e-3, 1e-6):
         exact = analysis.laplace_epsilon(delta=delta, scale=1.6, sensitivity=1.0)
@@ -205,8 +208,9 @@ def test_a_dp_sgd_step_clips_in_l1_adds_toy_noise_and_is_accounted(
         generator=torch.Generator().manual_seed(3),
     )
     assert opt.noise_mechanism == "toy" and opt.clipping_norm == "l1"
-    param.summed_grad = torch.zeros_like(param, dtype=torch.int64)  # cells of an exact step
-    opt.add_noise()
+    param.summed_grad = torch.zeros_like(param, dtype=torch.int64)  # type: ignore[attr-defined]
+    opt.add_noise()  # on the cells of an exact step
+    assert param.grad is not None
     noise = param.grad.numpy()
     b = opt.noise_scale
     assert b == pytest.approx(1.5 * opt.noise_sensitivity) and opt.noise_sensitivity > 0.4
@@ -258,8 +262,12 @@ def test_a_harness_run_releases_with_the_toy_law(
     )
     rows = {r.method: r for r in run(config).rows if r.method in ("toy", "laplace")}
     toy_row, laplace_row = rows["toy"], rows["laplace"]
-    assert toy_row.guarantee == "pure-dp" and toy_row.epsilon == 1.0 and toy_row.delta == 0.0
-    assert toy_row.statement.startswith("toy") or "toy" in toy_row.statement
+    # the default sensitivity is sampled (random-DP), for the toy as for Laplace
+    assert toy_row.guarantee == laplace_row.guarantee == "random-dp"
+    assert toy_row.epsilon == 1.0 and toy_row.delta == laplace_row.delta
+    assert "toy" in toy_row.statement and "laplace" not in toy_row.statement.lower(), (
+        toy_row.statement
+    )
     # the same head and sensitivity; the toy calibrates b = Δ'/(2ε), Laplace b = Δ'/ε, so
     # both add noise of the same law (Laplace(Δ'/ε)) and the same standard deviation
     assert toy_row.sensitivity == laplace_row.sensitivity
