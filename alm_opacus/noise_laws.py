@@ -124,13 +124,14 @@ class NoiseLaw:
             )
         if self.first_pass is not None and self.cell_law is None:
             raise ValueError(f"noise law {self.name!r} has a first pass but no cell law")
-        for part, kind in (
-            (self.cell_law, CellLaw),
-            (self.step_profile, StepProfile),
-            (self.claim_rule, ClaimRule),
+        for field, kind in (
+            ("cell_law", CellLaw),
+            ("step_profile", StepProfile),
+            ("claim_rule", ClaimRule),
         ):
+            part = getattr(self, field)
             if part is not None and not isinstance(part, kind):
-                raise TypeError(f"{part!r} is invalid: expected a {kind.__name__} or None")
+                raise TypeError(f"{field}={part!r} is invalid: expected a {kind.__name__} or None")
         if self.step_profile is not None and self.step_profile.norm != self.mechanism.norm:
             raise ValueError(
                 f"noise law {self.name!r}: its step profile clips in {self.step_profile.norm} "
