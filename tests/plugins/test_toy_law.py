@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import importlib.util
 import math
 import sys
 import types
@@ -274,6 +275,14 @@ def test_a_harness_run_releases_with_the_toy_law(
     assert toy_row.noise_scale == pytest.approx(laplace_row.noise_scale / 2, rel=1e-12)
     assert toy_row.noise_std == pytest.approx(laplace_row.noise_std, rel=1e-12)
     assert 0.0 < toy_row.test_accuracy <= 1.0
+
+
+def test_the_toy_plugin_imports_public_names_only() -> None:
+    spec = importlib.util.spec_from_file_location("plugin_api", HERE.parent / "test_plugin_api.py")
+    assert spec is not None and spec.loader is not None
+    rules = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rules)
+    assert rules.private_imports((HERE / "toy_law.py").read_text()) == []
 
 
 def test_the_toy_law_is_unknown_outside_its_plugin() -> None:
