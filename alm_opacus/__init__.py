@@ -13,6 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from alm_opacus._lazy import after_import
+from alm_opacus.registry import declare_builtins
 
 if TYPE_CHECKING:
     from alm_opacus.accounting import ACCOUNTANT_NAME, PipelineAccountant
@@ -80,3 +81,7 @@ def __dir__() -> list[str]:
 
 # Importing alm_opacus.accounting registers "alm_pld" in Opacus: do it once Opacus is loaded.
 after_import("opacus", "alm_opacus.accounting")
+# The built-in noise laws register as plugins do, through their entry point group: a lookup
+# in `alm_opacus.mechanisms` or `alm_opacus.accounting` then loads them without naming the
+# module above it that assembles them.
+declare_builtins("alm_opacus.noise_laws", "alm_opacus.noise_laws")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from alm_opacus.mechanisms import analysis
+from alm_opacus.mechanisms.base import _load_noise_laws
 from alm_opacus.registry import Registry
 
 __all__ = [
@@ -206,8 +207,9 @@ class ClaimRule:
     profile: str = ""
 
 
-#: What each mechanism's noise proves, by mechanism name.
-CLAIM_RULES: Registry[ClaimRule] = Registry("claim rule")
+#: What each mechanism's noise proves, by mechanism name: each noise law's (with its aliases,
+#: `alm_opacus.noise_laws`), and those of `register_claim_rule` (the baselines' noise).
+CLAIM_RULES: Registry[ClaimRule] = Registry("claim rule", load=_load_noise_laws)
 
 
 def register_claim_rule(mechanism: str, rule: ClaimRule, *, force: bool = False) -> None:
@@ -316,7 +318,8 @@ def check_claim(
         )
 
 
-_GAUSSIAN = ClaimRule(
+# The built-in laws' rules are registered with their laws (`alm_opacus.noise_laws`).
+GAUSSIAN_CLAIM = ClaimRule(
     pure=False,
     norm="l2",
     epsilon=analysis.gaussian_epsilon,
@@ -324,24 +327,22 @@ _GAUSSIAN = ClaimRule(
 )
 # For delta > 0, ALM and Laplace use their scalar profiles: the least a release with this L1
 # bound proves (a one-coordinate shift attains it; docs/accounting.md: also the most).
-_LOGISTIC = ClaimRule(
+LOGISTIC_CLAIM = ClaimRule(
     pure=True,
     norm="l1",
     epsilon=analysis.logistic_epsilon,
     bound="Delta_1 / s (ALM)",
     profile="the scalar logistic profile",
 )
+LAPLACE_CLAIM = ClaimRule(
+    pure=True,
+    norm="l1",
+    epsilon=analysis.laplace_epsilon,
+    bound="Delta_1 / b (Laplace)",
+    profile="the Laplace profile",
+)
 _GAUSSIAN_DPSGD = ClaimRule(pure=False)
 for _name, _rule in {
-    "alm": _LOGISTIC,
-    "logistic": _LOGISTIC,
-    "laplace": ClaimRule(
-        pure=True,
-        norm="l1",
-        epsilon=analysis.laplace_epsilon,
-        bound="Delta_1 / b (Laplace)",
-        profile="the Laplace profile",
-    ),
     "l2-laplace": ClaimRule(
         pure=True,
         norm="l2",
@@ -349,8 +350,6 @@ for _name, _rule in {
         bound="Delta_2 / b (L2 Laplace, Chaudhuri et al. 2011)",
         profile="the randomized-response profile of pure Delta_2 / b",
     ),
-    "gaussian": _GAUSSIAN,
-    "gaussian-classic": _GAUSSIAN,
     "lu-gaussian": _GAUSSIAN_DPSGD,
     "dp-sgd": _GAUSSIAN_DPSGD,
     "dp-sgd on encoder and head": _GAUSSIAN_DPSGD,

@@ -1,7 +1,9 @@
-"""The public API for plugins: methods, datasets and attacks written outside ``alm_opacus``.
+"""The public API for plugins: methods, datasets, attacks and noise laws written outside
+``alm_opacus``.
 
 A plugin package registers through an entry point group (``alm_opacus.methods``,
-``alm_opacus.datasets``, ``alm_opacus.attacks``; see ``docs/api.md``) and imports from this
+``alm_opacus.datasets``, ``alm_opacus.attacks``, ``alm_opacus.noise_laws``; see
+``docs/api.md``) and imports from this
 module, or from the ``__all__`` of a public module (``alm_opacus.mechanisms``,
 ``alm_opacus.training``, ``alm_opacus.protect``, ...). It never imports a private module
 (``alm_opacus._*``) or a name outside an ``__all__``: those may change without notice. The
@@ -13,6 +15,10 @@ What is here:
 - the base classes and registration of each extension point (``Method``, ``Attack``,
   ``DatasetSpec`` and their ``register_*``), and the generic :class:`Registry`;
 - :func:`cli_option`, for a method option with a command-line flag of its own;
+- a noise law: the record ``NoiseLaw`` and ``register_noise_law``, with the types of its
+  parts (the mechanism's base classes, ``CellLaw``, ``StepProfile``, ``ClaimRule``), and
+  ``PostTrainingMethod``, whose subclass with ``mechanism = "<law>"`` is the harness's
+  post-training method for it;
 - the input checks the core uses, so that a plugin's errors read like the core's;
 - seeds and digests: stable seeds from labels, digests of tensors, payloads and code (cache
   keys that change with the code that produced them);
@@ -30,7 +36,9 @@ from alm_opacus._validation import (
     check_positive,
     default_delta,
 )
+from alm_opacus.accounting.subsampled import StepProfile
 from alm_opacus.attacks import Attack, AttackConfig, register_attack
+from alm_opacus.claims import ClaimRule
 from alm_opacus.data import DatasetSpec, register_dataset, register_dataset_spec
 from alm_opacus.heads import (
     Head,
@@ -43,6 +51,8 @@ from alm_opacus.heads import (
     uniform_init,
 )
 from alm_opacus.io import StaleCacheWarning, atomic_write_json
+from alm_opacus.mechanisms import AdditiveNoiseMechanism, PureAdditiveNoiseMechanism
+from alm_opacus.mechanisms.cell_laws import CellLaw
 from alm_opacus.mechanisms.sampling import standard_normal
 from alm_opacus.methods import (
     AttackerFactory,
@@ -58,7 +68,8 @@ from alm_opacus.methods import (
     cli_option,
     register_method,
 )
-from alm_opacus.posthoc import clean_shadow_heads, convex_config
+from alm_opacus.noise_laws import NoiseLaw, register_noise_law
+from alm_opacus.posthoc import PostTrainingMethod, clean_shadow_heads, convex_config
 from alm_opacus.protect import (
     FLOAT_NOTE,
     Guarantee,
@@ -70,9 +81,12 @@ from alm_opacus.registry import Registry, UnknownName, load_entry_points
 
 __all__ = [
     "FLOAT_NOTE",
+    "AdditiveNoiseMechanism",
     "Attack",
     "AttackConfig",
     "AttackerFactory",
+    "CellLaw",
+    "ClaimRule",
     "DatasetSpec",
     "Guarantee",
     "Head",
@@ -82,15 +96,19 @@ __all__ = [
     "Method",
     "MethodContext",
     "MethodOptions",
+    "NoiseLaw",
     "Params",
+    "PostTrainingMethod",
     "Predict",
     "PrivacyStatement",
+    "PureAdditiveNoiseMechanism",
     "Registry",
     "Release",
     "SensitivityInfo",
     "SensitivitySource",
     "ShadowTrainer",
     "StaleCacheWarning",
+    "StepProfile",
     "TrainingNoise",
     "UnknownName",
     "atomic_write_json",
@@ -114,6 +132,7 @@ __all__ = [
     "register_dataset",
     "register_dataset_spec",
     "register_method",
+    "register_noise_law",
     "standard_normal",
     "tensor_digest",
     "uniform_init",

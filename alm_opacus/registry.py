@@ -15,12 +15,13 @@ restores every registry afterwards.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.metadata
 import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar, Generic, TypeVar
 
-__all__ = ["Registry", "UnknownName", "load_entry_points"]
+__all__ = ["Registry", "UnknownName", "declare_builtins", "load_entry_points"]
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -99,11 +100,13 @@ class Registry(Generic[T]):
             )
         return found
 
-    def get(self, name: str) -> T | None:
-        """The object registered as ``name``, or ``None`` (built-ins loaded first)."""
+    def get(self, name: str, *, load: bool = True) -> T | None:
+        """The object registered as ``name``, or ``None`` (built-ins loaded first, unless
+        ``load`` is false: a registration that checks for conflicts while the built-ins are
+        being registered must not start loading them again)."""
         if not isinstance(name, str):
             return None
-        if name not in self._items and self._load is not None:
+        if load and name not in self._items and self._load is not None:
             self._load()
         return self._items.get(name)
 
@@ -152,6 +155,17 @@ class Registry(Generic[T]):
 
 
 _LOADED_GROUPS: set[str] = set()
+_BUILTINS: dict[str, tuple[str, ...]] = {}
+
+
+def declare_builtins(group: str, *modules: str) -> None:
+    """Declare modules of this package that extend ``group`` as its plugins do (each
+    registers on import): `load_entry_points` imports them before the plugins.
+
+    The package root declares them, so that a lookup in a lower layer loads what a higher
+    one registers without naming it, whether or not the installed metadata is current.
+    """
+    _BUILTINS[group] = (*_BUILTINS.get(group, ()), *modules)
 
 
 def load_entry_points(
@@ -186,6 +200,11 @@ def load_entry_points(
     _LOADED_GROUPS.add(group)  # before loading: a plugin's own imports must not recurse here
     loaded = []
     try:
+        for module in _BUILTINS.get(group, ()):
+            try:
+                importlib.import_module(module)
+            except Exception as exc:
+                raise error(f"{what} module {module!r} failed to load: {exc}") from exc
         for entry in importlib.metadata.entry_points(group=group):
             try:
                 obj = entry.load()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import types
 
@@ -111,3 +112,57 @@ def test_a_solver_outside_the_solver_names_is_refused_and_not_registered() -> No
     with pytest.raises(ValueError, match=r"solver name 'sgd' is invalid: expected one of"):
         register_solver("sgd")(solve)  # type: ignore[arg-type]
     assert "sgd" not in SOLVERS and set(SOLVERS.names()) == set(SOLVER_NAMES)
+
+
+def test_declared_builtins_load_first_and_a_lookup_may_skip_loading(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from alm_opacus import registry as registry_module
+
+    seen: list[str] = []
+    entry = importlib.metadata.EntryPoint(name="plug", value="plug_mod", group="g.built")
+    real_load, real_entry_points = (
+        importlib.metadata.EntryPoint.load,
+        importlib.metadata.entry_points,
+    )
+
+    def load(self: importlib.metadata.EntryPoint) -> object:
+        if self.value != "plug_mod":
+            return real_load(self)
+        seen.append(self.value)
+        return types.ModuleType(self.value)
+
+    monkeypatch.setattr(importlib.metadata.EntryPoint, "load", load)
+    monkeypatch.setattr(
+        importlib.metadata,
+        "entry_points",
+        lambda **select: (
+            [entry] if select.get("group") == "g.built" else real_entry_points(**select)
+        ),
+    )
+
+    real_import = importlib.import_module
+
+    def import_module(name: str) -> types.ModuleType:
+        if name == "broken_mod":
+            raise ImportError("no such module")
+        if not name.startswith("builtin_"):
+            return real_import(name)  # what Registry.isolated loads
+        seen.append(name)
+        return types.ModuleType(name)
+
+    monkeypatch.setattr(registry_module.importlib, "import_module", import_module)
+    monkeypatch.setitem(registry_module._BUILTINS, "g.built", ())
+    registry_module.declare_builtins("g.built", "builtin_a", "builtin_b")
+    with Registry.isolated(reload=["g.built"]):
+        assert load_entry_points("g.built", what="toy", error=RuntimeError) == ["plug"]
+        assert seen == ["builtin_a", "builtin_b", "plug_mod"]  # the package's own first
+    monkeypatch.setitem(registry_module._BUILTINS, "g.built", ("broken_mod",))
+    broken = pytest.raises(RuntimeError, match="toy module 'broken_mod' failed to load")
+    with Registry.isolated(reload=["g.built"]), broken:
+        load_entry_points("g.built", what="toy", error=RuntimeError)
+
+    loads: list[int] = []
+    reg: Registry[int] = Registry("gizmo", load=lambda: loads.append(1))
+    assert reg.get("x", load=False) is None and loads == []
+    assert reg.get("x") is None and loads == [1]

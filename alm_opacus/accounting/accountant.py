@@ -416,14 +416,28 @@ class PipelineAccountant(IAccountant):
 
     def _pure_epsilon(self) -> float:
         # Pure ε-DP composes exactly by summation (tight: attained by randomized response);
-        # a q-subsampled ε₀-DP step is ln(1 + q(e^{ε₀} − 1))-DP in both directions.
-        if self.history or any(not create_mechanism(r["mechanism"]).pure for r in self.releases):
+        # a q-subsampled ε₀-DP step is ln(1 + q(e^{ε₀} − 1))-DP in both directions. ε₀ is
+        # the mechanism's own ε at δ = 0: Δ/scale for ALM and Laplace, a plugin law's its own.
+        records = [*self.releases, *self.noise_steps]
+        if self.history or any(not create_mechanism(r["mechanism"]).pure for r in records):
             return math.inf
+
+        def pure(mechanism: str, *, scale: float, sensitivity: float) -> float:
+            return create_mechanism(mechanism).epsilon(
+                delta=0.0, scale=scale, sensitivity=sensitivity
+            )
+
         steps = (
-            s["num_steps"] * log_mixture(s["sample_rate"], 1.0 / s["noise_multiplier"])
+            s["num_steps"]
+            * log_mixture(
+                s["sample_rate"], pure(s["mechanism"], scale=s["noise_multiplier"], sensitivity=1.0)
+            )
             for s in self.noise_steps
         )
-        releases = (r["sensitivity"] / r["scale"] for r in self.releases)
+        releases = (
+            pure(r["mechanism"], scale=r["scale"], sensitivity=r["sensitivity"])
+            for r in self.releases
+        )
         return math.fsum([*steps, *releases])
 
 

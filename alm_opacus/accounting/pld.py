@@ -30,7 +30,7 @@ from scipy import special
 from alm_opacus._validation import check_positive, check_sensitivity
 from alm_opacus.mechanisms import analysis, create_mechanism
 from alm_opacus.mechanisms.analysis import _log_logistic_cdf, _logistic_log_delta
-from alm_opacus.mechanisms.base import _check_dim
+from alm_opacus.mechanisms.base import _check_dim, _load_noise_laws
 from alm_opacus.registry import Registry
 
 __all__ = [
@@ -204,8 +204,9 @@ def _gaussian_pld(
 
 
 ReleasePLDBuilder = Callable[..., PrivacyLossDistribution]
-#: One release's PLD builder by canonical mechanism name.
-RELEASE_PLDS: Registry[ReleasePLDBuilder] = Registry("release PLD")
+#: One release's PLD builder by canonical mechanism name: each noise law's
+#: (`alm_opacus.noise_laws`), and those of `register_release_pld`.
+RELEASE_PLDS: Registry[ReleasePLDBuilder] = Registry("release PLD", load=_load_noise_laws)
 
 
 def register_release_pld(name: str, builder: ReleasePLDBuilder, *, force: bool = False) -> None:
@@ -242,12 +243,6 @@ def _logistic_pld(
 ) -> PrivacyLossDistribution:
     # Every dim: the one-coordinate shift dominates under L1 (docs/accounting.md, Theorem 3).
     return _logistic_scalar_pld(scale=scale, sensitivity=sensitivity, interval=interval)
-
-
-register_release_pld("alm", _logistic_pld)
-register_release_pld("laplace", _laplace_pld)
-register_release_pld("gaussian", _gaussian_pld)
-register_release_pld("gaussian-classic", _gaussian_pld)
 
 
 def release_pld(
@@ -291,8 +286,9 @@ def release_loss_span(
 ) -> float:
     """Width of the finite privacy-loss support of one release (sizes the PLD grid).
 
-    A pure ε₀-DP mechanism has its loss in [−ε₀, ε₀]; a Gaussian release is measured on
-    dp_accounting's truncated support (mass e^{-50} cut from each tail).
+    A pure ε₀-DP mechanism has its loss in [−ε₀, ε₀] (ε₀ its own ε at δ = 0: Δ/scale for ALM
+    and Laplace); a Gaussian release is measured on dp_accounting's truncated support (mass
+    e^{-50} cut from each tail).
 
     Raises:
         ValueError: if the mechanism is unknown or an argument is out of range.
@@ -300,8 +296,8 @@ def release_loss_span(
     mech = create_mechanism(mechanism)
     s = check_positive(scale, name="scale")
     sens = check_sensitivity(sensitivity)
-    if mech.pure:
-        return 2.0 * sens / s
+    if mech.pure:  # 2·(Δ/s) is the float 2Δ/s: doubling is exact
+        return 2.0 * mech.epsilon(delta=0.0, scale=s, sensitivity=sens)
     bounds = privacy_loss_mechanism.GaussianPrivacyLoss(s, sensitivity=sens).connect_dots_bounds()
     assert bounds.epsilon_upper is not None and bounds.epsilon_lower is not None
     return bounds.epsilon_upper - bounds.epsilon_lower

@@ -46,7 +46,7 @@ from alm_opacus.accounting.pld import (
     log_mixture,
 )
 from alm_opacus.mechanisms import create_mechanism
-from alm_opacus.mechanisms.base import _check_dim
+from alm_opacus.mechanisms.base import _check_dim, _load_noise_laws
 from alm_opacus.registry import Registry
 
 __all__ = [
@@ -236,8 +236,9 @@ class StepProfile:
     norm: Literal["l1", "l2"]
 
 
-#: DP-SGD step profiles by canonical mechanism name.
-STEP_PROFILES: Registry[StepProfile] = Registry("step profile")
+#: DP-SGD step profiles by canonical mechanism name: each noise law's that has one
+#: (`alm_opacus.noise_laws`), and those of `register_step_profile`.
+STEP_PROFILES: Registry[StepProfile] = Registry("step profile", load=_load_noise_laws)
 
 
 def register_step_profile(name: str, profile: StepProfile, *, force: bool = False) -> None:
@@ -284,10 +285,10 @@ def _pure_build(
 #: ``register_step_profile("alm", PURE_STEP_PROFILE, force=True)`` restores the accounting
 #: ``alm`` had before Theorem 3 (``scripts/logistic_accounting.py`` compares the two).
 PURE_STEP_PROFILE = StepProfile(_pure_build, _pure_span, "l1")
-
-register_step_profile("gaussian", StepProfile(_gaussian_step, _gaussian_span, "l2"))
-register_step_profile("laplace", StepProfile(_laplace_step, _pure_span, "l1"))
-register_step_profile("alm", StepProfile(_logistic_step, _pure_span, "l1"))
+#: The built-in laws' profiles (registered with their laws by `alm_opacus.noise_laws`).
+GAUSSIAN_STEP_PROFILE = StepProfile(_gaussian_step, _gaussian_span, "l2")
+LAPLACE_STEP_PROFILE = StepProfile(_laplace_step, _pure_span, "l1")
+LOGISTIC_STEP_PROFILE = StepProfile(_logistic_step, _pure_span, "l1")
 
 
 def available_step_mechanisms() -> list[str]:

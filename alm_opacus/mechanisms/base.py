@@ -1,4 +1,9 @@
-"""`AdditiveNoiseMechanism` and its name registry (Opacus's ``register_accountant`` style)."""
+"""`AdditiveNoiseMechanism` and its name registry (Opacus's ``register_accountant`` style).
+
+A noise law's mechanism class is registered with the law's other parts (a ``NoiseLaw``,
+`alm_opacus.noise_laws`); `register_mechanism` remains for a class without them (it then has
+no exact cells, accounting or claim rule).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import torch
 from alm_opacus._validation import check_delta, check_epsilon, check_positive, check_sensitivity
 from alm_opacus.mechanisms import analysis
 from alm_opacus.mechanisms.sampling import NoiseGenerator, Shape
-from alm_opacus.registry import Registry
+from alm_opacus.registry import Registry, load_entry_points
 
 __all__ = [
     "AdditiveNoiseMechanism",
@@ -214,8 +219,32 @@ def _check_mechanism(name: str, mechanism: type[AdditiveNoiseMechanism]) -> None
         raise TypeError(f"mechanism={mechanism!r} is not an AdditiveNoiseMechanism subclass")
 
 
-#: Mechanism classes by name (an alias may name an existing class).
-MECHANISMS: Registry[type[AdditiveNoiseMechanism]] = Registry("mechanism", check=_check_mechanism)
+#: The entry point group of noise laws (`alm_opacus.noise_laws`): the package declares its
+#: built-in laws' module there (`alm_opacus.registry.declare_builtins`), plugins theirs.
+NOISE_LAW_GROUP = "alm_opacus.noise_laws"
+
+
+class NoiseLawPluginError(ImportError):
+    """A noise-law module (entry point of :data:`NOISE_LAW_GROUP`) that fails to import."""
+
+
+def _load_noise_laws() -> None:
+    """The load hook of every lookup a noise law's part is registered in: imports the
+    modules that register laws. They assemble parts from the layers above this one
+    (accounting, claims), so they are found through the entry point group, never named."""
+    load_entry_points(
+        NOISE_LAW_GROUP,
+        what="noise law",
+        error=NoiseLawPluginError,
+        expected="a module that registers its noise laws on import",
+    )
+
+
+#: Mechanism classes by name (an alias may name an existing class): each noise law's, and
+#: those of `register_mechanism`.
+MECHANISMS: Registry[type[AdditiveNoiseMechanism]] = Registry(
+    "mechanism", check=_check_mechanism, load=_load_noise_laws
+)
 
 
 def register_mechanism(

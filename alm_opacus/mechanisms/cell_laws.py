@@ -17,8 +17,9 @@ import torch
 from numpy.typing import NDArray
 from scipy import special
 
-from alm_opacus.mechanisms.base import create_mechanism
+from alm_opacus.mechanisms.base import _load_noise_laws, create_mechanism
 from alm_opacus.mechanisms.grid import Grid, cells_per_scale
+from alm_opacus.registry import Registry
 
 __all__ = [
     "CELL_LAWS",
@@ -156,13 +157,9 @@ def _erfc_interval(x: mpmath.iv.mpf) -> mpmath.iv.mpf:
     return out
 
 
-#: Cell laws by canonical mechanism name (``gaussian-classic`` draws the Gaussian's).
-CELL_LAWS: dict[str, CellLaw] = {
-    "alm": LogisticCells(),
-    "laplace": LaplaceCells(),
-    "gaussian": GaussianCells(),
-    "gaussian-classic": GaussianCells(),
-}
+#: Cell laws by canonical mechanism name, each registered with its noise law
+#: (`alm_opacus.noise_laws`; ``gaussian-classic`` draws the Gaussian's).
+CELL_LAWS: Registry[CellLaw] = Registry("cell law", load=_load_noise_laws)
 
 
 def cell_law(mechanism: object) -> CellLaw:
@@ -174,12 +171,12 @@ def cell_law(mechanism: object) -> CellLaw:
     name = getattr(mechanism, "name", None) if not isinstance(mechanism, str) else None
     if name is None:
         name = create_mechanism(str(mechanism)).name
-    try:
-        return CELL_LAWS[name]
-    except KeyError:
+    law = CELL_LAWS.get(name)
+    if law is None:
         raise ValueError(
-            f"mechanism {name!r} has no exact cell law: expected one of {sorted(CELL_LAWS)}"
-        ) from None
+            f"mechanism {name!r} has no exact cell law: expected one of {CELL_LAWS.names()}"
+        )
+    return law
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import torch
 
 from alm_opacus._validation import check_epsilon, check_positive, check_sensitivity
 from alm_opacus.mechanisms import analysis
-from alm_opacus.mechanisms.base import AdditiveNoiseMechanism, Norm, register_mechanism
+from alm_opacus.mechanisms.base import AdditiveNoiseMechanism, Norm
 from alm_opacus.mechanisms.sampling import NoiseGenerator, Shape, standard_normal
 
 __all__ = ["ClassicGaussianMechanism", "GaussianMechanism"]
@@ -86,7 +86,3 @@ class ClassicGaussianMechanism(GaussianMechanism):
             scale=check_positive(scale, name="scale"),
             sensitivity=check_sensitivity(sensitivity),
         )
-
-
-register_mechanism("gaussian", GaussianMechanism)
-register_mechanism("gaussian-classic", ClassicGaussianMechanism)

@@ -39,7 +39,12 @@ from typing import Any
 
 import numpy as np
 
+from alm_opacus.mechanisms.base import _load_noise_laws
+from alm_opacus.registry import Registry
+
 __all__ = [
+    "FIRST_PASS_FILLS",
+    "FirstPassFill",
     "cache_dir",
     "cell_sum_kernel",
     "first_pass_kernel",
@@ -350,13 +355,21 @@ def _x_laplace(
     _log_into(spare, ints, x, -t)
 
 
-_X = {"alm": _x_logistic, "laplace": _x_laplace, "gaussian": _gaussian_x}
+#: ``fill(words, t, x, ints, index, tail, spare)``: x = t·S⁻¹(V) for each int64 word, within
+#: the first pass's error bound (module docstring); the other arrays are scratch of the words'
+#: length (int64 ``ints`` and ``index``, float64 ``tail`` and ``spare``).
+FirstPassFill = Callable[
+    [np.ndarray, float, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], None
+]
+#: Each cell law's ``fill`` by its name (`CellLaw.name`), registered with its noise law
+#: (`alm_opacus.noise_laws`); a law without one takes the eager first pass.
+FIRST_PASS_FILLS: Registry[FirstPassFill] = Registry("first-pass kernel", load=_load_noise_laws)
 
 
 def inverse_x(name: str, words: np.ndarray, t: float) -> np.ndarray:
     """The kernel's x = t·S⁻¹(V) for each word (a fresh array; for tests and checks)."""
     x, ints, _, _, index, tail, spare = _Buffers().get(len(words))
-    _X[name](words, t, x, ints, index, tail, spare)
+    FIRST_PASS_FILLS[name](words, t, x, ints, index, tail, spare)
     return x
 
 
@@ -369,7 +382,7 @@ def first_pass_kernel(name: str) -> Kernel | None:
     result lists those draws' indices (a view of this thread's scratch, valid until its next
     call).
     """
-    fill = _X.get(name)
+    fill = FIRST_PASS_FILLS.get(name)
     if _numba is None or fill is None:
         return None
 

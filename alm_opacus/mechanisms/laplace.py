@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 
 from alm_opacus.mechanisms import analysis
-from alm_opacus.mechanisms.base import PureAdditiveNoiseMechanism, register_mechanism
+from alm_opacus.mechanisms.base import PureAdditiveNoiseMechanism
 from alm_opacus.mechanisms.sampling import NoiseGenerator, Shape, standard_laplace
 
 __all__ = ["LaplaceMechanism"]
@@ -28,6 +28,3 @@ class LaplaceMechanism(PureAdditiveNoiseMechanism):
 
     def _scalar_delta(self, *, epsilon: float, scale: float, sensitivity: float) -> float:
         return analysis.laplace_delta(epsilon=epsilon, scale=scale, sensitivity=sensitivity)
-
-
-register_mechanism("laplace", LaplaceMechanism)

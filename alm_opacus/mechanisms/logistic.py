@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 
 from alm_opacus.mechanisms import analysis
-from alm_opacus.mechanisms.base import PureAdditiveNoiseMechanism, register_mechanism
+from alm_opacus.mechanisms.base import PureAdditiveNoiseMechanism
 from alm_opacus.mechanisms.sampling import NoiseGenerator, Shape, standard_logistic
 
 __all__ = ["LogisticMechanism"]
@@ -31,7 +31,3 @@ class LogisticMechanism(PureAdditiveNoiseMechanism):
 
     def _scalar_delta(self, *, epsilon: float, scale: float, sensitivity: float) -> float:
         return analysis.logistic_delta(epsilon=epsilon, scale=scale, sensitivity=sensitivity)
-
-
-register_mechanism("alm", LogisticMechanism)
-register_mechanism("logistic", LogisticMechanism)

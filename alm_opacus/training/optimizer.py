@@ -42,6 +42,7 @@ from opacus.optimizers.utils import params as trainable_params
 from torch.optim import Optimizer
 
 from alm_opacus._validation import check_positive
+from alm_opacus.accounting.subsampled import STEP_PROFILES, available_step_mechanisms
 from alm_opacus.mechanisms import AdditiveNoiseMechanism, create_mechanism
 from alm_opacus.mechanisms.exact import (
     Grid,
@@ -72,21 +73,23 @@ __all__ = [
     "training_mechanism",
 ]
 
-#: Mechanisms a DP-SGD step may use (canonical names; aliases such as ``logistic`` resolve).
+#: The built-in mechanisms a DP-SGD step may use (canonical names; aliases such as
+#: ``logistic`` resolve). A step may use every noise law with a step profile
+#: (`alm_opacus.noise_laws`): these, and the plugins'.
 TRAINING_MECHANISMS = ("alm", "laplace", "gaussian")
 
 
 def training_mechanism(name: str) -> AdditiveNoiseMechanism:
-    """The registered mechanism ``name``, if DP-SGD supports it.
+    """The registered mechanism ``name``, if DP-SGD supports it (its law has a step profile).
 
     Raises:
-        ValueError: if ``name`` is unknown or is not one of `TRAINING_MECHANISMS`.
+        ValueError: if ``name`` is unknown or its law has no DP-SGD step profile.
     """
     mechanism = create_mechanism(name)
-    if mechanism.name not in TRAINING_MECHANISMS:
+    if mechanism.name not in STEP_PROFILES:
         raise ValueError(
             f"noise_mechanism={name!r} is invalid for DP-SGD: expected one of "
-            f"{TRAINING_MECHANISMS} (or the alias 'logistic')"
+            f"{tuple(available_step_mechanisms())} (or the alias 'logistic')"
         )
     return mechanism
 
