@@ -9,7 +9,7 @@ Post-training protections (ALM, Laplace, Gaussian) make ``release`` cheap: re-pr
 at a new epsilon needs no retraining. During-training protections (DP-SGD) do their
 training in ``release``.
 
-The built-in methods (:mod:`alm_opacus.posthoc`) build on these types, and the registry
+The built-in methods (:mod:`alm_opacus.posttraining.method`) build on these types, and the registry
 (:mod:`alm_opacus.methods`, which re-exports every name here) builds on the built-ins: this
 module imports neither.
 """
@@ -28,7 +28,7 @@ from alm_opacus.attacks.base import Predictor, ShadowTrainer
 from alm_opacus.heads import HeadConfig
 from alm_opacus.mechanisms.sampling import NoiseGenerator, make_generator
 from alm_opacus.options import MethodOptions, NoOptions, OptionError
-from alm_opacus.protect import PrivacyStatement
+from alm_opacus.statement import PrivacyStatement
 from alm_opacus.unit_map import UnitMap, serial_map
 
 __all__ = [

@@ -2,8 +2,9 @@
 
 What a method is (:class:`Method`, :class:`Release`, the context) is defined in
 :mod:`alm_opacus.method_base` and re-exported here. The registry holds the built-in methods,
-registered below by name (``none``, ``no-leak``, and :mod:`alm_opacus.posthoc`'s ``alm``,
-``laplace``, ``gaussian``, ``gaussian-classic``), and every plugin that registers itself
+registered below by name (``none``, ``no-leak``, and
+:mod:`alm_opacus.posttraining.method`'s ``alm``, ``laplace``, ``gaussian``,
+``gaussian-classic``), and every plugin that registers itself
 with :func:`register_method` once :func:`load_plugins` has imported it.
 
 ``alm_opacus`` never imports ``baselines``; baselines register themselves here, through the
@@ -19,7 +20,6 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from alm_opacus import posthoc
 from alm_opacus._hashing import derive_seed
 from alm_opacus.attacks import recipe_trainer
 from alm_opacus.attacks.base import ShadowTrainer
@@ -48,7 +48,8 @@ from alm_opacus.options import (
     option_fields,
     split_scoped,
 )
-from alm_opacus.protect import PrivacyStatement
+from alm_opacus.posttraining import method as post_training
+from alm_opacus.posttraining.engine import PrivacyStatement
 from alm_opacus.registry import Registry, load_entry_points
 
 __all__ = [
@@ -317,7 +318,7 @@ def _register_builtins() -> None:
     """Register the built-in methods by name: the unprotected baseline, the no-leak
     reference and the post-training methods (explicitly, not as an import's side effect)."""
     builtins: tuple[type[Method[Any, Any]], ...] = (NoProtection, NoLeakReference)
-    for cls in (*builtins, *posthoc.POST_TRAINING_METHODS):
+    for cls in (*builtins, *post_training.POST_TRAINING_METHODS):
         register_method(cls.name)(cls)
 
 

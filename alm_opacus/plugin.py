@@ -5,7 +5,7 @@ A plugin package registers through an entry point group (``alm_opacus.methods``,
 ``alm_opacus.datasets``, ``alm_opacus.attacks``, ``alm_opacus.noise_laws``; see
 ``docs/api.md``) and imports from this
 module, or from the ``__all__`` of a public module (``alm_opacus.mechanisms``,
-``alm_opacus.training``, ``alm_opacus.protect``, ...). It never imports a private module
+``alm_opacus.training``, ``alm_opacus.posttraining.engine``, ...). It never imports a private module
 (``alm_opacus._*``) or a name outside an ``__all__``: those may change without notice. The
 ``baselines`` package is held to this in CI (ruff's banned-api in ``baselines/ruff.toml`` and
 ``tests/test_plugin_api.py``), so it is an honest example of what a plugin can do.
@@ -69,14 +69,14 @@ from alm_opacus.methods import (
     register_method,
 )
 from alm_opacus.noise_laws import NoiseLaw, register_noise_law
-from alm_opacus.posthoc import PostTrainingMethod, clean_shadow_heads, convex_config
-from alm_opacus.protect import (
+from alm_opacus.posttraining.engine import (
     FLOAT_NOTE,
     Guarantee,
     PrivacyStatement,
     SensitivityInfo,
     SensitivitySource,
 )
+from alm_opacus.posttraining.method import PostTrainingMethod, clean_shadow_heads, convex_config
 from alm_opacus.registry import Registry, UnknownName, load_entry_points
 
 __all__ = [

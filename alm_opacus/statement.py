@@ -70,7 +70,8 @@ class PrivacyStatement:
         nominal_epsilon: the epsilon the noise was calibrated to when no guarantee holds
             (``none``), so a reader sees what was attempted; ``None`` otherwise.
         epsilon_spent: total epsilon spent so far on the same clean model, this release
-            included (the engine's ledger, `alm_opacus.ledger`); ``None`` if not tracked.
+            included (the engine's ledger, `alm_opacus.posttraining.ledger`); ``None`` if not
+            tracked.
         delta_spent: total delta spent likewise.
         guarantee_spent: the kind of that total: the weakest kind among the releases (a
             random-DP release makes the total random DP); ``None`` if not tracked.

@@ -33,7 +33,6 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from alm_opacus.ledger import LedgerRecord, compose_records
 from alm_opacus.mechanisms.sampling import make_generator
 from alm_opacus.methods import (
     Method,
@@ -55,7 +54,8 @@ from alm_opacus.plugin import (
     convex_config,
     flat_params,
 )
-from alm_opacus.protect import Guarantee, PrivacyStatement, SensitivityInfo
+from alm_opacus.posttraining.engine import Guarantee, PrivacyStatement, SensitivityInfo
+from alm_opacus.posttraining.ledger import LedgerRecord, compose_records
 from alm_opacus.sensitivity import analytic_sensitivity, train_convex_heads
 from baselines._common import (
     TUNING_DRAWS,
@@ -91,8 +91,9 @@ __all__ = [
     "perturb_exact",
 ]
 
-#: Defaults equal to ``alm_opacus.posthoc``'s analytic head, so that without tuning dperm
-#: perturbs the very head that ``laplace``/``alm`` perturb with ``--sensitivity analytic``.
+#: Defaults equal to ``alm_opacus.posttraining.method``'s analytic head, so that without
+#: tuning dperm perturbs the very head that ``laplace``/``alm`` perturb with
+#: ``--sensitivity analytic``.
 DEFAULT_L2 = 0.1
 DEFAULT_CLIP = 1.0
 

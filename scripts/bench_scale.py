@@ -194,7 +194,7 @@ def _stage_head(unit: Unit, state: None) -> dict[str, Any]:
 
 
 def _stage_analytic(unit: Unit, state: None) -> dict[str, Any]:
-    from alm_opacus.posthoc import ANALYTIC_CLIP, ANALYTIC_L2, convex_config
+    from alm_opacus.posttraining.method import ANALYTIC_CLIP, ANALYTIC_L2, convex_config
     from alm_opacus.sensitivity import analytic_sensitivity, train_convex_heads
 
     x, y = unit.members

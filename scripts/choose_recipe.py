@@ -170,9 +170,9 @@ def render(args: argparse.Namespace, results: list[dict[str, Any]], chosen: str)
 #: What the measurements depend on besides this script (a change makes the block stale).
 DEPS = (
     "alm_opacus/heads.py",
-    "alm_opacus/posthoc.py",
-    "alm_opacus/protect.py",
-    "alm_opacus/release.py",
+    "alm_opacus/posttraining/method.py",
+    "alm_opacus/posttraining/engine.py",
+    "alm_opacus/posttraining/module.py",
     "alm_opacus/sensitivity",
     "alm_opacus/mechanisms",
     "alm_opacus/attacks",

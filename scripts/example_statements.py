@@ -31,9 +31,9 @@ from docblocks import relative, write_block
 DEPS = (
     "alm_opacus/statement.py",
     "alm_opacus/claims.py",
-    "alm_opacus/protect.py",
-    "alm_opacus/release.py",
-    "alm_opacus/posthoc.py",
+    "alm_opacus/posttraining/engine.py",
+    "alm_opacus/posttraining/module.py",
+    "alm_opacus/posttraining/method.py",
     "alm_opacus/heads.py",
     "alm_opacus/methods.py",
     "alm_opacus/method_base.py",

@@ -33,8 +33,8 @@ ATTACK = "tests/mechanisms/test_mechanism_floating_point_attack.py"
 #: What the numbers depend on besides this script: the samplers, the release and the attack.
 DEPS = (
     "alm_opacus/mechanisms",
-    "alm_opacus/protect.py",
-    "alm_opacus/release.py",
+    "alm_opacus/posttraining/engine.py",
+    "alm_opacus/posttraining/module.py",
     ATTACK,
     "constraints.txt",
 )

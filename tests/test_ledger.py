@@ -11,8 +11,8 @@ import torch
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant
 
-from alm_opacus.ledger import LedgerRecord, compose_records, weight_keys
 from alm_opacus.mechanisms import analysis
+from alm_opacus.posttraining.ledger import LedgerRecord, compose_records, weight_keys
 from alm_opacus.protect import PostTrainingPrivacyEngine, SensitivityInfo
 from alm_opacus.statement import Guarantee
 

@@ -12,7 +12,7 @@ import pytest
 from alm_opacus.attacks.registry import ATTACKS
 from alm_opacus.method_base import Method
 from alm_opacus.methods import METHODS, NoProtection
-from alm_opacus.posthoc import PostTrainingMethod
+from alm_opacus.posttraining.method import PostTrainingMethod
 from alm_opacus.report.results import read_results
 from alm_opacus.run.config import RunConfig
 from alm_opacus.run.harness import run

@@ -267,7 +267,7 @@ def test_adaptive_shadow_trainer_adds_the_released_noise_scale(small, pixel_feat
 def test_prepared_head_and_sensitivity_are_cached_on_disk(
     small, pixel_features, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
-    import alm_opacus.posthoc as posthoc
+    import alm_opacus.posttraining.method as posthoc
 
     x, y = small
     options = posthoc.PostTrainingOptions(m=6)
@@ -307,7 +307,7 @@ def _scale_sensitivity(record: dict[str, Any]) -> None:
         (lambda r: r.update(key=r["key"] + " "), "other inputs"),
         (
             lambda r: r.update(kind="alm_opacus.shadow-heads"),
-            "expected a 'alm_opacus.posthoc-head'",
+            "expected a 'alm_opacus.posttraining.method-head'",
         ),
     ],
     ids=["sensitivity-x1e-6", "legacy-no-digest", "other-code", "other-key", "other-kind"],
@@ -319,7 +319,7 @@ def test_an_altered_or_stale_head_cache_is_recomputed_never_used(
     tamper: Callable[[dict[str, Any]], object],
     reason: str,
 ) -> None:  # type: ignore[no-untyped-def]
-    import alm_opacus.posthoc as posthoc
+    import alm_opacus.posttraining.method as posthoc
 
     x, y = small
     options = posthoc.PostTrainingOptions(m=6)
@@ -484,7 +484,7 @@ def test_the_head_cache_records_the_solver_that_trained_the_head(  # type: ignor
     small, pixel_features, tmp_path: Path, solver: str
 ) -> None:
     """Issue 36: a sampled-sensitivity head trained by Newton was recorded as ``adam``."""
-    import alm_opacus.posthoc as posthoc
+    import alm_opacus.posttraining.method as posthoc
 
     x, y = small
     recipe = FAST.replace(kind="linear", l2=1e-3, solver=solver)

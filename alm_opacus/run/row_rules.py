@@ -32,7 +32,7 @@ from alm_opacus.mechanisms import (
     create_mechanism,
 )
 from alm_opacus.methods import method_class
-from alm_opacus.posthoc import PostTrainingMethod
+from alm_opacus.posttraining.method import PostTrainingMethod
 from alm_opacus.report.results import ResultRow
 from alm_opacus.statement import Guarantee, SensitivitySource, check_guarantee
 

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 from alm_opacus._validation import check_positive
-from alm_opacus.protect import SensitivityInfo
+from alm_opacus.statement import SensitivityInfo
 
 __all__ = ["ADJACENCIES", "AnalyticSensitivity", "analytic_sensitivity", "softmax_ce_lipschitz"]
 
@@ -70,7 +70,7 @@ class AnalyticSensitivity:
     adjacency: str
 
     def to_info(self, norm: str = "l2") -> SensitivityInfo:
-        """The :class:`~alm_opacus.protect.SensitivityInfo` (``source="analytic"``).
+        """The :class:`~alm_opacus.posttraining.engine.SensitivityInfo` (``source="analytic"``).
 
         Raises:
             ValueError: on an unknown norm, or ``"l1"`` without ``num_params``.

@@ -27,7 +27,6 @@ import torch
 from torch import Tensor
 
 from alm_opacus.heads import HeadConfig, Params, flat_params, train_heads
-from alm_opacus.protect import SensitivityInfo, SensitivitySource
 from alm_opacus.sensitivity import random_dp
 from alm_opacus.sensitivity.convex import (
     DEFAULT_TOL,
@@ -35,6 +34,7 @@ from alm_opacus.sensitivity.convex import (
     feature_basis,
     train_convex_heads,
 )
+from alm_opacus.statement import SensitivityInfo, SensitivitySource
 from alm_opacus.unit_map import UnitMap, serial_map
 
 __all__ = [
@@ -119,7 +119,7 @@ class SensitivitySample:
         return dataclasses.replace(self, **_summary(self.l1, self.l2, order=order, gamma=gamma))
 
     def to_info(self, norm: str = "l2") -> SensitivityInfo:
-        """The :class:`~alm_opacus.protect.SensitivityInfo` for calibrating in ``norm``.
+        """The :class:`~alm_opacus.posttraining.engine.SensitivityInfo` for calibrating in ``norm``.
 
         Raises:
             ValueError: on an unknown norm, or a value that is not > 0 (e.g. the heads

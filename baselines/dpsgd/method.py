@@ -14,7 +14,12 @@ from torch import Tensor, nn
 
 from alm_opacus.methods import Method, MethodContext, Predict, Release, register_method
 from alm_opacus.plugin import AttackerFactory
-from alm_opacus.protect import Guarantee, PrivacyStatement, SensitivityInfo, SensitivitySource
+from alm_opacus.posttraining.engine import (
+    Guarantee,
+    PrivacyStatement,
+    SensitivityInfo,
+    SensitivitySource,
+)
 from baselines._common import (
     TUNING_DRAWS,
     PreparedData,

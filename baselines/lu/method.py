@@ -42,7 +42,7 @@ from alm_opacus.methods import (
     register_method,
 )
 from alm_opacus.plugin import FLOAT_NOTE, Params
-from alm_opacus.protect import Guarantee, PrivacyStatement
+from alm_opacus.posttraining.engine import Guarantee, PrivacyStatement
 from baselines._common import (
     TUNING_DRAWS,
     PreparedData,

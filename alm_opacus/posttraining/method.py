@@ -42,7 +42,11 @@ from alm_opacus.io import cached
 from alm_opacus.mechanisms import create_mechanism, make_generator
 from alm_opacus.method_base import Method, MethodContext, Predict, Release, RunMemo
 from alm_opacus.options import MethodOptions, cli_option
-from alm_opacus.protect import PostTrainingPrivacyEngine, ProtectedModule, SensitivityInfo
+from alm_opacus.posttraining.engine import (
+    PostTrainingPrivacyEngine,
+    ProtectedModule,
+    SensitivityInfo,
+)
 from alm_opacus.sensitivity import (
     SensitivitySample,
     analytic_sensitivity,
@@ -60,7 +64,12 @@ SensitivitySourceName = Literal["sampled", "sampled-members", "analytic"]
 
 #: The modules whose code trains the clean and shadow heads and finds the sensitivity: their
 #: cache files record its digest and are recomputed when it differs (``alm_opacus.io``).
-CODE = ("alm_opacus.heads", "alm_opacus.sensitivity", "alm_opacus.posthoc", "alm_opacus._hashing")
+CODE = (
+    "alm_opacus.heads",
+    "alm_opacus.sensitivity",
+    "alm_opacus.posttraining.method",
+    "alm_opacus._hashing",
+)
 
 
 @dataclass(frozen=True)
@@ -163,7 +172,7 @@ def _load_or_prepare(
         path = Path(context.cache_dir) / f"posthoc-head-{config_hash(repr(key))}.pt"
     payload = cached(
         path,
-        kind="alm_opacus.posthoc-head",
+        kind="alm_opacus.posttraining.method-head",
         key=repr(key),
         code=code_digest(*CODE),
         compute=lambda: _prepare_payload(

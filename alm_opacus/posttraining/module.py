@@ -1,7 +1,8 @@
 """A released module: :class:`ProtectedModule` and its file (``save``/``load``).
 
-The engine that makes one, :class:`~alm_opacus.protect.PostTrainingPrivacyEngine`, lives in
-:mod:`alm_opacus.protect`, which re-exports every public name here.
+The engine that makes one,
+:class:`~alm_opacus.posttraining.engine.PostTrainingPrivacyEngine`, lives in
+:mod:`alm_opacus.posttraining.engine`, which re-exports every public name here.
 """
 
 from __future__ import annotations
