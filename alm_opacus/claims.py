@@ -297,8 +297,9 @@ def check_claim(
         return
     if not rule.pure and delta == 0:
         raise ValueError(
-            f"mechanism={mechanism!r} adds Gaussian noise, whose delta(epsilon) > 0 at every "
-            f"epsilon: a {guarantee.value!r} claim with delta=0 is never proven by it"
+            f"mechanism={mechanism!r} is not pure DP (its noise's delta(epsilon) > 0 at every "
+            f"epsilon, as Gaussian noise's): a {guarantee.value!r} claim with delta=0 is never "
+            "proven by it"
         )
     if rule.epsilon is None or scale is None or sensitivity is None:
         return

@@ -483,3 +483,19 @@ def test_float_noise_and_member_sampled_sensitivity_claim_nothing(noise: str) ->
     assert floating.noise_scale == 0.15
     assert "sampled on the private members" in sampled.notes[-1]
     assert sampled.grid == plan.grid.gamma and sampled.grid_sensitivity == plan.sensitivity
+
+
+def test_a_pure_claim_for_noise_that_is_not_pure_names_the_kind() -> None:
+    from alm_opacus.claims import check_claim
+
+    for mechanism in ("gaussian", "gaussian-classic"):
+        with pytest.raises(ValueError, match=rf"mechanism='{mechanism}' is not pure DP"):
+            check_claim(
+                mechanism=mechanism,
+                guarantee=Guarantee.PURE_DP,
+                epsilon=1.0,
+                delta=0.0,
+                scale=1.0,
+                sensitivity=1.0,
+                norm="l2",
+            )
