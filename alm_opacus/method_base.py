@@ -3,7 +3,8 @@
 A method works in two phases so that the harness can reuse expensive work:
 
 * ``prepare(...)`` once per (data, seed): e.g. train the clean head and its sensitivity;
-* ``release(prepared, epsilon=..., draw=...)`` once per (epsilon, noise draw).
+* ``release(prepared, request)`` once per (epsilon, noise draw), the
+  :class:`ReleaseRequest` naming the members, the budget, the seed and the draw.
 
 Post-training protections (ALM, Laplace, Gaussian) make ``release`` cheap: re-protecting
 at a new epsilon needs no retraining. During-training protections (DP-SGD) do their
@@ -40,6 +41,7 @@ __all__ = [
     "NoisePolicy",
     "Predict",
     "Release",
+    "ReleaseRequest",
     "RunMemo",
     "TrainingNoise",
 ]
@@ -206,6 +208,43 @@ class MethodContext:
     map_units: UnitMap = serial_map
 
 
+@dataclass(frozen=True, eq=False)  # eq=False: tensors compare elementwise, not as one bool
+class ReleaseRequest:
+    """One release asked of a prepared method: whose data, at what budget, which draw.
+
+    Attributes:
+        features: the members' inputs, of the method's :attr:`Method.inputs` kind.
+        labels: their labels (n,).
+        epsilon: the target epsilon (``inf`` for the unprotected and no-leak references).
+        delta: the target delta (a pure-DP method may ignore it).
+        seed: the cell's seed, the one ``prepare`` got.
+        draw: the noise draw's index within the cell (0, 1, ...).
+        context: what every method may use besides the members' data.
+    """
+
+    features: Tensor
+    labels: Tensor
+    epsilon: float
+    delta: float
+    seed: int
+    draw: int
+    context: MethodContext
+
+    def noise_labels(self, method: str) -> tuple[object, ...]:
+        """The public labels a reproducible draw of ``method``'s noise is seeded from:
+        ``(method, seed, draw, epsilon)``, one stream per release."""
+        return (method, self.seed, self.draw, float(self.epsilon))
+
+    def noise_generator(self, method: str, *, device: str = "cpu") -> NoiseGenerator:
+        """The generator of this release's noise (:meth:`NoisePolicy.generator`)."""
+        return self.context.noise.generator(*self.noise_labels(method), device=device)
+
+    def noise_seed(self, method: str) -> int | None:
+        """The seed of this release's noise, ``None`` for secure noise
+        (:meth:`NoisePolicy.seed`)."""
+        return self.context.noise.seed(*self.noise_labels(method))
+
+
 class Method(Generic[OptionsT, PreparedT]):
     """Base class. Subclasses set ``name`` (and ``Options``) and override ``prepare`` and
     ``release``; ``self.options`` holds the validated options."""
@@ -275,16 +314,7 @@ class Method(Generic[OptionsT, PreparedT]):
         Gaussian protect the very same trained head): the harness prepares each key once."""
         return (self.name, self.options)
 
-    def release(
-        self,
-        prepared: PreparedT,
-        *,
-        features: Tensor,
-        labels: Tensor,
-        epsilon: float,
-        delta: float,
-        seed: int,
-        draw: int,
-        context: MethodContext,
-    ) -> Release:
+    def release(self, prepared: PreparedT, request: ReleaseRequest) -> Release:
+        """One release of ``prepared`` (what :meth:`prepare` returned for these members and
+        seed) at the request's budget and noise draw."""
         raise NotImplementedError

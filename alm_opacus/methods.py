@@ -34,6 +34,7 @@ from alm_opacus.method_base import (
     NoisePolicy,
     Predict,
     Release,
+    ReleaseRequest,
     RunMemo,
     TrainingNoise,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "NoisePolicy",
     "Predict",
     "Release",
+    "ReleaseRequest",
     "RunMemo",
     "ShadowTrainer",
     "TrainingNoise",
@@ -248,19 +250,8 @@ class NoProtection(Method[NoOptions, Any]):
             seed=seed,
         )
 
-    def release(
-        self,
-        prepared: Any,
-        *,
-        features: Tensor,
-        labels: Tensor,
-        epsilon: float,
-        delta: float,
-        seed: int,
-        draw: int,
-        context: MethodContext,
-    ) -> Release:
-        head = prepared
+    def release(self, prepared: Any, request: ReleaseRequest) -> Release:
+        head, context = prepared, request.context
         return Release(
             method=self.name,
             statement=PrivacyStatement.unprotected(),
@@ -302,7 +293,7 @@ class NoLeakReference(NoProtection):
             context=context,
         )
 
-    def release(self, prepared: Any, **kwargs: Any) -> Release:
+    def release(self, prepared: Any, request: ReleaseRequest) -> Release:
         statement = dataclasses.replace(
             PrivacyStatement.unprotected(),
             notes=(
@@ -310,7 +301,7 @@ class NoLeakReference(NoProtection):
                 "members; its attack figures are the no-leak floor",
             ),
         )
-        unprotected = super().release(prepared, **kwargs)
+        unprotected = super().release(prepared, request)
         return dataclasses.replace(unprotected, statement=statement, baseline=False)
 
 

@@ -1,34 +1,50 @@
-"""Helpers shared by the baselines: seeds, the tuning budget, and public-data splits.
+"""Helpers shared by the baselines: seeds, the tuning budget, public-data splits, and the
+tuning template every baseline's release starts with.
 
 Tuning protocol (docs/baselines.md, "Fair tuning"): every baseline tries at most
 :data:`TUNING_BUDGET` configurations at each epsilon. Each is trained on a subset of the
 *public* split of the members' size, with the privacy mechanism at the target epsilon, and
-scored by its accuracy on the rest of the public split. Members, non-members and the
-attacker's pool are never looked at, so the choice costs no privacy budget.
+scored by its mean accuracy over :data:`TUNING_DRAWS` noise draws on the rest of the public
+split. Members, non-members and the attacker's pool are never looked at, so the choice costs
+no privacy budget.
+
+:class:`TunedMethod` is that protocol as a template: a baseline says what it may try
+(:meth:`TunedMethod.tuning_space`) and how a candidate answers the validation rows
+(:meth:`TunedMethod.tuning_answers`); :meth:`TunedMethod.choose` does the rest, once per
+budget, and ``release`` starts from its choice.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import Tensor
 
-from alm_opacus.methods import MethodContext
-from alm_opacus.plugin import derive_seed, tensor_digest
+from alm_opacus.plugin import (
+    Method,
+    MethodContext,
+    MethodOptions,
+    ReleaseRequest,
+    derive_seed,
+    tensor_digest,
+)
 
 __all__ = [
     "TUNING_BUDGET",
     "TUNING_DRAWS",
     "PreparedData",
     "PublicSplit",
+    "TunedMethod",
     "TuningResult",
+    "TuningSpace",
     "accuracy_of",
     "choose",
     "derive_seed",
+    "mean_accuracy",
     "public_split",
     "select_config",
     "single_thread",
@@ -96,6 +112,7 @@ class PreparedData:
         features: the members' inputs.
         labels: their labels.
         split: the public tuning split (:func:`public_split`), or None.
+        tuned: what :meth:`TunedMethod.choose` chose, per tuning key.
     """
 
     n: int
@@ -103,6 +120,8 @@ class PreparedData:
     features: Tensor
     labels: Tensor
     split: PublicSplit | None
+    # keyword-only, so that subclasses may add fields without defaults
+    tuned: dict[Hashable, tuple[Any, TuningResult]] = field(default_factory=dict, kw_only=True)
 
     @classmethod
     def build(
@@ -225,6 +244,86 @@ def choose(
 def accuracy_of(proba: Tensor, labels: Tensor) -> float:
     """Accuracy of the argmax of ``proba`` (q, C) against ``labels`` (q,)."""
     return float((proba.argmax(-1).cpu() == labels.cpu()).double().mean())
+
+
+def mean_accuracy(answer: Callable[[int], Tensor], labels: Tensor) -> float:
+    """Mean accuracy over the :data:`TUNING_DRAWS` tuning draws (in draw order).
+
+    Args:
+        answer: ``draw -> probabilities (q, C)`` of one noisy candidate on the validation rows.
+        labels: their labels (q,).
+    """
+    accs = [accuracy_of(answer(draw), labels) for draw in range(TUNING_DRAWS)]
+    return sum(accs) / len(accs)
+
+
+@dataclass(frozen=True)
+class TuningSpace(Generic[T]):
+    """What a method may try for one release's budget (:meth:`TunedMethod.choose`).
+
+    Attributes:
+        key: the choice is made once per key on one prepared state (e.g. the epsilon).
+        candidates: the configurations tried, at most :data:`TUNING_BUDGET`.
+        default: the configuration released when tuning is skipped.
+        describe: a JSON-able description of a configuration.
+        fixed: what the options fix (tuning is then skipped), or None.
+        tune: false skips tuning (the method's ``tune`` option).
+    """
+
+    key: Hashable
+    candidates: Sequence[T]
+    default: T
+    describe: Callable[[T], dict[str, Any]]
+    fixed: str | None = None
+    tune: bool = True
+
+
+OptionsT = TypeVar("OptionsT", bound=MethodOptions)
+PreparedT = TypeVar("PreparedT", bound=PreparedData)
+
+
+class TunedMethod(Method[OptionsT, PreparedT], Generic[OptionsT, PreparedT, T]):
+    """A baseline whose release uses a configuration tuned on public data.
+
+    Subclasses say what they may try and how a candidate answers the public validation
+    rows; ``release`` starts with :meth:`choose` and keeps what it fits and how it adds
+    noise to itself.
+    """
+
+    def tuning_space(self, prepared: PreparedT, request: ReleaseRequest) -> TuningSpace[T]:
+        """The candidates for the request's budget, the default and what skips tuning."""
+        raise NotImplementedError
+
+    def tuning_answers(
+        self, prepared: PreparedT, candidate: T, *, split: PublicSplit, request: ReleaseRequest
+    ) -> Callable[[int], Tensor]:
+        """``candidate`` trained on ``split``'s training rows at the request's budget (work
+        shared by the draws is done here, once): ``draw -> probabilities`` on the validation
+        rows, with public, seeded noise."""
+        raise NotImplementedError
+
+    def choose(self, prepared: PreparedT, request: ReleaseRequest) -> tuple[T, TuningResult]:
+        """The configuration for the request's budget: the candidate with the best mean
+        public validation accuracy over the tuning draws, chosen once per tuning key."""
+        space = self.tuning_space(prepared, request)
+        split = prepared.split
+
+        def score(candidate: T) -> float:
+            assert split is not None  # choose scores only with a split
+            answer = self.tuning_answers(prepared, candidate, split=split, request=request)
+            return mean_accuracy(answer, split.validation_labels)
+
+        return choose(
+            prepared.tuned,
+            space.key,
+            space.candidates,
+            default=space.default,
+            describe=space.describe,
+            fixed=space.fixed,
+            tune=space.tune,
+            split=split,
+            score=score,
+        )
 
 
 @contextmanager

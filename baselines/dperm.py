@@ -27,6 +27,7 @@ kept as an opt-in (``exact=False``) whose statement is ``none`` (Mironov 2012).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -35,11 +36,11 @@ from torch import Tensor
 
 from alm_opacus.mechanisms.sampling import make_generator
 from alm_opacus.methods import (
-    Method,
     MethodContext,
     MethodOptions,
     Predict,
     Release,
+    ReleaseRequest,
     ShadowTrainer,
     register_method,
 )
@@ -54,15 +55,14 @@ from alm_opacus.plugin import (
     convex_config,
     flat_params,
 )
-from alm_opacus.posttraining.engine import Guarantee, PrivacyStatement, SensitivityInfo
 from alm_opacus.posttraining.ledger import LedgerRecord, compose_records
+from alm_opacus.protect import Guarantee, PrivacyStatement, SensitivityInfo
 from alm_opacus.sensitivity import analytic_sensitivity, train_convex_heads
 from baselines._common import (
-    TUNING_DRAWS,
     PreparedData,
-    TuningResult,
-    accuracy_of,
-    choose,
+    PublicSplit,
+    TunedMethod,
+    TuningSpace,
     derive_seed,
 )
 from baselines.l2laplace import (
@@ -147,7 +147,6 @@ def _fit(features: Tensor, labels: Tensor, *, num_classes: int, config: HeadConf
 class _Prepared(PreparedData):
     fits: dict[float, _Fit] = field(default_factory=dict)
     public_fits: dict[float, _Fit] = field(default_factory=dict)
-    tuned: dict[float, tuple[float, TuningResult]] = field(default_factory=dict)
 
 
 def _describe(l2: float) -> dict[str, Any]:
@@ -183,7 +182,7 @@ def _noise_notes(
 
 
 @register_method("dperm")
-class DPERMMethod(Method[DPERMOptions, _Prepared]):
+class DPERMMethod(TunedMethod[DPERMOptions, _Prepared, float]):
     """Output perturbation of the convex head with L2-Laplace noise: pure epsilon-DP."""
 
     name: ClassVar[str] = "dperm"
@@ -218,61 +217,43 @@ class DPERMMethod(Method[DPERMOptions, _Prepared]):
             )
         return store[l2]
 
-    def choose(
-        self, prepared: _Prepared, *, epsilon: float, context: MethodContext
-    ) -> tuple[float, TuningResult]:
-        """lambda for this epsilon, tuned once on public data (noise included)."""
+    def tuning_space(self, prepared: _Prepared, request: ReleaseRequest) -> TuningSpace[float]:
+        """lambda over :data:`TUNING_GRID`, once per epsilon (pure DP: delta plays no part)."""
         opts = self.options
-        return choose(
-            prepared.tuned,
-            float(epsilon),
-            [c["l2"] for c in TUNING_GRID],
+        return TuningSpace(
+            key=float(request.epsilon),
+            candidates=[c["l2"] for c in TUNING_GRID],
             default=opts.l2 or DEFAULT_L2,
             describe=_describe,
             fixed="l2" if opts.l2 is not None else None,
             tune=opts.tune,
-            split=prepared.split,
-            score=lambda l2: self._score(prepared, l2, epsilon=epsilon, context=context),
         )
 
-    def _score(
-        self, prepared: _Prepared, l2: float, *, epsilon: float, context: MethodContext
-    ) -> float:
-        """Public validation accuracy at ``l2`` with noise at ``epsilon`` (public: seeded)."""
-        s = prepared.split
-        assert s is not None
+    def tuning_answers(
+        self, prepared: _Prepared, candidate: float, *, split: PublicSplit, request: ReleaseRequest
+    ) -> Callable[[int], Tensor]:
+        """The public fit at lambda ``candidate``, one noise draw per tuning draw."""
+        l2, epsilon, context = candidate, request.epsilon, request.context
         fit = self._fit_at(
-            prepared.public_fits, s.train_features, s.train_labels, l2=l2, context=context
+            prepared.public_fits, split.train_features, split.train_labels, l2=l2, context=context
         )
         noise = self._noise(epsilon=epsilon, fit=fit)
-        accs = []
-        for draw in range(TUNING_DRAWS):
-            noisy = noise(fit.params, derive_seed("dperm-tune", prepared.seed, epsilon, l2, draw))
-            proba = batched_logits(
-                noisy, s.validation_features.to(context.device), config=fit.config
-            )[0]
-            accs.append(accuracy_of(proba, s.validation_labels))
-        return sum(accs) / len(accs)
 
-    def release(
-        self,
-        prepared: _Prepared,
-        *,
-        features: Tensor,
-        labels: Tensor,
-        epsilon: float,
-        delta: float,
-        seed: int,
-        draw: int,
-        context: MethodContext,
-    ) -> Release:
-        l2, tuning = self.choose(prepared, epsilon=epsilon, context=context)
+        def answer(draw: int) -> Tensor:
+            noisy = noise(fit.params, derive_seed("dperm-tune", prepared.seed, epsilon, l2, draw))
+            queries = split.validation_features.to(context.device)
+            return batched_logits(noisy, queries, config=fit.config)[0]
+
+        return answer
+
+    def release(self, prepared: _Prepared, request: ReleaseRequest) -> Release:
+        epsilon, context = request.epsilon, request.context
+        l2, tuning = self.choose(prepared, request)
         fit = self._fit_at(
             prepared.fits, prepared.features, prepared.labels, l2=l2, context=context
         )
         noise = self._noise(epsilon=epsilon, fit=fit)
-        noise_seed = context.noise.seed(self.name, seed, draw, float(epsilon))
-        noisy = noise(fit.params, noise_seed)
+        noisy = noise(fit.params, request.noise_seed(self.name))
         head = Head.from_params(noisy, num_classes=context.num_classes, config=fit.config)
         statement = dperm_statement(
             epsilon=epsilon, fit=fit, plan=noise.plan, source=context.noise.source

@@ -64,7 +64,12 @@ from bench_sensitivity import bench_sampler  # noqa: E402
 
 from alm_opacus.attacks import AttackerKnowledge, AttackTarget, prepare_attacks  # noqa: E402
 from alm_opacus.data import dataset_spec  # noqa: E402
-from alm_opacus.methods import MethodContext, create_method, plain_shadow_trainer  # noqa: E402
+from alm_opacus.methods import (  # noqa: E402
+    MethodContext,
+    ReleaseRequest,
+    create_method,
+    plain_shadow_trainer,
+)
 from alm_opacus.run.evaluation import torch_threads  # noqa: E402
 from alm_opacus.run.harness import RunConfig, plan_run, prepare  # noqa: E402
 
@@ -150,13 +155,15 @@ def attack_cost(work: Path) -> dict[str, Any]:
     method = create_method("none")
     release = method.release(
         method.prepare(features=x_in, labels=y_in, seed=0, context=context),
-        features=x_in,
-        labels=y_in,
-        epsilon=float("inf"),
-        delta=0.0,
-        seed=0,
-        draw=0,
-        context=context,
+        ReleaseRequest(
+            features=x_in,
+            labels=y_in,
+            epsilon=float("inf"),
+            delta=0.0,
+            seed=0,
+            draw=0,
+            context=context,
+        ),
     )
     pool = data.part("attacker")
     trainer = plain_shadow_trainer(context)

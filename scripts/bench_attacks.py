@@ -45,7 +45,14 @@ from alm_opacus.attacks import (
 )
 from alm_opacus.attacks.shadow import ShadowModelAttack
 from alm_opacus.heads import train_head
-from alm_opacus.methods import Method, MethodContext, Release, create_method, plain_shadow_trainer
+from alm_opacus.methods import (
+    Method,
+    MethodContext,
+    Release,
+    ReleaseRequest,
+    create_method,
+    plain_shadow_trainer,
+)
 from alm_opacus.run.harness import RunConfig, plan_run, prepare, torch_threads
 from docblocks import relative, write_block
 
@@ -102,9 +109,10 @@ class _Bench:
         method = create_method(name)
         kw: dict[str, Any] = {"features": self.x_in, "labels": self.y_in, "seed": self.seed}
         prepared = method.prepare(**kw, context=self.context)
-        release = method.release(
-            prepared, **kw, epsilon=epsilon, delta=self.data.delta, draw=0, context=self.context
+        request = ReleaseRequest(
+            **kw, epsilon=epsilon, delta=self.data.delta, draw=0, context=self.context
         )
+        release = method.release(prepared, request)
         return method, release
 
     def attacker(self, method: Method, release: Release, epsilon: float) -> PreparedAttacks:

@@ -162,13 +162,12 @@ class Unit:
         return train_head(x, y, num_classes=self.data.num_classes, config=self.context.head, seed=0)
 
     def release(self, name: str, *, epsilon: float = 1.0, seed: int = 0) -> Any:
-        from alm_opacus.methods import create_method, method_options
+        from alm_opacus.methods import ReleaseRequest, create_method, method_options
 
         method = create_method(name, method_options(name, self.config.options))
         x, y = self.members
         prepared = method.prepare(features=x, labels=y, seed=seed, context=self.context)
-        return method.release(
-            prepared,
+        request = ReleaseRequest(
             features=x,
             labels=y,
             epsilon=epsilon,
@@ -177,6 +176,7 @@ class Unit:
             draw=0,
             context=self.context,
         )
+        return method.release(prepared, request)
 
 
 #: A stage: ``setup(unit) -> state`` (untimed), then ``timed(unit, state) -> info`` (timed).

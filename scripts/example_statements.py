@@ -22,7 +22,7 @@ import torch
 
 import alm_opacus.run.harness as harness
 from alm_opacus.data import dataset_spec
-from alm_opacus.methods import MethodContext, available_methods, create_method
+from alm_opacus.methods import MethodContext, ReleaseRequest, available_methods, create_method
 from alm_opacus.protect import PostTrainingPrivacyEngine
 from alm_opacus.run.config import RunConfig
 from docblocks import relative, write_block
@@ -90,9 +90,10 @@ def per_query_statement(*, cache: Path, out: Path) -> str:
     )
     method = create_method("lu")
     prepared = method.prepare(features=x, labels=y % 2, seed=0, context=context)
-    release = method.release(
-        prepared, features=x, labels=y % 2, epsilon=1.0, delta=1e-5, seed=0, draw=0, context=context
+    request = ReleaseRequest(
+        features=x, labels=y % 2, epsilon=1.0, delta=1e-5, seed=0, draw=0, context=context
     )
+    release = method.release(prepared, request)
     return str(release.statement)
 
 

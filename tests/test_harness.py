@@ -266,8 +266,8 @@ def _pixel_probe(seen: list[tuple[str, tuple[int, ...]]]):  # type: ignore[no-un
             flat = features.reshape(len(features), -1).double()
             return train_head(flat, labels, num_classes=10, config=context.head, seed=seed)
 
-        def release(self, prepared, *, features, labels, epsilon, delta, seed, draw, context):  # type: ignore[no-untyped-def]
-            seen.append(("release", tuple(features.shape)))
+        def release(self, prepared, request):  # type: ignore[no-untyped-def]
+            seen.append(("release", tuple(request.features.shape)))
 
             def predict(x: torch.Tensor) -> torch.Tensor:
                 seen.append(("query", tuple(x.shape)))

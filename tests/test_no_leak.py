@@ -11,6 +11,7 @@ import torch
 
 from alm_opacus.heads import HeadConfig, train_head
 from alm_opacus.methods import (
+    ReleaseRequest,
     create_method,
     default_methods,
     method_class,
@@ -43,13 +44,15 @@ def test_it_trains_on_public_rows_only(make_context) -> None:  # type: ignore[no
     assert not torch.equal(head.predict_proba(probe), other.predict_proba(probe))
     release = method.release(
         head,
-        features=members,
-        labels=labels,
-        epsilon=math.inf,
-        delta=0.0,
-        seed=3,
-        draw=0,
-        context=context,
+        ReleaseRequest(
+            features=members,
+            labels=labels,
+            epsilon=math.inf,
+            delta=0.0,
+            seed=3,
+            draw=0,
+            context=context,
+        ),
     )
     assert release.statement.guarantee is Guarantee.NONE
     assert any("never saw the members" in note for note in release.statement.notes)

@@ -14,7 +14,7 @@ from alm_opacus._hashing import derive_seed
 from alm_opacus.heads import HeadConfig, train_head
 from alm_opacus.mechanisms import make_generator
 from alm_opacus.mechanisms.exact import Grid, discrete_noise
-from alm_opacus.methods import MethodContext, NoisePolicy, create_method
+from alm_opacus.methods import MethodContext, NoisePolicy, ReleaseRequest, create_method
 from alm_opacus.protect import PostTrainingPrivacyEngine, ProtectedModule, SensitivityInfo
 from alm_opacus.statement import Guarantee, PrivacyStatement
 
@@ -101,7 +101,10 @@ def test_harness_releases_replay_only_with_reproducible_noise(data, reproducible
     method = create_method("laplace", options={"sensitivity": "sampled", "m": 6})
     prepared = method.prepare(features=x, labels=y, seed=0, context=context)
     release = method.release(
-        prepared, features=x, labels=y, epsilon=2.0, delta=0.0, seed=0, draw=3, context=context
+        prepared,
+        ReleaseRequest(
+            features=x, labels=y, epsilon=2.0, delta=0.0, seed=0, draw=3, context=context
+        ),
     )
     st = release.statement
     assert st.noise == ("seeded" if reproducible else "secure") and st.noise_scale is not None

@@ -15,7 +15,13 @@ from scipy import stats
 
 from alm_opacus.heads import HeadConfig, train_head, utility_loss
 from alm_opacus.io import StaleCacheWarning, atomic_torch_save
-from alm_opacus.methods import MethodContext, NoisePolicy, create_method, plain_shadow_trainer
+from alm_opacus.methods import (
+    MethodContext,
+    NoisePolicy,
+    ReleaseRequest,
+    create_method,
+    plain_shadow_trainer,
+)
 from alm_opacus.protect import (
     Guarantee,
     PostTrainingPrivacyEngine,
@@ -214,7 +220,10 @@ def test_alm_method_at_epsilon_1(small, pixel_features, source: str, expected: s
     method = create_method("alm", options={"sensitivity": source, "m": 12})
     prepared = method.prepare(features=x, labels=y, seed=0, context=context)
     release = method.release(
-        prepared, features=x, labels=y, epsilon=1.0, delta=1e-5, seed=0, draw=0, context=context
+        prepared,
+        ReleaseRequest(
+            features=x, labels=y, epsilon=1.0, delta=1e-5, seed=0, draw=0, context=context
+        ),
     )
     st = release.statement
     assert st.guarantee.value == expected and st.delta == 0.0
@@ -236,10 +245,16 @@ def test_alm_method_at_epsilon_1(small, pixel_features, source: str, expected: s
     assert torch.allclose(proba.sum(1), torch.ones(len(x)), atol=1e-5)
     # Draws differ, and a repeat of the same draw is the same release.
     again = method.release(
-        prepared, features=x, labels=y, epsilon=1.0, delta=1e-5, seed=0, draw=0, context=context
+        prepared,
+        ReleaseRequest(
+            features=x, labels=y, epsilon=1.0, delta=1e-5, seed=0, draw=0, context=context
+        ),
     )
     other = method.release(
-        prepared, features=x, labels=y, epsilon=1.0, delta=1e-5, seed=0, draw=1, context=context
+        prepared,
+        ReleaseRequest(
+            features=x, labels=y, epsilon=1.0, delta=1e-5, seed=0, draw=1, context=context
+        ),
     )
     assert torch.equal(_flat(release.module), _flat(again.module))
     assert not torch.equal(_flat(release.module), _flat(other.module))
@@ -251,7 +266,10 @@ def test_adaptive_shadow_trainer_adds_the_released_noise_scale(small, pixel_feat
     method = create_method("laplace", options={"sensitivity": "sampled", "m": 8})
     prepared = method.prepare(features=x, labels=y, seed=0, context=context)
     release = method.release(
-        prepared, features=x, labels=y, epsilon=0.01, delta=0.0, seed=0, draw=0, context=context
+        prepared,
+        ReleaseRequest(
+            features=x, labels=y, epsilon=0.01, delta=0.0, seed=0, draw=0, context=context
+        ),
     )
     assert release.attacker is not None and not release.baseline
     trainer = release.attacker()

@@ -40,7 +40,14 @@ from alm_opacus.heads import (
 )
 from alm_opacus.io import cached
 from alm_opacus.mechanisms import create_mechanism, make_generator
-from alm_opacus.method_base import Method, MethodContext, Predict, Release, RunMemo
+from alm_opacus.method_base import (
+    Method,
+    MethodContext,
+    Predict,
+    Release,
+    ReleaseRequest,
+    RunMemo,
+)
 from alm_opacus.options import MethodOptions, cli_option
 from alm_opacus.posttraining.engine import (
     PostTrainingPrivacyEngine,
@@ -338,26 +345,16 @@ class PostTrainingMethod(Method[PostTrainingOptions, PreparedHead]):
             features=features, labels=labels, seed=seed, context=context, options=self.options
         )
 
-    def release(
-        self,
-        prepared: PreparedHead,
-        *,
-        features: Tensor,
-        labels: Tensor,
-        epsilon: float,
-        delta: float,
-        seed: int,
-        draw: int,
-        context: MethodContext,
-    ) -> Release:
+    def release(self, prepared: PreparedHead, request: ReleaseRequest) -> Release:
         mech = create_mechanism(self.mechanism)
         engine = PostTrainingPrivacyEngine(mechanism=mech)
+        context = request.context
         protected = engine.make_private(
             prepared.head,
-            epsilon=epsilon,
-            delta=0.0 if mech.pure else delta,
+            epsilon=request.epsilon,
+            delta=0.0 if mech.pure else request.delta,
             sensitivity=prepared.sensitivity[mech.norm],
-            generator=context.noise.generator(self.name, seed, draw, float(epsilon)),
+            generator=request.noise_generator(self.name),
         )
         scale = protected.statement.noise_scale
         assert scale is not None

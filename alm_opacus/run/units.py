@@ -38,6 +38,7 @@ from alm_opacus.methods import (
     MethodContext,
     NoisePolicy,
     Release,
+    ReleaseRequest,
     RunMemo,
     load_plugins,
     plain_shadow_trainer,
@@ -325,8 +326,7 @@ def _draws(
         return plain() if callable(plain) else plain
 
     for draw in range(cell.draws):
-        release = method.release(
-            prepared,
+        request = ReleaseRequest(
             features=shared.inputs(kind, "members"),
             labels=y_in,
             epsilon=cell.epsilon,
@@ -335,6 +335,7 @@ def _draws(
             draw=draw,
             context=context,
         )
+        release = method.release(prepared, request)
         releases.append(release)
         accuracies.append(accuracy(release.predict_proba(shared.inputs(kind, "nonmembers")), y_out))
         results: list[AttackResult] = []  # extended in place below: per_draw holds it

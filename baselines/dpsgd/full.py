@@ -24,7 +24,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from alm_opacus.methods import InputKind, MethodContext, Predict, register_method
+from alm_opacus.methods import InputKind, MethodContext, Predict, ReleaseRequest, register_method
 from alm_opacus.plugin import AttackerFactory, uniform_init
 from baselines.dpsgd.accounting import SigmaCache
 from baselines.dpsgd.config import DEFAULT_ACCOUNTANT, DPSGDConfig
@@ -230,12 +230,11 @@ class DPSGDFullMethod(DPSGDMethod):
         y: Tensor,
         *,
         config: DPSGDConfig,
-        epsilon: float,
-        delta: float,
         seed: int,
         noise_seed: int | None,
-        context: MethodContext,
+        request: ReleaseRequest,
     ) -> OpacusFit:
+        context = request.context
         assert context.encoder is not None  # checked in prepare
         run = dpsgd_full_finetune(
             encoder=context.encoder,
@@ -243,8 +242,8 @@ class DPSGDFullMethod(DPSGDMethod):
             labels=y,
             num_classes=context.num_classes,
             config=config,
-            epsilon=epsilon,
-            delta=delta,
+            epsilon=request.epsilon,
+            delta=request.delta,
             accountant=self.accountant,
             seed=seed,
             noise_seed=noise_seed,

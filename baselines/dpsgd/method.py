@@ -7,27 +7,16 @@ add/remove-one neighbours, with the accountant named beside every epsilon.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
 from torch import Tensor, nn
 
-from alm_opacus.methods import Method, MethodContext, Predict, Release, register_method
+from alm_opacus.methods import MethodContext, Predict, Release, ReleaseRequest, register_method
 from alm_opacus.plugin import AttackerFactory
-from alm_opacus.posttraining.engine import (
-    Guarantee,
-    PrivacyStatement,
-    SensitivityInfo,
-    SensitivitySource,
-)
-from baselines._common import (
-    TUNING_DRAWS,
-    PreparedData,
-    TuningResult,
-    accuracy_of,
-    choose,
-    derive_seed,
-)
+from alm_opacus.protect import Guarantee, PrivacyStatement, SensitivityInfo, SensitivitySource
+from baselines._common import PreparedData, PublicSplit, TunedMethod, TuningSpace, derive_seed
 from baselines.dpsgd.accounting import SigmaCache
 from baselines.dpsgd.batched import dpsgd_shadow_trainer
 from baselines.dpsgd.config import (
@@ -61,9 +50,6 @@ class OpacusFit:
 @dataclass
 class _Prepared(PreparedData):
     schedule: tuple[int, int]
-    tuned: dict[tuple[float, float, str], tuple[DPSGDConfig, TuningResult]] = field(
-        default_factory=dict
-    )
 
 
 def _describe(config: DPSGDConfig) -> dict[str, Any]:
@@ -136,7 +122,7 @@ def dpsgd_statement(
 
 
 @register_method("dpsgd")
-class DPSGDMethod(Method[DPSGDRecipeOptions, _Prepared]):
+class DPSGDMethod(TunedMethod[DPSGDRecipeOptions, _Prepared, DPSGDConfig]):
     """DP-SGD head training through Opacus, one independent run per (epsilon, draw).
 
     Subclasses change the noise through the class attributes ``noise_mechanism`` (and the
@@ -186,90 +172,68 @@ class DPSGDMethod(Method[DPSGDRecipeOptions, _Prepared]):
         """The public rows in this method's input kind (``None``: the public features)."""
         return None
 
-    def choose(
-        self, prepared: _Prepared, *, epsilon: float, delta: float, context: MethodContext
-    ) -> tuple[DPSGDConfig, TuningResult]:
-        """The configuration for this epsilon, tuned on public data once per run."""
+    def tuning_space(
+        self, prepared: _Prepared, request: ReleaseRequest
+    ) -> TuningSpace[DPSGDConfig]:
+        """lr x clip over :meth:`grid`, once per (epsilon, delta, accountant)."""
         opts = self.options
-        grid = self.grid(prepared, context=context)
+        grid = self.grid(prepared, context=request.context)
         candidates = opts.candidates(grid, schedule=prepared.schedule)
-        return choose(
-            prepared.tuned,
-            (float(epsilon), float(delta), self.accountant),
-            candidates,
+        return TuningSpace(
+            key=(float(request.epsilon), float(request.delta), self.accountant),
+            candidates=candidates,
             default=candidates[-1],
             describe=_describe,
             fixed="lr and clip" if len(candidates) == 1 else None,
             tune=opts.tune,
-            split=prepared.split,
-            score=lambda config: self._score(
-                prepared, config, epsilon=epsilon, delta=delta, context=context
-            ),
         )
 
     def grid(self, prepared: _Prepared, *, context: MethodContext) -> tuple[dict[str, Any], ...]:
         """The configurations this method tries (``tuning_grid``; subclasses may rescale)."""
         return self.tuning_grid
 
-    def _score(
+    def tuning_answers(
         self,
         prepared: _Prepared,
-        config: DPSGDConfig,
+        candidate: DPSGDConfig,
         *,
-        epsilon: float,
-        delta: float,
-        context: MethodContext,
-    ) -> float:
-        """Public validation accuracy of ``config`` (public data: seeded noise)."""
-        s = prepared.split
-        assert s is not None
-        accs = []
-        for draw in range(TUNING_DRAWS):
-            fit = self._fit(
-                s.train_features,
-                s.train_labels,
-                config=config,
-                epsilon=epsilon,
-                delta=delta,
-                seed=derive_seed("tune-init", prepared.seed),
-                noise_seed=derive_seed("tune", prepared.seed, draw, epsilon),
-                context=context,
-            )
-            accs.append(accuracy_of(fit.predict_proba(s.validation_features), s.validation_labels))
-        return sum(accs) / len(accs)
+        split: PublicSplit,
+        request: ReleaseRequest,
+    ) -> Callable[[int], Tensor]:
+        """One DP-SGD run on the public training rows per tuning draw (seeded noise)."""
 
-    def release(
-        self,
-        prepared: _Prepared,
-        *,
-        features: Tensor,
-        labels: Tensor,
-        epsilon: float,
-        delta: float,
-        seed: int,
-        draw: int,
-        context: MethodContext,
-    ) -> Release:
-        config, tuning = self.choose(prepared, epsilon=epsilon, delta=delta, context=context)
+        def answer(draw: int) -> Tensor:
+            fit = self._fit(
+                split.train_features,
+                split.train_labels,
+                config=candidate,
+                seed=derive_seed("tune-init", prepared.seed),
+                noise_seed=derive_seed("tune", prepared.seed, draw, request.epsilon),
+                request=request,
+            )
+            return fit.predict_proba(split.validation_features)
+
+        return answer
+
+    def release(self, prepared: _Prepared, request: ReleaseRequest) -> Release:
+        config, tuning = self.choose(prepared, request)
         fit = self._fit(
-            features,
-            labels,
+            request.features,
+            request.labels,
             config=config,
-            epsilon=epsilon,
-            delta=delta,
-            seed=seed,
-            noise_seed=context.noise.seed(self.name, seed, draw, float(epsilon)),
-            context=context,
+            seed=request.seed,
+            noise_seed=request.noise_seed(self.name),
+            request=request,
         )
         run = fit.run
-        attacker, note = self._attacker(config=config, run=run, context=context)
+        attacker, note = self._attacker(config=config, run=run, context=request.context)
         return Release(
             method=self.name,
             statement=dpsgd_statement(
                 run=run,
                 config=config,
-                epsilon=epsilon,
-                delta=delta,
+                epsilon=request.epsilon,
+                delta=request.delta,
                 mechanism=self.mechanism,
                 notes=self.notes,
                 float_note=self.float_note,
@@ -290,21 +254,21 @@ class DPSGDMethod(Method[DPSGDRecipeOptions, _Prepared]):
         y: Tensor,
         *,
         config: DPSGDConfig,
-        epsilon: float,
-        delta: float,
         seed: int,
         noise_seed: int | None,
-        context: MethodContext,
+        request: ReleaseRequest,
     ) -> OpacusFit:
-        """One DP-SGD run on inputs ``x`` (tuning and release share it)."""
+        """One DP-SGD run on inputs ``x`` at the request's budget, in its context (tuning, on
+        public rows, and the release share it)."""
+        context = request.context
         run = train_dpsgd_head(
             x,
             y,
             num_classes=context.num_classes,
             head=context.head,
             config=config,
-            epsilon=epsilon,
-            delta=delta,
+            epsilon=request.epsilon,
+            delta=request.delta,
             accountant=self.accountant,
             seed=seed,
             noise_seed=noise_seed,

@@ -24,6 +24,7 @@ What the statement claims (``docs/baselines.md``, "Gaps"):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -32,23 +33,22 @@ from torch import Tensor
 from alm_opacus.mechanisms import create_mechanism, make_generator
 from alm_opacus.mechanisms.exact import inflated_sensitivity
 from alm_opacus.methods import (
-    Method,
     MethodContext,
     MethodOptions,
     Predict,
     Release,
+    ReleaseRequest,
     ShadowTrainer,
     cli_option,
     register_method,
 )
 from alm_opacus.plugin import FLOAT_NOTE, Params
-from alm_opacus.posttraining.engine import Guarantee, PrivacyStatement
+from alm_opacus.protect import Guarantee, PrivacyStatement
 from baselines._common import (
-    TUNING_DRAWS,
     PreparedData,
-    TuningResult,
-    accuracy_of,
-    choose,
+    PublicSplit,
+    TunedMethod,
+    TuningSpace,
     derive_seed,
     tensor_digest,
 )
@@ -127,9 +127,6 @@ class LuOptions(MethodOptions):
 class _Prepared(PreparedData):
     nets: dict[float, Params] = field(default_factory=dict)
     public_nets: dict[float, Params] = field(default_factory=dict)
-    tuned: dict[tuple[float, float, str], tuple[LuConfig, TuningResult]] = field(
-        default_factory=dict
-    )
 
 
 def _describe(config: LuConfig) -> dict[str, Any]:
@@ -255,7 +252,7 @@ def lu_statement(
 
 
 @register_method("lu")
-class LuMethod(Method[LuOptions, _Prepared]):
+class LuMethod(TunedMethod[LuOptions, _Prepared, LuConfig]):
     """Lu et al. (2022): convexified-loss network, one noisy logit per query."""
 
     name: ClassVar[str] = "lu"
@@ -293,79 +290,57 @@ class LuMethod(Method[LuOptions, _Prepared]):
             )
         return store[config.l2]
 
-    def choose(
-        self, prepared: _Prepared, *, epsilon: float, delta: float, context: MethodContext
-    ) -> tuple[LuConfig, TuningResult]:
-        """lambda for this epsilon, tuned once on public data (noisy answers included)."""
+    def tuning_space(self, prepared: _Prepared, request: ReleaseRequest) -> TuningSpace[LuConfig]:
+        """lambda over :data:`TUNING_GRID`, once per (epsilon, delta, noise)."""
         opts = self.options
-        return choose(
-            prepared.tuned,
-            (float(epsilon), float(delta), opts.noise),
-            [opts.config(c["l2"]) for c in TUNING_GRID],
+        return TuningSpace(
+            key=(float(request.epsilon), float(request.delta), opts.noise),
+            candidates=[opts.config(c["l2"]) for c in TUNING_GRID],
             default=opts.config(),
             describe=_describe,
             fixed="l2" if opts.l2 is not None else None,
             tune=opts.tune,
-            split=prepared.split,
-            score=lambda config: self._score(
-                prepared, config, epsilon=epsilon, delta=delta, context=context
-            ),
         )
 
-    def _score(
+    def tuning_answers(
         self,
         prepared: _Prepared,
-        config: LuConfig,
+        candidate: LuConfig,
         *,
-        epsilon: float,
-        delta: float,
-        context: MethodContext,
-    ) -> float:
-        """Public validation accuracy of ``config``'s noisy answers (public noise: seeded)."""
-        s = prepared.split
-        assert s is not None
+        split: PublicSplit,
+        request: ReleaseRequest,
+    ) -> Callable[[int], Tensor]:
+        """The public network of ``candidate``; the draws are successive answers from one
+        seeded generator."""
+        config, epsilon, context = candidate, request.epsilon, request.context
         params = self._net_at(
             prepared.public_nets,
-            s.train_features,
-            s.train_labels,
+            split.train_features,
+            split.train_labels,
             config=config,
             seed=derive_seed("lu-tune-init", prepared.seed),
             context=context,
         )
         mech = LuMechanism.build(
             config,
-            n=len(s.train_labels),
-            d=int(s.train_features.shape[1]),
+            n=len(split.train_labels),
+            d=int(split.train_features.shape[1]),
             num_classes=context.num_classes,
             epsilon=epsilon,
-            delta=delta,
+            delta=request.delta,
             noise=self.options.noise,
             exact=self.options.exact,
         )
         g = make_generator(
             seed=derive_seed("lu-tune", prepared.seed, epsilon, config.l2), device=context.device
         )
-        queries = s.validation_features.to(context.device)
-        accs = [
-            accuracy_of(mech.answer(params, queries, generator=g)[0], s.validation_labels)
-            for _ in range(TUNING_DRAWS)
-        ]
-        return sum(accs) / len(accs)
+        queries = split.validation_features.to(context.device)
+        return lambda draw: mech.answer(params, queries, generator=g)[0]
 
-    def release(
-        self,
-        prepared: _Prepared,
-        *,
-        features: Tensor,
-        labels: Tensor,
-        epsilon: float,
-        delta: float,
-        seed: int,
-        draw: int,
-        context: MethodContext,
-    ) -> Release:
+    def release(self, prepared: _Prepared, request: ReleaseRequest) -> Release:
         opts = self.options
-        config, tuning = self.choose(prepared, epsilon=epsilon, delta=delta, context=context)
+        epsilon, context = request.epsilon, request.context
+        config, tuning = self.choose(prepared, request)
         params = self._net_at(
             prepared.nets,
             prepared.features,
@@ -377,16 +352,14 @@ class LuMethod(Method[LuOptions, _Prepared]):
         mech = LuMechanism.build(
             config,
             n=prepared.n,
-            d=int(features.shape[1]),
+            d=int(request.features.shape[1]),
             num_classes=context.num_classes,
             epsilon=epsilon,
-            delta=delta,
+            delta=request.delta,
             noise=opts.noise,
             exact=opts.exact,
         )
-        generator = context.noise.generator(
-            self.name, seed, draw, float(epsilon), device=context.device
-        )
+        generator = request.noise_generator(self.name, device=context.device)
 
         def predict(x: Tensor) -> Tensor:
             return mech.answer(params, x.to(context.device), generator=generator)[0].float().cpu()

@@ -10,7 +10,7 @@ import torch
 from scipy import stats
 
 from alm_opacus.mechanisms import create_mechanism, make_generator
-from alm_opacus.methods import create_method
+from alm_opacus.methods import ReleaseRequest, create_method
 from baselines import dperm
 from baselines.dperm import L2LaplaceNoise
 
@@ -99,13 +99,9 @@ def test_float_noise_is_opt_in_and_states_none(pixel_features, make_context):
     prepared = method.prepare(features=x[:150], labels=y[:150], seed=0, context=ctx)
     release = method.release(
         prepared,
-        features=x[:150],
-        labels=y[:150],
-        epsilon=2.0,
-        delta=1e-5,
-        seed=0,
-        draw=0,
-        context=ctx,
+        ReleaseRequest(
+            features=x[:150], labels=y[:150], epsilon=2.0, delta=1e-5, seed=0, draw=0, context=ctx
+        ),
     )
     s = release.statement
     assert s.guarantee.value == "none" and s.epsilon == math.inf and s.nominal_epsilon == 2.0
@@ -120,13 +116,9 @@ def test_release_is_exact_approx_dp_with_analytic_l2_sensitivity(pixel_features,
     prepared = method.prepare(features=x[:150], labels=y[:150], seed=0, context=ctx)
     release = method.release(
         prepared,
-        features=x[:150],
-        labels=y[:150],
-        epsilon=2.0,
-        delta=1e-5,
-        seed=0,
-        draw=0,
-        context=ctx,
+        ReleaseRequest(
+            features=x[:150], labels=y[:150], epsilon=2.0, delta=1e-5, seed=0, draw=0, context=ctx
+        ),
     )
     s = release.statement
     assert s.guarantee.value == "approx-dp" and s.epsilon == 2.0
@@ -165,13 +157,15 @@ def test_shadow_trainer_shape_and_draws_differ(pixel_features, make_context):
     r0, r1 = (
         method.release(
             prepared,
-            features=x[:100],
-            labels=y[:100],
-            epsilon=5.0,
-            delta=1e-5,
-            seed=0,
-            draw=d,
-            context=ctx,
+            ReleaseRequest(
+                features=x[:100],
+                labels=y[:100],
+                epsilon=5.0,
+                delta=1e-5,
+                seed=0,
+                draw=d,
+                context=ctx,
+            ),
         )
         for d in (0, 1)
     )
@@ -212,13 +206,15 @@ def test_a_release_states_what_it_spent_whatever_ran_before(pixel_features, make
         for epsilon in order:
             release = method.release(
                 prepared,
-                features=x[:150],
-                labels=y[:150],
-                epsilon=epsilon,
-                delta=1e-5,
-                seed=0,
-                draw=0,
-                context=ctx,
+                ReleaseRequest(
+                    features=x[:150],
+                    labels=y[:150],
+                    epsilon=epsilon,
+                    delta=1e-5,
+                    seed=0,
+                    draw=0,
+                    context=ctx,
+                ),
             )
             out[epsilon] = release.statement
         return out

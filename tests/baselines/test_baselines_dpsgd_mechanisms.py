@@ -16,6 +16,7 @@ from alm_opacus.methods import (
     MethodContext,
     NoisePolicy,
     Release,
+    ReleaseRequest,
     create_method,
     default_methods,
     method_class,
@@ -65,13 +66,9 @@ def _release(
     prepared = method.prepare(features=x[:40], labels=y[:40], seed=0, context=ctx)
     return method.release(
         prepared,
-        features=x[:40],
-        labels=y[:40],
-        epsilon=2.0,
-        delta=1e-5,
-        seed=0,
-        draw=0,
-        context=ctx,
+        ReleaseRequest(
+            features=x[:40], labels=y[:40], epsilon=2.0, delta=1e-5, seed=0, draw=0, context=ctx
+        ),
     )
 
 

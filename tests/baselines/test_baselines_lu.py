@@ -12,7 +12,7 @@ from scipy import stats
 from scipy.special import expit, logsumexp
 
 from alm_opacus.mechanisms import make_generator
-from alm_opacus.methods import NoisePolicy, create_method
+from alm_opacus.methods import NoisePolicy, ReleaseRequest, create_method
 from baselines import lu
 from baselines.lu.net import answer_grid, exact_logits
 
@@ -172,13 +172,9 @@ def test_release_states_none_with_named_gaps_and_total(pixel_features, make_cont
     prepared = method.prepare(features=x[:100], labels=y[:100], seed=0, context=ctx)
     release = method.release(
         prepared,
-        features=x[:100],
-        labels=y[:100],
-        epsilon=1.0,
-        delta=1e-5,
-        seed=0,
-        draw=0,
-        context=ctx,
+        ReleaseRequest(
+            features=x[:100], labels=y[:100], epsilon=1.0, delta=1e-5, seed=0, draw=0, context=ctx
+        ),
     )
     s = release.statement
     assert s.guarantee.value == "none" and s.epsilon == math.inf and s.neighbouring == ""
@@ -208,13 +204,9 @@ def test_gaussian_statement_states_basic_composition(pixel_features, make_contex
     prepared = method.prepare(features=x[:60], labels=y[:60], seed=0, context=ctx)
     s = method.release(
         prepared,
-        features=x[:60],
-        labels=y[:60],
-        epsilon=1.0,
-        delta=1e-5,
-        seed=0,
-        draw=0,
-        context=ctx,
+        ReleaseRequest(
+            features=x[:60], labels=y[:60], epsilon=1.0, delta=1e-5, seed=0, draw=0, context=ctx
+        ),
     ).statement
     assert s.guarantee.value == "none" and s.delta == 1e-5 and s.nominal_epsilon > 1.0
 
@@ -234,13 +226,15 @@ def test_binary_release_is_per_query_at_the_proven_epsilon(pixel_features, make_
     # log-odds (the proven epsilon is far below it here)
     release = method.release(
         prepared,
-        features=x[:100],
-        labels=binary[:100],
-        epsilon=2000.0,
-        delta=1e-5,
-        seed=0,
-        draw=0,
-        context=ctx,
+        ReleaseRequest(
+            features=x[:100],
+            labels=binary[:100],
+            epsilon=2000.0,
+            delta=1e-5,
+            seed=0,
+            draw=0,
+            context=ctx,
+        ),
     )
     s = release.statement
     radius = lu.default_weight_radius(l2=0.0005, num_classes=2)
@@ -294,13 +288,15 @@ def test_float_noise_is_opt_in_and_states_none(pixel_features, make_context):
     prepared = method.prepare(features=x[:100], labels=binary[:100], seed=0, context=ctx)
     release = method.release(
         prepared,
-        features=x[:100],
-        labels=binary[:100],
-        epsilon=2000.0,
-        delta=1e-5,
-        seed=0,
-        draw=0,
-        context=ctx,
+        ReleaseRequest(
+            features=x[:100],
+            labels=binary[:100],
+            epsilon=2000.0,
+            delta=1e-5,
+            seed=0,
+            draw=0,
+            context=ctx,
+        ),
     )
     s = release.statement
     assert s.guarantee.value == "none" and s.epsilon == math.inf and s.grid is None
@@ -340,13 +336,15 @@ def test_secure_answers_differ_and_seeded_ones_repeat(pixel_features, make_conte
     answers = [
         method.release(
             prepared,
-            features=x[:60],
-            labels=y[:60],
-            epsilon=50.0,
-            delta=1e-5,
-            seed=0,
-            draw=0,
-            context=ctx,
+            ReleaseRequest(
+                features=x[:60],
+                labels=y[:60],
+                epsilon=50.0,
+                delta=1e-5,
+                seed=0,
+                draw=0,
+                context=ctx,
+            ),
         ).predict_proba(x[500:540])
         for _ in range(2)
     ]
@@ -380,13 +378,15 @@ def test_shadow_networks_live_in_the_run_memo(pixel_features, make_context):
         for epsilon in (1.0, 5.0):
             release = method.release(
                 prepared,
-                features=x[:60],
-                labels=y[:60],
-                epsilon=epsilon,
-                delta=1e-5,
-                seed=0,
-                draw=0,
-                context=ctx,
+                ReleaseRequest(
+                    features=x[:60],
+                    labels=y[:60],
+                    epsilon=epsilon,
+                    delta=1e-5,
+                    seed=0,
+                    draw=0,
+                    context=ctx,
+                ),
             )
             assert release.attacker is not None
             predict = release.attacker()(x[700:820], y[700:820], masks, 0)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from alm_opacus.methods import available_methods, create_method
+from alm_opacus.methods import ReleaseRequest, available_methods, create_method
 from baselines.dpsgd import TUNING_GRID
 
 
@@ -29,13 +29,9 @@ def test_dpsgd_release_statement_info_and_adaptive_shadows(pixel_features, make_
     prepared = method.prepare(features=x[:150], labels=y[:150], seed=0, context=ctx)
     release = method.release(
         prepared,
-        features=x[:150],
-        labels=y[:150],
-        epsilon=2.0,
-        delta=1e-5,
-        seed=0,
-        draw=0,
-        context=ctx,
+        ReleaseRequest(
+            features=x[:150], labels=y[:150], epsilon=2.0, delta=1e-5, seed=0, draw=0, context=ctx
+        ),
     )
     s = release.statement
     assert s.guarantee.value == "approx-dp" and (s.epsilon, s.delta) == (2.0, 1e-5)
@@ -49,13 +45,9 @@ def test_dpsgd_release_statement_info_and_adaptive_shadows(pixel_features, make_
     # a second draw reuses the tuned config and sigma, and is an independent run
     again = method.release(
         prepared,
-        features=x[:150],
-        labels=y[:150],
-        epsilon=2.0,
-        delta=1e-5,
-        seed=0,
-        draw=1,
-        context=ctx,
+        ReleaseRequest(
+            features=x[:150], labels=y[:150], epsilon=2.0, delta=1e-5, seed=0, draw=1, context=ctx
+        ),
     )
     assert again.chosen_config == release.chosen_config and again.info["sigma_cached"]
     assert not torch.equal(release.predict_proba(x[600:610]), again.predict_proba(x[600:610]))
@@ -74,13 +66,9 @@ def test_dpsgd_statement_names_its_accountant_relation_and_noise(pixel_features,
     prepared = method.prepare(features=x[:100], labels=y[:100], seed=0, context=ctx)
     release = method.release(
         prepared,
-        features=x[:100],
-        labels=y[:100],
-        epsilon=3.0,
-        delta=1e-5,
-        seed=0,
-        draw=0,
-        context=ctx,
+        ReleaseRequest(
+            features=x[:100], labels=y[:100], epsilon=3.0, delta=1e-5, seed=0, draw=0, context=ctx
+        ),
     )
     s, training = release.statement, release.training
     assert s.neighbouring == "add-remove" and s.sensitivity is not None
@@ -207,13 +195,15 @@ def test_dpsgd_full_tunes_on_public_images_and_releases_an_image_predictor(digit
     assert prepared.split.validation_features.shape == (60, 1, 8, 8)
     release = method.release(
         prepared,
-        features=images[:40],
-        labels=labels[:40],
-        epsilon=4.0,
-        delta=1e-5,
-        seed=0,
-        draw=0,
-        context=context,
+        ReleaseRequest(
+            features=images[:40],
+            labels=labels[:40],
+            epsilon=4.0,
+            delta=1e-5,
+            seed=0,
+            draw=0,
+            context=context,
+        ),
     )
     tuning = release.info["tuning"]
     chosen = tuning["chosen"]

@@ -9,7 +9,7 @@ import torch
 
 from alm_opacus.heads import HeadConfig
 from alm_opacus.io import StaleCacheWarning
-from alm_opacus.methods import InfeasibleRelease, NoisePolicy, create_method
+from alm_opacus.methods import InfeasibleRelease, NoisePolicy, ReleaseRequest, create_method
 from baselines.dpsgd import SIGMA_CACHE_FILE, DPSGDConfig, SigmaCache, train_dpsgd_head
 
 # rdp at q = 1/3 (90 members, expected batch 30) keeps Opacus's sigma search to about a
@@ -26,7 +26,10 @@ def sigma_folder(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-u
 def _release(method, x, y, ctx, *, epsilon, draw=0):  # type: ignore[no-untyped-def]
     prepared = method.prepare(features=x, labels=y, seed=0, context=ctx)
     return method.release(
-        prepared, features=x, labels=y, epsilon=epsilon, delta=1e-5, seed=0, draw=draw, context=ctx
+        prepared,
+        ReleaseRequest(
+            features=x, labels=y, epsilon=epsilon, delta=1e-5, seed=0, draw=draw, context=ctx
+        ),
     )
 
 
