@@ -49,9 +49,8 @@ from alm_opacus.options import (
     option_fields,
     split_scoped,
 )
-from alm_opacus.posttraining import method as post_training
-from alm_opacus.posttraining.engine import PrivacyStatement
-from alm_opacus.registry import Registry, load_entry_points
+from alm_opacus.registry import Registry, declare_builtins, load_entry_points
+from alm_opacus.statement import PrivacyStatement
 
 __all__ = [
     "INPUT_KINDS",
@@ -89,6 +88,9 @@ __all__ = [
 
 #: The entry point group of method plugins (``baselines`` registers through it).
 PLUGIN_GROUP = "alm_opacus.methods"
+# The post-training methods register through the same group as every plugin: the group
+# imports them first, then the installed plugins (this module never imports them by name).
+declare_builtins(PLUGIN_GROUP, "alm_opacus.posttraining.method")
 
 
 def plain_shadow_trainer(context: MethodContext) -> ShadowTrainer:
@@ -305,12 +307,7 @@ class NoLeakReference(NoProtection):
         return dataclasses.replace(unprotected, statement=statement, baseline=False)
 
 
-def _register_builtins() -> None:
-    """Register the built-in methods by name: the unprotected baseline, the no-leak
-    reference and the post-training methods (explicitly, not as an import's side effect)."""
-    builtins: tuple[type[Method[Any, Any]], ...] = (NoProtection, NoLeakReference)
-    for cls in (*builtins, *post_training.POST_TRAINING_METHODS):
-        register_method(cls.name)(cls)
-
-
-_register_builtins()
+# The harness's own baseline and reference live with the registry; every protection,
+# built-in or not, registers through PLUGIN_GROUP.
+register_method(NoProtection.name)(NoProtection)
+register_method(NoLeakReference.name)(NoLeakReference)

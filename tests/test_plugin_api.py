@@ -72,3 +72,22 @@ def test_the_plugin_module_exports_what_it_imports() -> None:
     assert sorted(plugin.__all__) == sorted(
         n for n, v in vars(plugin).items() if not n.startswith("_") and n != "annotations"
     )
+
+
+def test_built_in_methods_register_through_the_plugin_group() -> None:
+    """The post-training methods are loaded by the same entry point group as ``baselines``:
+    ``alm_opacus.methods`` never imports them by name."""
+    from alm_opacus import registry
+    from alm_opacus.methods import METHODS, PLUGIN_GROUP
+    from alm_opacus.posttraining.method import POST_TRAINING_METHODS
+
+    source = (ROOT / "alm_opacus" / "methods.py").read_text()
+    imported = {
+        node.module
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and node.module
+    }
+    assert not any(m.startswith("alm_opacus.posttraining") for m in imported), imported
+    assert "alm_opacus.posttraining.method" in registry._BUILTINS[PLUGIN_GROUP]
+    for cls in POST_TRAINING_METHODS:
+        assert METHODS[cls.name] is cls

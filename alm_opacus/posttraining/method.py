@@ -48,6 +48,7 @@ from alm_opacus.method_base import (
     ReleaseRequest,
     RunMemo,
 )
+from alm_opacus.methods import register_method
 from alm_opacus.options import MethodOptions, cli_option
 from alm_opacus.posttraining.engine import (
     PostTrainingPrivacyEngine,
@@ -474,7 +475,8 @@ def _method(name: str, mechanism: str, doc: str) -> type[PostTrainingMethod]:
     )
 
 
-#: The post-training methods; :mod:`alm_opacus.methods` registers each under its name.
+#: The post-training methods, registered below through the method plugin group
+#: (:data:`alm_opacus.methods.PLUGIN_GROUP` imports this module as its built-in).
 POST_TRAINING_METHODS: tuple[type[PostTrainingMethod], ...] = (
     _method("alm", "alm", "The additive logistic mechanism (ALM paper), L1 sensitivity."),
     _method("laplace", "laplace", "The Laplace mechanism, L1 sensitivity."),
@@ -485,3 +487,6 @@ POST_TRAINING_METHODS: tuple[type[PostTrainingMethod], ...] = (
         "The textbook Gaussian sigma, kept to reproduce the ALM paper (proven for epsilon < 1).",
     ),
 )
+
+for _cls in POST_TRAINING_METHODS:
+    register_method(_cls.name)(_cls)
