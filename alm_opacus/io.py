@@ -121,6 +121,25 @@ def make_private_folder(path: Path, *, tighten: bool = False) -> None:
         os.chmod(path, stat.S_IMODE(info.st_mode) & ~0o077)
 
 
+def is_inside(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is ``folder`` or lies below it, compared as absolute paths (``..``
+    collapsed, symlinks not resolved)."""
+    try:
+        Path(os.path.abspath(path)).relative_to(os.path.abspath(folder))
+    except ValueError:
+        return False
+    return True
+
+
+def walk_entries(folder: str | os.PathLike[str]) -> Iterator[Path]:
+    """Every entry below ``folder``, folders and files, in sorted order (symlinks reported,
+    never followed)."""
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        dirs.sort()
+        for name in sorted([*dirs, *files]):
+            yield Path(root) / name
+
+
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
     """Write ``obj`` as indented JSON to ``path`` atomically."""
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")

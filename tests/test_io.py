@@ -125,3 +125,30 @@ def test_cached_recomputes_what_fails_a_check(tmp_path: Path) -> None:
     with pytest.warns(StaleCacheWarning, match="does not match its content digest"):
         again = io.cached(path, kind="k", key="key", code="c2", compute=compute)
     assert torch.equal(again["w"], first["w"]) and len(calls) == 3
+
+
+def test_is_inside_compares_absolute_paths_without_resolving_links(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert io.is_inside(run, run)
+    assert io.is_inside(run / "private" / "cache", run)
+    assert not io.is_inside(tmp_path / "run2", run)  # a shared prefix is not enough
+    assert not io.is_inside(run / ".." / "elsewhere", run)
+    (tmp_path / "outside").mkdir()
+    run.mkdir()
+    (run / "link").symlink_to(tmp_path / "outside")
+    assert io.is_inside(run / "link", run)  # the link itself lies in ``run``
+
+
+def test_walk_entries_lists_folders_and_files_sorted_and_never_follows_links(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "z.txt").write_text("z")
+    (tmp_path / "a.txt").write_text("a")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "hidden.txt").write_text("h")
+    (tmp_path / "b" / "link").symlink_to(tmp_path / "elsewhere")
+    got = [p.relative_to(tmp_path).as_posix() for p in io.walk_entries(tmp_path / "b")]
+    assert got == ["b/link", "b/z.txt"]
+    top = [p.relative_to(tmp_path).as_posix() for p in io.walk_entries(tmp_path)]
+    assert top == ["a.txt", "b", "elsewhere", "b/link", "b/z.txt", "elsewhere/hidden.txt"]

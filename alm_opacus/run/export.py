@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from alm_opacus.io import atomic_write_json, atomic_write_text
+from alm_opacus.io import atomic_write_json, atomic_write_text, is_inside, walk_entries
 from alm_opacus.report.html import REPORT_FILE, shareable_report
 from alm_opacus.report.results import cell_key, read_results
 from alm_opacus.run.catalogue import DEFAULTS
@@ -150,7 +150,7 @@ def export_run(run: Path, dest: Path) -> Export:
         raise ValueError(f"export: {str(run)!r} is not a run folder (no config.json)")
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise ValueError(f"export: {str(dest)!r} exists: expected a new (or empty) folder")
-    if _inside(dest, run):
+    if is_inside(dest, run):
         raise ValueError(
             f"export: {str(dest)!r} lies inside the run folder: expected a folder outside it"
         )
@@ -335,7 +335,7 @@ def _shared_entries(run: Path) -> Iterator[tuple[str, bool]]:
         source = run / name
         if not os.path.lexists(source):
             continue
-        entries = [source, *_walk(source)] if source.is_dir() else [source]
+        entries = [source, *walk_entries(source)] if source.is_dir() else [source]
         for entry in entries:
             if entry.is_symlink() or not (entry.is_file() or entry.is_dir()):
                 raise ValueError(
@@ -356,14 +356,6 @@ def _written_by_run(rel: Path) -> bool:
     if top == "tb":
         return rel.name.startswith(_EVENTS_PREFIX)
     return len(rel.parts) == 1
-
-
-def _walk(folder: Path) -> Iterator[Path]:
-    """Every entry below ``folder``, sorted (symlinks reported, never followed)."""
-    for root, dirs, files in os.walk(folder, followlinks=False):
-        dirs.sort()
-        for name in sorted([*dirs, *files]):
-            yield Path(root) / name
 
 
 def _owner_paths(run: Path, config: dict[str, Any]) -> list[str]:
@@ -463,11 +455,3 @@ def _wrap(line: str, width: int = 88) -> str:
         )
         or line
     )
-
-
-def _inside(path: Path, folder: Path) -> bool:
-    try:
-        Path(os.path.abspath(path)).relative_to(os.path.abspath(folder))
-    except ValueError:
-        return False
-    return True

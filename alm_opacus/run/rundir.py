@@ -47,11 +47,16 @@ import fcntl
 import json
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from alm_opacus.io import atomic_open, atomic_write_text, make_private_folder
+from alm_opacus.io import (
+    atomic_open,
+    atomic_write_text,
+    is_inside,
+    make_private_folder,
+    walk_entries,
+)
 from alm_opacus.report.draws import DRAWS_FILE
 from alm_opacus.report.html import REPORT_FILE
 from alm_opacus.report.results import read_results
@@ -314,7 +319,7 @@ class RunFolder:
                     "--overwrite" + (" or --cache-dir" if name == PRIVATE_DIR else "")
                 )
             if path.is_dir():
-                for inner in _walk(path):
+                for inner in walk_entries(path):
                     if inner.is_symlink():
                         raise ValueError(
                             f"--out: {inner} is a symlink; a run folder holds real files only "
@@ -361,7 +366,7 @@ class RunFolder:
             if self.cache is not None:
                 make_private_folder(self.cache)
             write_private_readme(self.out / PRIVATE_DIR)
-            if self.cache is not None and not _inside(self.cache, self.out / PRIVATE_DIR):
+            if self.cache is not None and not is_inside(self.cache, self.out / PRIVATE_DIR):
                 self._cache_readme = not os.path.lexists(self.cache / "README.txt")
                 write_private_readme(self.cache, cache=True)
         except BaseException:
@@ -440,18 +445,3 @@ class RunFolder:
 def _write_bytes(path: Path, data: bytes) -> None:
     with atomic_open(path, "wb") as handle:
         handle.write(data)
-
-
-def _walk(folder: Path) -> Iterator[Path]:
-    """Every entry below ``folder`` (symlinks reported, never followed)."""
-    for root, dirs, files in os.walk(folder, followlinks=False):
-        for name in (*dirs, *files):
-            yield Path(root) / name
-
-
-def _inside(path: Path, folder: Path) -> bool:
-    try:
-        Path(os.path.abspath(path)).relative_to(os.path.abspath(folder))
-    except ValueError:
-        return False
-    return True
