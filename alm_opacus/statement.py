@@ -12,6 +12,7 @@ The guarantee kinds, the sensitivity's provenance and the claim rules live in
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -256,6 +257,28 @@ class PrivacyStatement:
             guarantee=Guarantee.NONE,
             mechanism=mechanism,
             neighbouring="",
+        )
+
+    @classmethod
+    def no_guarantee(
+        cls, *, nominal_epsilon: float, notes: Sequence[str], **fields: Any
+    ) -> PrivacyStatement:
+        """Nothing claimed (epsilon = inf, delta = 0, no neighbouring relation) for a release
+        whose noise was calibrated to ``nominal_epsilon``, kept for reference.
+
+        Args:
+            nominal_epsilon: the epsilon the noise was calibrated to.
+            notes: why nothing is claimed, among the caveats.
+            **fields: the statement's other fields (mechanism, noise scale, ...).
+        """
+        return cls(
+            epsilon=math.inf,
+            delta=0.0,
+            guarantee=Guarantee.NONE,
+            neighbouring="",
+            nominal_epsilon=float(nominal_epsilon),
+            notes=tuple(notes),
+            **fields,
         )
 
     @property

@@ -26,7 +26,6 @@ kept as an opt-in (``exact=False``) whose statement is ``none`` (Mironov 2012).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -358,15 +357,7 @@ def dperm_statement(
         "noise": source,
     }
     if plan is None:
-        return PrivacyStatement(
-            epsilon=math.inf,
-            delta=0.0,
-            guarantee=Guarantee.NONE,
-            neighbouring="",
-            nominal_epsilon=float(epsilon),
-            notes=notes,
-            **common,
-        )
+        return PrivacyStatement.no_guarantee(nominal_epsilon=epsilon, notes=notes, **common)
     grid = plan.release.grid
     return PrivacyStatement(
         epsilon=float(epsilon),

@@ -499,3 +499,18 @@ def test_a_pure_claim_for_noise_that_is_not_pure_names_the_kind() -> None:
                 sensitivity=1.0,
                 norm="l2",
             )
+
+
+def test_no_guarantee_claims_nothing_and_keeps_the_nominal_epsilon() -> None:
+    s = PrivacyStatement.no_guarantee(
+        nominal_epsilon=2, notes=["floating-point noise"], mechanism="laplace", noise_scale=0.5
+    )
+    assert (s.epsilon, s.delta, s.guarantee, s.neighbouring) == (
+        math.inf,
+        0.0,
+        Guarantee.NONE,
+        "",
+    )
+    assert s.nominal_epsilon == 2.0 and isinstance(s.nominal_epsilon, float)
+    assert s.notes == ("floating-point noise",)
+    assert (s.mechanism, s.noise_scale) == ("laplace", 0.5)

@@ -7,7 +7,6 @@ file in :mod:`alm_opacus.posttraining.module` (both re-exported here).
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -348,14 +347,8 @@ def statement_for(
 
     def no_guarantee(reason: str) -> PrivacyStatement:
         """Nothing claimed, for ``reason``; the nominal epsilon kept for reference."""
-        return PrivacyStatement(
-            epsilon=math.inf,
-            delta=0.0,
-            guarantee=Guarantee.NONE,
-            neighbouring="",
-            nominal_epsilon=float(epsilon),
-            notes=(*notes, reason),
-            **common,
+        return PrivacyStatement.no_guarantee(
+            nominal_epsilon=epsilon, notes=(*notes, reason), **common
         )
 
     if plan is None:
