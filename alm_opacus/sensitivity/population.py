@@ -38,6 +38,7 @@ from alm_opacus.sensitivity.sampler import (
     SamplerRecipe,
     SensitivitySample,
     _check_inputs,
+    _distances,
     _finish,
     default_chunk_size,
 )
@@ -131,8 +132,7 @@ def population_chunk(
     else:  # both sides in one batch, from the recipe's seeded start
         flat = flat_params(recipe.train(features, labels, torch.cat([first, second]).to(device)))
         diff = flat[: len(rows)] - flat[len(rows) :]
-    l1 = diff.abs().sum(1).cpu().numpy()
-    l2 = torch.linalg.vector_norm(diff, dim=1).cpu().numpy()
+    l1, l2 = _distances(diff)
     return l1, l2, rows[:, n - 1 :]
 
 

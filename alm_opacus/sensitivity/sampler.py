@@ -290,6 +290,11 @@ def _check_inputs(features: Tensor, labels: Tensor, m: int, order: int | None, g
     return order
 
 
+def _distances(diff: Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """The L1 and L2 norms of each row of ``diff`` (pairs' parameter differences)."""
+    return diff.abs().sum(1).cpu().numpy(), torch.linalg.vector_norm(diff, dim=1).cpu().numpy()
+
+
 def _finish(
     l1: np.ndarray,
     l2: np.ndarray,
@@ -401,8 +406,7 @@ def sample_sensitivity(
     for i in range(0, m, 1024):  # pair differences in blocks: m * P floats can be large
         block = torch.as_tensor(index[i : i + 1024], device=flat.device)
         diff = flat[block[:, 0]] - flat[block[:, 1]]
-        l1[i : i + len(block)] = diff.abs().sum(1).cpu().numpy()
-        l2[i : i + len(block)] = torch.linalg.vector_norm(diff, dim=1).cpu().numpy()
+        l1[i : i + len(block)], l2[i : i + len(block)] = _distances(diff)
     return _finish(l1, l2, pairs, n=n, order=order, gamma=gamma, solver=solver)
 
 
