@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import Any, TypeVar
+
+import numpy as np
+
+_Int = TypeVar("_Int", bound=int | np.integer[Any])
 
 
 def check_epsilon(epsilon: float, *, name: str = "epsilon", allow_inf: bool = False) -> float:
@@ -49,6 +54,24 @@ def check_sensitivity(sensitivity: float, *, name: str = "sensitivity") -> float
     return check_positive(sensitivity, name=name)
 
 
+def check_integer(value: _Int, *, name: str, minimum: int = 1, numpy: bool = False) -> _Int:
+    """Return ``value`` unchanged after checking that it is an integer >= ``minimum``.
+
+    Args:
+        value: the argument.
+        name: its name, for the message.
+        minimum: the least value allowed.
+        numpy: accept numpy integers too (counts that may come out of an array).
+
+    Raises:
+        ValueError: on a bool, a non-integer or a value below ``minimum``.
+    """
+    kinds = (int, np.integer) if numpy else (int,)
+    if isinstance(value, bool) or not isinstance(value, kinds) or value < minimum:
+        raise ValueError(f"{name}={value!r} is invalid: expected an integer >= {minimum}")
+    return value
+
+
 def check_features_labels(features: object, labels: object) -> None:
     """Check that ``features`` is (n, d) and ``labels`` is (n,).
 
@@ -67,6 +90,5 @@ def default_delta(n: int) -> float:
     Raises:
         ValueError: unless ``n`` is an integer >= 1.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n={n!r} is invalid: expected an integer >= 1")
+    check_integer(n, name="n")
     return min(1e-5, 1.0 / (10 * n))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from alm_opacus._validation import check_positive
+from alm_opacus._validation import check_integer, check_positive
 from alm_opacus.statement import SensitivityInfo
 
 __all__ = ["ADJACENCIES", "AnalyticSensitivity", "analytic_sensitivity", "softmax_ce_lipschitz"]
@@ -116,16 +116,13 @@ def analytic_sensitivity(
         ValueError: on ``n < 1``, non-positive ``l2`` or ``clip_radius``, negative or NaN
             ``grad_tol``, ``num_params < 1``, or an unknown adjacency.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n={n!r} is invalid: expected an integer >= 1")
+    check_integer(n, name="n")
     lam = check_positive(l2, name="l2")
     lip = softmax_ce_lipschitz(clip_radius=clip_radius)
     if not (math.isfinite(grad_tol) and grad_tol >= 0):
         raise ValueError(f"grad_tol={grad_tol!r} is invalid: expected a finite number >= 0")
-    if num_params is not None and (
-        isinstance(num_params, bool) or not isinstance(num_params, int) or num_params < 1
-    ):
-        raise ValueError(f"num_params={num_params!r} is invalid: expected an integer >= 1")
+    if num_params is not None:
+        check_integer(num_params, name="num_params")
     if adjacency not in ADJACENCIES:
         raise ValueError(f"adjacency={adjacency!r} is invalid: expected one of {ADJACENCIES}")
     opt = 2.0 * float(grad_tol) / lam

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from alm_opacus._validation import check_integer
 from alm_opacus.heads import HeadConfig, Params, flat_params
 from alm_opacus.sensitivity.convex import DEFAULT_TOL, FeatureBasis
 from alm_opacus.sensitivity.sampler import (
@@ -53,8 +54,7 @@ __all__ = [
 
 
 def _check_sizes(population: int, n: int) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n={n!r} is invalid: expected an integer >= 1")
+    check_integer(n, name="n")
     if population < 2:
         raise ValueError(f"population={population!r} is invalid: expected at least 2 rows")
 
@@ -88,8 +88,7 @@ def draw_population_pairs(*, population: int, n: int, m: int, seed: int) -> np.n
     Raises:
         ValueError: if ``population < 2``, ``n < 1`` or ``m < 1``.
     """
-    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
-        raise ValueError(f"m={m!r} is invalid: expected an integer >= 1")
+    check_integer(m, name="m", numpy=True)
     return population_pair_rows(population=population, n=n, seed=seed, pairs=range(int(m)))
 
 
@@ -194,8 +193,7 @@ def sample_population_sensitivity(
         chunk_size = default_chunk_size(
             n=total, num_classes=num_classes, config=config, heads=2 * m
         )
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 2:
-        raise ValueError(f"chunk_size={chunk_size!r} is invalid: expected an integer >= 2")
+    check_integer(chunk_size, name="chunk_size", minimum=2)
     chunk_pairs = max(1, chunk_size // 2)
     recipe = SamplerRecipe(
         num_classes=num_classes, config=config, seed=seed, solver=solver, tol=tol

@@ -30,6 +30,8 @@ import math
 import numpy as np
 from scipy import special
 
+from alm_opacus._validation import check_integer
+
 __all__ = [
     "gamma_for_confidence",
     "marginal_gamma",
@@ -40,8 +42,7 @@ __all__ = [
 
 
 def _check_m_order(m: int, order: int) -> None:
-    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
-        raise ValueError(f"m={m!r} is invalid: expected an integer >= 1")
+    check_integer(m, name="m", numpy=True)
     if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or not 1 <= order <= m:
         raise ValueError(f"order={order!r} is invalid: expected an integer in [1, m={m}]")
 
@@ -111,8 +112,7 @@ def order_for_confidence(*, m: int, gamma: float, confidence: float) -> int:
         ValueError: on invalid arguments, or when even the maximum (``k = m``) falls short;
             the message gives the smallest ``m`` that would do.
     """
-    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
-        raise ValueError(f"m={m!r} is invalid: expected an integer >= 1")
+    check_integer(m, name="m", numpy=True)
     g = _check_unit(gamma, name="gamma")
     c = _check_unit(confidence, name="confidence")
     if sampler_confidence(m=m, order=m, gamma=g) < c:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from alm_opacus._validation import check_integer
 from alm_opacus.heads import HeadConfig, Params, flat_params, train_heads
 from alm_opacus.sensitivity import random_dp
 from alm_opacus.sensitivity.convex import (
@@ -169,8 +170,7 @@ def draw_pairs(*, n: int, m: int, seed: int) -> np.ndarray:
     """
     if n < 2:
         raise ValueError(f"n={n!r} is invalid: the sampler needs at least 2 rows")
-    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
-        raise ValueError(f"m={m!r} is invalid: expected an integer >= 1")
+    check_integer(m, name="m", numpy=True)
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 2]))
     # Row by row, so the first m' pairs of a larger m are the same; j is uniform over the
     # n - 1 rows other than i.
@@ -283,8 +283,7 @@ def _check_inputs(features: Tensor, labels: Tensor, m: int, order: int | None, g
             f"features (n, d) and labels (n,) expected; got {tuple(features.shape)} "
             f"and {tuple(labels.shape)}"
         )
-    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
-        raise ValueError(f"m={m!r} is invalid: expected an integer >= 1")
+    check_integer(m, name="m", numpy=True)
     order = m if order is None else order
     random_dp.sampler_confidence(m=m, order=order, gamma=gamma)  # validates order and gamma
     return order
@@ -389,8 +388,7 @@ def sample_sensitivity(
         chunk_size = default_chunk_size(
             n=n, num_classes=num_classes, config=config, heads=len(removed)
         )
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size!r} is invalid: expected an integer >= 1")
+    check_integer(chunk_size, name="chunk_size")
     recipe = SamplerRecipe(
         num_classes=num_classes, config=config, seed=seed, solver=solver, tol=tol
     )
