@@ -12,9 +12,10 @@ The objective of head ``b`` is
 
 with ``clip_R(x) = x * min(1, R / ||x||)`` and ``||w||`` over all parameters (biases too).
 
-Solvers are registered by name (:func:`register_solver`): ``"adam"`` here, ``"newton"`` (the
-convex head trained to its minimiser) by :mod:`alm_opacus.sensitivity.convex`, which importing
-``alm_opacus`` loads.
+Solvers are registered by name (:func:`register_solver`): ``"adam"`` and ``"gd"`` (plain
+full-batch gradient descent, whose sensitivity :mod:`alm_opacus.sensitivity.stability` proves)
+here, ``"newton"`` (the convex head trained to its minimiser) by
+:mod:`alm_opacus.sensitivity.convex`, which importing ``alm_opacus`` loads.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ Params = dict[str, Tensor]
 #: head training (see :func:`train_heads`).
 HeadSolver = Callable[..., Params]
 #: The solvers a :class:`HeadConfig` may name.
-SOLVER_NAMES = ("adam", "newton")
+SOLVER_NAMES = ("adam", "gd", "newton")
 #: Solvers this package registers in modules that import this one (name -> module).
 _BUILTIN_SOLVERS = {"newton": "alm_opacus.sensitivity.convex"}
 
@@ -76,15 +77,18 @@ class HeadConfig:
         kind: ``"linear"`` (multinomial logistic regression) or ``"mlp"`` (one hidden layer).
         hidden: width of the MLP's hidden layer.
         steps: number of full-batch optimiser steps.
-        lr: Adam learning rate.
+        lr: the learning rate (Adam's, or gradient descent's step size ``eta``).
         l2: the L2 regularisation coefficient ``lambda`` of the objective (module docstring).
         clip_radius: ``R``; features are clipped to L2 norm at most ``R`` (None: no clipping).
         dtype: ``"float64"`` (default: neighbouring heads differ by tiny amounts, and float32
             rounding would pollute sampled sensitivities) or ``"float32"``.
-        solver: ``"adam"`` (``steps`` full-batch Adam steps from a seeded initialisation) or
-            ``"newton"`` (linear heads with ``l2 > 0`` only: the objective is strongly convex
-            and Newton-CG reaches its unique minimiser to a certified gradient norm, so a
-            sampled sensitivity measures the influence of one row, not where Adam stopped).
+        solver: ``"adam"`` (``steps`` full-batch Adam steps from a seeded initialisation),
+            ``"gd"`` (``steps`` full-batch gradient-descent steps ``w -= lr * grad`` from the
+            same initialisation: for a linear head, ``--sensitivity stability`` proves its
+            sensitivity, docs/sensitivity.md) or ``"newton"`` (linear heads with ``l2 > 0``
+            only: the objective is strongly convex and Newton-CG reaches its unique minimiser
+            to a certified gradient norm, so a sampled sensitivity measures the influence of
+            one row, not where Adam stopped).
     """
 
     kind: str = "linear"
@@ -109,7 +113,7 @@ class HeadConfig:
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype={self.dtype!r} is invalid: expected 'float32' or 'float64'")
         if self.solver not in SOLVER_NAMES:
-            raise ValueError(f"solver={self.solver!r} is invalid: expected 'adam' or 'newton'")
+            raise ValueError(f"solver={self.solver!r} is invalid: expected one of {SOLVER_NAMES}")
         if self.solver == "newton" and (
             self.kind != "linear" or not self.l2 > 0 or self.dtype != "float64"
         ):
@@ -299,7 +303,8 @@ def train_heads(
 
 
 @register_solver("adam")
-def _train_adam(
+@register_solver("gd")
+def _train_first_order(
     features: Tensor,
     labels: Tensor,
     *,
@@ -310,7 +315,9 @@ def _train_adam(
     init: Params | None,
 ) -> Params:
     if init is not None:
-        raise ValueError("init is for solver='newton': Adam's heads start from the seeded init")
+        raise ValueError(
+            f"init is for solver='newton': {config.solver!r} heads start from the seeded init"
+        )
     device = features.device
     x = features.to(config.torch_dtype)
     y = labels.to(device=device, dtype=torch.long)
@@ -345,6 +352,17 @@ def train_heads_autograd(
     return _train_autograd(x, y, masks.to(device=features.device, dtype=torch.bool), init, config)
 
 
+class _GradientDescent:
+    """``w -= lr * grad`` on one tensor, in place (one multiply and one add per coordinate,
+    or one fused multiply-add: the rounding :mod:`alm_opacus.sensitivity.stability` bounds)."""
+
+    def __init__(self, param: Tensor, lr: float) -> None:
+        self.param, self.lr = param, lr
+
+    def step(self, grad: Tensor) -> None:
+        self.param.add_(grad, alpha=-self.lr)
+
+
 class _Adam:
     """Adam (Kingma & Ba 2015, Algorithm 1) on one tensor, in place, in a fixed op order."""
 
@@ -364,6 +382,13 @@ class _Adam:
         self.param.addcdiv_(self.first, denom, value=-self.lr / (1 - b1**self.t))
 
 
+#: The first-order solvers' update rules, by solver name.
+_STEPPERS: dict[str, Callable[[Tensor, float], _Adam | _GradientDescent]] = {
+    "adam": _Adam,
+    "gd": _GradientDescent,
+}
+
+
 def _train_autograd(x: Tensor, y: Tensor, m: Tensor, init: Params, config: HeadConfig) -> Params:
     """Generic path (any head kind): gradients of :func:`head_objective` by autograd."""
     n_heads = m.shape[0]
@@ -374,13 +399,13 @@ def _train_autograd(x: Tensor, y: Tensor, m: Tensor, init: Params, config: HeadC
         for k, v in init.items()
     }
     with torch.no_grad():
-        adams = {k: _Adam(p, config.lr) for k, p in params.items()}
+        steppers = {k: _STEPPERS[config.solver](p, config.lr) for k, p in params.items()}
     for _ in range(config.steps):
         loss = head_objective(params, x, y, m, config=plain).sum()
         grads = torch.autograd.grad(loss, list(params.values()))
         with torch.no_grad():
             for k, grad in zip(params, grads, strict=True):
-                adams[k].step(grad)
+                steppers[k].step(grad)
     return {k: v.detach() for k, v in params.items()}
 
 
@@ -403,13 +428,13 @@ def _train_linear(x: Tensor, y: Tensor, m: Tensor, init: Params, config: HeadCon
     onehot = F.one_hot(y, c).to(x.dtype).t().unsqueeze(0)  # (1, C, n)
     w = torch.cat([init["fc.weight"], init["fc.bias"].unsqueeze(1)], dim=1)
     w = w.unsqueeze(0).repeat(n_heads, 1, 1).reshape(n_heads * c, d + 1).contiguous()
-    adam = _Adam(w, config.lr)
+    stepper = _STEPPERS[config.solver](w, config.lr)
     for _ in range(config.steps):
         z = torch.mm(w, xt_t).view(n_heads, c, n)
         z.sub_(z.amax(1, keepdim=True)).exp_()
         z.div_(z.sum(1, keepdim=True)).sub_(onehot).mul_(weight)
         grad = torch.addmm(w, z.view(n_heads * c, n), xt, beta=config.l2)  # + l2 * w
-        adam.step(grad)
+        stepper.step(grad)
     w = w.view(n_heads, c, d + 1)
     return {"fc.weight": w[..., :d].contiguous(), "fc.bias": w[..., d].contiguous()}
 

@@ -212,7 +212,12 @@ def _context(pixel_features, **kwargs) -> MethodContext:  # type: ignore[no-unty
 
 @pytest.mark.parametrize(
     "source,expected",
-    [("analytic", "pure-dp"), ("sampled", "random-dp"), ("sampled-members", "none")],
+    [
+        ("analytic", "pure-dp"),
+        ("stability", "pure-dp"),
+        ("sampled", "random-dp"),
+        ("sampled-members", "none"),
+    ],
 )
 def test_alm_method_at_epsilon_1(small, pixel_features, source: str, expected: str) -> None:  # type: ignore[no-untyped-def]
     x, y = small

@@ -4,16 +4,9 @@ Each trains the head once per seed (``prepare``), finds its sensitivity once, an
 releases a noisy copy per (epsilon, noise draw) with :class:`PostTrainingPrivacyEngine`:
 re-protecting at a new epsilon needs no retraining (ALM paper, Algorithm 1).
 
-Sensitivity (option ``sensitivity``, see :class:`PostTrainingOptions`):
-
-* ``"sampled"`` (default): the victim's recipe retrained on neighbouring data sets of the
-  members' size drawn from the public split (Rubinstein & Aldà's sampler; never the members);
-  the statement is random-DP with the sampler's gamma and confidence, over that population.
-* ``"sampled-members"``: Algorithm 2 on the members, as the ALM paper writes it; the estimate
-  depends on the members and is published without noise, so no guarantee is stated.
-* ``"analytic"``: the convex head (L2-regularised multinomial logistic regression on
-  clipped features, trained to a certified gradient tolerance) and its proven bound; the
-  statement is pure-DP (ALM, Laplace) or approximate DP (Gaussian).
+Sensitivity (option ``sensitivity``): ``sampled`` (default, random-DP), ``sampled-members``
+(no guarantee), ``analytic`` or ``stability`` (proven: pure or approximate DP); the finders and
+the options are in :mod:`alm_opacus.posttraining.sources`.
 """
 
 from __future__ import annotations
@@ -22,22 +15,14 @@ import dataclasses
 from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from alm_opacus._hashing import code_digest, derive_seed, tensor_digest
-from alm_opacus._validation import check_positive
 from alm_opacus.attacks.base import ShadowTrainer
-from alm_opacus.heads import (
-    Head,
-    HeadConfig,
-    batched_logits,
-    flat_params,
-    train_heads,
-    warm_start,
-)
+from alm_opacus.heads import Head, HeadConfig, batched_logits, train_heads, warm_start
 from alm_opacus.io import cached
 from alm_opacus.mechanisms import create_mechanism, make_generator
 from alm_opacus.method_base import (
@@ -49,26 +34,33 @@ from alm_opacus.method_base import (
     RunMemo,
 )
 from alm_opacus.methods import register_method
-from alm_opacus.options import MethodOptions, cli_option
 from alm_opacus.posttraining.engine import (
     PostTrainingPrivacyEngine,
     ProtectedModule,
     SensitivityInfo,
 )
-from alm_opacus.sensitivity import (
-    SensitivitySample,
-    analytic_sensitivity,
-    sample_population_sensitivity,
-    sample_sensitivity,
-    train_convex_heads,
+from alm_opacus.posttraining.sources import (
+    ANALYTIC_CLIP,
+    ANALYTIC_L2,
+    SENSITIVITY_SOURCES,
+    PostTrainingOptions,
+    convex_config,
 )
+from alm_opacus.sensitivity import train_convex_heads
 from alm_opacus.ssl.pretrain import config_hash
 
-#: The convex head's defaults for ``--sensitivity analytic`` (features are unit-norm already).
-ANALYTIC_L2 = 0.1
-ANALYTIC_CLIP = 1.0
-
-SensitivitySourceName = Literal["sampled", "sampled-members", "analytic"]
+__all__ = [  # the options and recipes live in .sources; re-exported for existing imports
+    "ANALYTIC_CLIP",
+    "ANALYTIC_L2",
+    "CODE",
+    "POST_TRAINING_METHODS",
+    "PostTrainingMethod",
+    "PostTrainingOptions",
+    "PreparedHead",
+    "clean_shadow_heads",
+    "convex_config",
+    "prepare_head",
+]
 
 #: The modules whose code trains the clean and shadow heads and finds the sensitivity: their
 #: cache files record its digest and are recomputed when it differs (``alm_opacus.io``).
@@ -76,45 +68,9 @@ CODE = (
     "alm_opacus.heads",
     "alm_opacus.sensitivity",
     "alm_opacus.posttraining.method",
+    "alm_opacus.posttraining.sources",
     "alm_opacus._hashing",
 )
-
-
-@dataclass(frozen=True)
-class PostTrainingOptions(MethodOptions):
-    """Options of ``alm``, ``laplace``, ``gaussian`` and ``gaussian-classic``.
-
-    Attributes:
-        sensitivity: ``"sampled"``: neighbouring data sets of the members' size drawn from the
-            public split (Rubinstein & Aldà's sampler; random-DP over that population);
-            ``"sampled-members"``: Algorithm 2 on the members, as the ALM paper writes it (the
-            estimate depends on the members: no guarantee, kept to reproduce the paper);
-            ``"analytic"``: the convex head and its proven bound.
-        m: neighbour pairs drawn by the sampler.
-        gamma: the random-DP gamma of the sampled sensitivity.
-        analytic_l2: lambda of the convex head the analytic bound covers.
-        clip_radius: features are clipped to this L2 norm in the convex head.
-    """
-
-    sensitivity: SensitivitySourceName = cli_option(
-        "sampled",
-        help="sensitivity of the post-training mechanisms: sampled (neighbouring data sets "
-        "drawn from the public split: random-DP), analytic (the convex head's proven bound: "
-        "pure/approx DP), or sampled-members (the ALM paper's Algorithm 2 on the members: no "
-        "guarantee, for reproducing the paper)",
-    )
-    m: int = cli_option(200, help="neighbour pairs drawn by the sensitivity sampler")
-    gamma: float = 0.05
-    analytic_l2: float = ANALYTIC_L2
-    clip_radius: float = ANALYTIC_CLIP
-
-    def __post_init__(self) -> None:
-        if self.m < 2:
-            raise ValueError(f"m={self.m!r} is invalid: expected an integer >= 2")
-        if not 0 < self.gamma < 1:
-            raise ValueError(f"gamma={self.gamma!r} is invalid: expected a number in (0, 1)")
-        check_positive(self.analytic_l2, name="analytic_l2")
-        check_positive(self.clip_radius, name="clip_radius")
 
 
 @dataclass(frozen=True)
@@ -126,14 +82,6 @@ class PreparedHead:
     sensitivity: dict[str, SensitivityInfo]
     solver: str
     details: dict[str, Any]
-
-
-def convex_config(head: HeadConfig, *, l2: float, clip_radius: float) -> HeadConfig:
-    """The convex head the analytic bound covers: ``head``'s recipe as an L2-regularised
-    linear head on clipped features, in float64 (also used by ``dperm``)."""
-    return head.replace(
-        kind="linear", l2=float(l2), clip_radius=float(clip_radius), dtype="float64"
-    )
 
 
 def prepare_head(
@@ -211,98 +159,18 @@ def _prepare_payload(
 ) -> dict[str, Any]:
     """The clean head and its sensitivity, as a cacheable payload (tensors and primitives)."""
     x, y = features.to(context.device), labels.to(context.device)
-    ones = torch.ones(1, len(y), dtype=torch.bool, device=x.device)
-    sample: dict[str, Tensor] = {}
-    m = options.m
-    if options.sensitivity == "analytic":
-        config = convex_config(
-            context.head, l2=options.analytic_l2, clip_radius=options.clip_radius
-        )
-        assert config.clip_radius is not None  # convex_config always sets it
-        fit = train_convex_heads(x, y, masks=ones, num_classes=context.num_classes, config=config)
-        params = fit.params
-        bound = analytic_sensitivity(
-            n=len(y),
-            l2=config.l2,
-            clip_radius=float(config.clip_radius),
-            grad_tol=fit.tol,
-            num_params=int(flat_params(fit.params).shape[1]),
-        )
-        info = {norm: bound.to_info(norm) for norm in ("l1", "l2")}
-        details: dict[str, Any] = {
-            "lipschitz": bound.lipschitz,
-            "grad_tol": fit.tol,
-            "l2": config.l2,
-            "clip_radius": config.clip_radius,
-        }
-        solver = "newton"
-    else:
-        config = context.head
-        params = train_heads(
-            x, y, masks=ones, num_classes=context.num_classes, config=config, seed=seed
-        )
-        result = _sample(x, y, seed=seed, context=context, options=options)
-        info = {norm: result.to_info(norm) for norm in ("l1", "l2")}
-        details = {
-            "m": m,
-            "order": result.order,
-            "gamma": result.gamma,
-            "confidence": result.confidence,
-            "l1_max": float(result.l1.max()),
-            "l2_max": float(result.l2.max()),
-            "population": result.population or "the members (Algorithm 2)",
-        }
-        sample = {
-            "l1": torch.from_numpy(result.l1),
-            "l2": torch.from_numpy(result.l2),
-            "pairs": torch.from_numpy(result.pairs),
-        }
-        solver = config.solver  # the recipe's (newton for a convex one), as train_heads ran it
-    head = Head.from_params(params, num_classes=context.num_classes, config=config)
+    found = SENSITIVITY_SOURCES[options.sensitivity](
+        x, y, seed=seed, context=context, options=options
+    )
+    head = Head.from_params(found.params, num_classes=context.num_classes, config=found.config)
     return {
-        "config": dataclasses.asdict(config),
+        "config": dataclasses.asdict(found.config),
         "state_dict": {k: v.cpu() for k, v in head.state_dict().items()},
-        "sensitivity": {n: _info_dict(i) for n, i in info.items()},
-        "solver": solver,
-        "details": details,
-        "sample": sample,  # the whole sample of Algorithm 2, for plots
+        "sensitivity": {n: _info_dict(i) for n, i in found.info.items()},
+        "solver": found.solver,
+        "details": found.details,
+        "sample": found.sample,  # the whole sample of Algorithm 2, for plots
     }
-
-
-def _sample(
-    x: Tensor, y: Tensor, *, seed: int, context: MethodContext, options: PostTrainingOptions
-) -> SensitivitySample:
-    """Algorithm 2 on the members (``sampled-members``), or Rubinstein & Aldà's sampler on
-    the public split (``sampled``): pairs of the members' size, never touching the members."""
-    common: dict[str, Any] = {
-        "num_classes": context.num_classes,
-        "config": context.head,
-        "seed": seed,
-        "m": options.m,
-        "gamma": options.gamma,
-        "progress": context.progress,
-        "map_units": context.map_units,
-    }
-    if options.sensitivity == "sampled-members":
-        return sample_sensitivity(x, y, **common)
-    px, py = context.public_features, context.public_labels
-    if px is None or py is None or len(px) < 2:
-        have = 0 if px is None else len(px)
-        raise ValueError(
-            f"sensitivity='sampled' draws neighbouring data sets of the members' size "
-            f"n={len(y)} from the public split, which has {have} rows (2 needed); use "
-            "'analytic', or 'sampled-members' (no guarantee)"
-        )
-    # the data set by name, never by the owner's path (features:PATH): statements are shared
-    family, sep, argument = (context.dataset or "the dataset").partition(":")
-    name = f"{family}:{Path(argument).name or argument}" if sep else family
-    population = (
-        f"the public split's empirical distribution ({len(px)} rows of "
-        f"{name}, drawn with replacement)"
-    )
-    return sample_population_sensitivity(
-        px.to(x.device), py.to(x.device), n=len(y), population=population, **common
-    )
 
 
 def _info_dict(info: SensitivityInfo) -> dict[str, Any]:
