@@ -111,6 +111,8 @@ class SensitivityInfo:
         adjacency: ``"replace-one"`` or ``"remove-one"`` (a remove-one bound supports
             add/remove-one DP).
         population: for a sampled sensitivity, the data its neighbouring sets were drawn from.
+        derivation: for a proven bound, the recipe it covers and where it is derived (e.g.
+            ``--sensitivity stability``'s gradient-descent head); None when not recorded.
     """
 
     value: float
@@ -121,6 +123,7 @@ class SensitivityInfo:
     confidence: float | None = None
     adjacency: str = "replace-one"
     population: str | None = None
+    derivation: str | None = None
 
     @property
     def neighbouring(self) -> str:
@@ -137,8 +140,10 @@ class SensitivityInfo:
             raise ValueError(
                 f"adjacency={self.adjacency!r} is invalid: expected one of {sorted(_RELATION)}"
             )
-        if self.population is not None and not isinstance(self.population, str):
-            raise ValueError(f"population={self.population!r} is invalid: expected a string")
+        for name in ("population", "derivation"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name}={value!r} is invalid: expected a string or None")
         if self.source not in (SensitivitySource.SAMPLED, SensitivitySource.SAMPLED_MEMBERS):
             # m, gamma and confidence qualify a sampled bound; on any other source they mean
             # an edited or inconsistent record, which must not pass as a proven bound
@@ -150,6 +155,11 @@ class SensitivityInfo:
                     "sensitivities have m, gamma and confidence)"
                 )
             return
+        if self.derivation is not None:
+            raise ValueError(
+                f"derivation={self.derivation!r} given for a sensitivity of source "
+                f"{self.source.value!r}: expected None (a sampled bound has no derivation)"
+            )
         for name in ("m", "gamma", "confidence"):
             if getattr(self, name) is None:
                 raise ValueError(f"a sampled sensitivity needs {name}; got None")

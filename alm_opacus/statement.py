@@ -297,6 +297,8 @@ class PrivacyStatement:
         out["unprotected_parameters"] = list(self.unprotected_parameters)
         if self.sensitivity is not None:
             out["sensitivity"]["source"] = self.sensitivity.source.value
+            if self.sensitivity.derivation is None:  # statements without one read as before
+                del out["sensitivity"]["derivation"]
         return out
 
     @classmethod
@@ -393,6 +395,7 @@ class PrivacyStatement:
         if self.sensitivity is not None:
             s = self.sensitivity
             extra = f", m={s.m}" if s.m is not None else ""
+            extra += f", {s.derivation}" if s.derivation is not None else ""
             parts.append(
                 f"{s.norm.upper()} sensitivity={s.value:.6g} ({s.source.value}, "
                 f"{s.adjacency}{extra})"

@@ -269,3 +269,21 @@ def test_stability_releases_claim_dp_on_the_gradient_descent_head(
     assert st.sensitivity.value == (bound.value_l1 if norm == "l1" else bound.value_l2)
     assert st.sensitivity.gamma is None and st.sensitivity.confidence is None
     assert release.info["steps"] == 30 and release.info["contraction"] == bound.contraction
+    # the statement names the recipe its bound covers, and survives its round trip
+    assert "T=30 full-batch gradient-descent steps of eta=0.8" in str(st)
+    assert type(st).from_dict(st.to_dict()) == st
+
+
+def test_a_derivation_is_refused_on_a_sampled_sensitivity() -> None:
+    from alm_opacus.statement import SensitivityInfo
+
+    with pytest.raises(ValueError, match="derivation='proven' given for a sensitivity of source"):
+        SensitivityInfo(
+            value=1.0,
+            norm="l2",
+            source="sampled",  # type: ignore[arg-type]
+            m=10,
+            gamma=0.1,
+            confidence=0.9,
+            derivation="proven",
+        )

@@ -273,6 +273,13 @@ class StabilitySensitivity:
             norm=norm,
             source="analytic",  # type: ignore[arg-type]  # coerced to the enum in __post_init__
             adjacency=self.adjacency,
+            derivation=(
+                f"proven for T={self.steps} full-batch gradient-descent steps of eta={self.lr:g}"
+                f" from a data-independent start, lambda={self.l2:g}, features clipped to "
+                f"R={self.clip_radius:g}: uniform stability (Hardt, Recht & Singer 2016), "
+                f"{self.dtype} rounding included (docs/sensitivity.md)"
+                + ("" if norm == "l2" else "; L1 = sqrt(P) x L2")
+            ),
         )
 
 
