@@ -120,10 +120,10 @@ class AttackConfig:
 
     Attributes:
         num_shadow: ``k``, shadow heads, each trained on ``n`` rows of the shadow data.
-        num_reference: ``N``, LiRA reference heads (even, >= 4), each on ``n`` rows: halves of
-            the candidates (and pool rows where they are too few) for online LiRA and offline
-            LiRA (which uses the ``N / 2`` references *out* for each candidate); halves of the
-            pool for the stricter ``lira-offline-pool``.
+        num_reference: ``N``, LiRA and RMIA reference heads (even, >= 4), each on ``n`` rows:
+            halves of the candidates (and pool rows where they are too few) for online LiRA and
+            offline LiRA (which uses the ``N / 2`` references *out* for each candidate) and for
+            RMIA; halves of the pool for the stricter ``lira-offline-pool``.
         heads_per_seed: heads trained by one trainer call; each call gets its own
             initialisation seed so that references vary in initialisation too.
         shadow_data: where shadow data comes from (shadow-model and metric attacks; LiRA
