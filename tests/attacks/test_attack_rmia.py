@@ -432,3 +432,63 @@ def test_rmia_is_opt_in_and_joins_all_when_named() -> None:
     assert RunConfig(attacks=("rmia-offline", "loss")).attack_names == ("rmia-offline", "loss")
     with pytest.raises(ValueError, match="unknown attack 'rmia'"):
         RunConfig(attacks=("all", "rmia"))
+
+
+@pytest.mark.parametrize("kind", [RmiaOnlineAttack, RmiaOfflineAttack])
+def test_population_inside_the_bank_when_candidates_are_few(
+    setup: Setup, kind: type[RmiaOnlineAttack]
+) -> None:
+    """With fewer candidates than the victim's n, the references also train on pool rows:
+    some reference trained on each z, and offline ``Pr(z)`` keeps the others only."""
+    few = 20
+    candidates = setup.perm[: 2 * few]
+    knowledge = AttackerKnowledge(
+        features=setup.knowledge.features,
+        labels=setup.knowledge.labels,
+        trainer=setup.knowledge.trainer,
+        num_classes=CLASSES,
+        train_size=3 * few,  # q / 2 = 20 candidates and 40 pool rows per head
+    )
+    context = ShadowContext(
+        knowledge=knowledge,
+        config=CONFIG,
+        seed=0,
+        candidates=(setup.x[candidates], setup.y[candidates]),
+    )
+    attack = kind(config=CONFIG, seed=1)
+    attack.fit(context)
+    bank, n_pool = context.online_bank()
+    assert n_pool == setup.knowledge.features.shape[0]
+    assert attack.fitted is not None
+    rows = attack.fitted.population_rows
+    assert bank.in_mask[:, rows].any(0).all()  # every z is in some reference
+    head = train_head(
+        setup.x[candidates[:few]],
+        setup.y[candidates[:few]],
+        num_classes=CLASSES,
+        config=RECIPE,
+        seed=3,
+    )
+    labels = setup.y[candidates].numpy()
+    query = TargetQuery(
+        proba=head.predict_proba(setup.x[candidates]).double().numpy(),
+        labels=labels,
+        features=setup.x[candidates],
+        predict=head.predict_proba,
+    )
+    ours = attack.score(query).scores
+    z_y = setup.knowledge.labels[rows].numpy()
+    with torch.no_grad():
+        target_z = true_class(head.predict_proba(setup.knowledge.features[rows]).numpy(), z_y)
+    paper = paper_rmia(
+        target_x=true_class(query.proba, labels),
+        refs_x=true_class(bank.proba[:, n_pool:], labels),
+        in_x=bank.in_mask[:, n_pool:],
+        target_z=target_z,
+        refs_z=true_class(bank.proba[:, rows], z_y),
+        in_z=bank.in_mask[:, rows],
+        gamma=1.0,
+        offline_a=None if kind is RmiaOnlineAttack else 0.3,
+    )
+    assert np.abs(ours - paper).max() <= 1 / len(rows) + 1e-12
+    assert (ours != paper).mean() <= 0.05
