@@ -205,22 +205,20 @@ def bench_attacks(
     return report
 
 
-def _victim(split_seed: int, seed: int, cache_dir: str | None) -> dict[str, Any]:
-    """The default digits run's unprotected head, evaluation set and attacker's pool."""
-    data = prepare(
-        plan_run(
-            RunConfig(
-                split_seed=split_seed,
-                cache_dir=cache_dir,
-                progress=False,
-                out=_run_folder(cache_dir),
-            )
-        )
+def _victim(
+    split_seed: int, seed: int, cache_dir: str | None, dataset: str = "digits"
+) -> dict[str, Any]:
+    """The default run's unprotected head on ``dataset``, evaluation set and attacker's pool."""
+    config = RunConfig(
+        dataset=dataset,
+        split_seed=split_seed,
+        cache_dir=cache_dir,
+        progress=False,
+        out=_run_folder(cache_dir),
     )
+    data = prepare(plan_run(config))
     (x_in, y_in), (x_out, y_out) = data.part("members"), data.part("nonmembers")
-    head = train_head(
-        x_in, y_in, num_classes=data.num_classes, config=RunConfig().recipe, seed=seed
-    )
+    head = train_head(x_in, y_in, num_classes=data.num_classes, config=config.recipe, seed=seed)
     features, labels = torch.cat([x_in, x_out]), torch.cat([y_in, y_out])
     with torch.no_grad():
         proba = head.predict_proba(features).double().numpy()
@@ -229,10 +227,13 @@ def _victim(split_seed: int, seed: int, cache_dir: str | None) -> dict[str, Any]
         "num_classes": data.num_classes,
         "n": len(y_in),
         "query": TargetQuery(
-            proba=proba, labels=labels.numpy().astype(np.int64), features=features
+            proba=proba,
+            labels=labels.numpy().astype(np.int64),
+            features=features,
+            predict=head.predict_proba,  # RMIA queries the release on its population samples
         ),
         "member": np.r_[np.ones(len(y_in), bool), np.zeros(len(y_out), bool)],
-        "trainer": recipe_trainer(config=RunConfig().recipe, num_classes=data.num_classes),
+        "trainer": recipe_trainer(config=config.recipe, num_classes=data.num_classes),
     }
 
 
@@ -275,6 +276,13 @@ ABLATION: dict[str, tuple[str, str, dict[str, Any]]] = {
         "64",
         {"lira_fixed_variance": False},
     ),
+    "lira-offline N=64 fixed mean": ("lira-offline", "64", {"lira_fixed_variance": True}),
+    # RMIA on the same references as LiRA (the online bank), at equal reference counts
+    "rmia-online N=64": ("rmia-online", "64", {}),
+    "rmia-online N=16": ("rmia-online", "16", {}),
+    "rmia-offline N=64 a=0.3": ("rmia-offline", "64", {"rmia_offline_a": 0.3}),
+    "rmia-offline N=64 a=1": ("rmia-offline", "64", {"rmia_offline_a": 1.0}),
+    "rmia-offline N=16 a=0.3": ("rmia-offline", "16", {"rmia_offline_a": 0.3}),
     "shadow gbm (all pairs)": ("shadow", "64", {"shadow_model": "gbm"}),
     "shadow mlp (2,000 pairs)": ("shadow", "64", {"shadow_model": "mlp"}),
     "shadow auto": ("shadow", "64", {"shadow_model": "auto"}),
@@ -287,21 +295,35 @@ def ablation(
     split_seeds: tuple[int, ...] = (0, 1, 2),
     attacker_seeds: tuple[int, ...] = (1, 2, 3),
     cache_dir: str | None = None,
+    dataset: str = "digits",
+    variants: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """AUC and TPR at 1% FPR of each :data:`ABLATION` variant against the unprotected head,
     per split seed (mean over attacker seeds), and the shadow classifiers' held-out AUCs.
 
     The held-out AUC is the one ``shadow_model="auto"`` chooses by: pairs of a quarter of the
     shadow examples, never the evaluation set. The evaluation AUCs are reported, not used.
+    ``variants`` keeps the rows whose name contains one of the given strings (all: None);
+    banks are trained only for the rows kept.
+
+    Raises:
+        ValueError: if ``variants`` keeps no row.
     """
-    rows: dict[str, dict[int, list[tuple[float, float]]]] = {k: {} for k in ABLATION}
+    chosen = {
+        row: spec
+        for row, spec in ABLATION.items()
+        if variants is None or any(v in row for v in variants)
+    }
+    if not chosen:
+        raise ValueError(f"variants={variants!r} match no row of {list(ABLATION)}")
+    rows: dict[str, dict[int, list[tuple[float, float]]]] = {k: {} for k in chosen}
     held: dict[str, dict[int, list[float]]] = {"mlp": {}, "gbm": {}}
     with torch_threads(1):
         for split_seed in split_seeds:
-            victim = _victim(split_seed, 0, cache_dir)
+            victim = _victim(split_seed, 0, cache_dir, dataset)
             for seed in attacker_seeds:
                 contexts = _ablation_contexts(victim, seed)
-                for row, (name, bank, fields) in ABLATION.items():
+                for row, (name, bank, fields) in chosen.items():
                     attack = attack_class(name)(config=AttackConfig(**fields), seed=seed)
                     attack.fit(contexts[bank])
                     roc = roc_curve(
@@ -314,6 +336,7 @@ def ablation(
                         for k, v in attack.held_out_auc.items():
                             held[k].setdefault(split_seed, []).append(v)
     return {
+        "dataset": dataset,
         "split_seeds": list(split_seeds),
         "attacker_seeds": list(attacker_seeds),
         "auc": {
@@ -363,6 +386,8 @@ def format_ablation(report: dict[str, Any]) -> str:
         mean = f"{np.mean([per[s] for s in seeds]):.3f} ({np.mean([tpr[s] for s in seeds]):.3f})"
         lines.append(f"{row:46s} " + " ".join(f"{c:>14s}" for c in cells) + f" {mean:>14s}")
     for k, per in report["shadow_held_out_auc"].items():
+        if not per:  # no shadow row was run (--variants)
+            continue
         cells = [f"{per[s]:.3f}" for s in seeds]
         lines.append(
             f"{'shadow held-out AUC, ' + k:46s} "
@@ -397,6 +422,8 @@ def markdown_ablation(report: dict[str, Any]) -> str:
         mean = f"{np.mean([per[s] for s in seeds]):.3f} ({np.mean([tpr[s] for s in seeds]):.3f})"
         lines.append(f"| {row} | " + " | ".join(cells) + f" | {mean} |")
     for k, per in report["shadow_held_out_auc"].items():
+        if not per:  # no shadow row was run (--variants)
+            continue
         cells = [f"{per[s]:.3f}" for s in seeds]
         mean = f"{np.mean([per[s] for s in seeds]):.3f}"
         lines.append(
@@ -421,6 +448,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--split-seeds", default="0,1,2", help="--ablation: split seeds")
     parser.add_argument("--attacker-seeds", default="1,2,3", help="--ablation: attacker seeds")
+    parser.add_argument("--dataset", default="digits", help="--ablation: the run's dataset")
+    parser.add_argument(
+        "--variants",
+        default=None,
+        help="--ablation: comma-separated substrings; only the rows containing one are run",
+    )
     parser.add_argument(
         "--write",
         type=Path,
@@ -429,10 +462,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.ablation:
+        if args.write is not None and (args.dataset != "digits" or args.variants):
+            parser.error(
+                "--write regenerates the digits block with every variant: drop --dataset "
+                "and --variants"
+            )
         result = ablation(
             split_seeds=tuple(int(s) for s in args.split_seeds.split(",")),
             attacker_seeds=tuple(int(s) for s in args.attacker_seeds.split(",")),
             cache_dir=args.cache_dir,
+            dataset=args.dataset,
+            variants=tuple(args.variants.split(",")) if args.variants else None,
         )
         print(format_ablation(result))
         if args.out:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from alm_opacus.attacks.aggregate import aggregate_results, best_attack, pool_epsilon_bounds
 from alm_opacus.attacks.base import (
+    OPT_IN_ATTACKS,
     AttackConfig,
     AttackerKnowledge,
     AttackKind,
@@ -74,6 +75,7 @@ __all__ = [
     "DEFAULT_ATTACKS",
     "INTERVAL_COLUMNS",
     "METRIC_COLUMNS",
+    "OPT_IN_ATTACKS",
     "PLUGIN_GROUP",
     "TPR_FPR_LEVELS",
     "AggregateResult",

@@ -44,7 +44,8 @@ class ShadowContext:
         config: the attack configuration.
         seed: the attacker's seed.
         candidates: ``(features, labels)`` of the examples whose membership will be asked,
-            without their membership; needed only by online LiRA.
+            without their membership; needed by the attacks on the online bank (LiRA and
+            RMIA, except ``lira-offline-pool``).
         oracle: the release's predictor; needed only for synthetic shadow data (Shokri's
             Algorithm 1 queries the target).
         map_units: runs the chunks of each bank (default: in this process, in order).
@@ -142,8 +143,8 @@ class ShadowContext:
         """
         if self.candidates is None:
             raise ValueError(
-                "LiRA (lira-online, lira-offline) needs the candidate examples (features, "
-                "labels) at preparation: "
+                "LiRA and RMIA (lira-online, lira-offline, rmia-online, rmia-offline) need the "
+                "candidate examples (features, labels) at preparation: "
                 "pass candidate_features and candidate_labels to prepare_attacks"
             )
         if self._online is None:

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 from torch import Tensor
 
-from alm_opacus.attacks.base import AttackConfig, AttackKind, BoolArray, FloatArray
+from alm_opacus.attacks.base import AttackConfig, AttackKind, BoolArray, FloatArray, Predictor
 from alm_opacus.registry import Registry, load_entry_points
 
 if TYPE_CHECKING:
@@ -51,11 +51,15 @@ class TargetQuery:
         proba: (q, C) the release's output probabilities (queried once).
         labels: (q,) the examples' labels.
         features: (q, d) the examples' features (to query the attacker's own reference heads).
+        predict: the release's black box on features, for attacks that also query it on
+            rows of their own (RMIA's population samples); ``None`` when the release is
+            queried with other inputs than features (``AttackTarget.inputs``).
     """
 
     proba: FloatArray
     labels: npt.NDArray[np.int64]
     features: Tensor
+    predict: Predictor | None = None
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,11 @@ from torch import Tensor
 # importing the attack modules fills the registry
 from alm_opacus.attacks import lira as _lira  # noqa: F401
 from alm_opacus.attacks import metric_attacks as _metric_attacks  # noqa: F401
+from alm_opacus.attacks import rmia as _rmia  # noqa: F401
 from alm_opacus.attacks import shadow as _shadow  # noqa: F401
 from alm_opacus.attacks.aggregate import ceiling_note
 from alm_opacus.attacks.base import (
+    OPT_IN_ATTACKS,
     AttackConfig,
     AttackerKnowledge,
     AttackKind,
@@ -37,8 +39,9 @@ from alm_opacus.attacks.results import AttackResult
 from alm_opacus.attacks.shadow_data import subseed, to_numpy
 from alm_opacus.unit_map import UnitMap, serial_map
 
-DEFAULT_ATTACKS: tuple[str, ...] = tuple(k.value for k in AttackKind)
-"""The built-in attacks (``available_attacks()`` adds the registered plugins)."""
+DEFAULT_ATTACKS: tuple[str, ...] = tuple(k.value for k in AttackKind if k not in OPT_IN_ATTACKS)
+"""The built-in attacks but the opt-in ones (``base.OPT_IN_ATTACKS``, run when named);
+``available_attacks()`` lists those and the registered plugins too."""
 
 CLEAN_SUFFIX = "-clean"
 """Suffix of the rows of the clean-reference attacker (shadow and reference heads trained
@@ -117,6 +120,7 @@ class PreparedAttacks:
             proba=proba,
             labels=target.labels.cpu().numpy().astype(np.int64),
             features=target.features,
+            predict=target.predict if target.inputs is None else None,
         )
         shared = (time.perf_counter() - start) / max(len(self.attacks), 1)
         results = []

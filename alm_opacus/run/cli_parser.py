@@ -216,7 +216,12 @@ def build_parser(*, method_flags: Sequence[MethodFlag] | None = None) -> argpars
     )
 
     attack = parser.add_argument_group("attacks")
-    attack.add_argument("--attacks", default="all", help="comma list of attack names, or 'all'")
+    attack.add_argument(
+        "--attacks",
+        default="all",
+        help="comma list of attack names, or 'all' (the default set; the opt-in "
+        "rmia-online and rmia-offline join when named: all,rmia-online)",
+    )
     attack.add_argument(
         "--shadow-model",
         choices=("gbm", "mlp", "auto"),

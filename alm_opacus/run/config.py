@@ -150,12 +150,14 @@ class RunConfig:
 
     @property
     def attack_names(self) -> tuple[str, ...]:
-        """The attacks to run: ``all`` expands to every registered one, ``none`` to none."""
-        if tuple(self.attacks) == ("all",):
-            return DEFAULT_ATTACKS
+        """The attacks to run: ``all`` expands in place to the default set (the opt-in
+        attacks, RMIA, join when named: ``all,rmia-online``), ``none`` to none."""
         if tuple(self.attacks) in (("none",), ()):
             return ()
-        return dedupe(self.attacks)
+        names: list[str] = []
+        for name in self.attacks:
+            names += DEFAULT_ATTACKS if name == "all" else [name]
+        return dedupe(tuple(names))
 
     @property
     def spec(self) -> DatasetSpec:
