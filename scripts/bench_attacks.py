@@ -458,15 +458,15 @@ def main(argv: list[str] | None = None) -> int:
         "--write",
         type=Path,
         default=None,
-        help="--ablation: replace the generated block attack-ablation of this doc",
+        help="--ablation: replace the generated block attack-ablation (the full digits table) "
+        "or attack-ablation:DATASET (another data set or --variants) of this doc",
     )
     args = parser.parse_args(argv)
     if args.ablation:
-        if args.write is not None and (args.dataset != "digits" or args.variants):
-            parser.error(
-                "--write regenerates the digits block with every variant: drop --dataset "
-                "and --variants"
-            )
+        # the full digits table is the block `attack-ablation`; another data set, or a subset
+        # of the variants, has its own (`attack-ablation:mnist`)
+        full = args.dataset == "digits" and not args.variants
+        block = "attack-ablation" if full else f"attack-ablation:{args.dataset}"
         result = ablation(
             split_seeds=tuple(int(s) for s in args.split_seeds.split(",")),
             attacker_seeds=tuple(int(s) for s in args.attacker_seeds.split(",")),
@@ -480,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.write is not None:
             shown = [
                 "--ablation",
+                *([] if args.dataset == "digits" else ["--dataset", args.dataset]),
+                *([] if not args.variants else ["--variants", args.variants]),
                 "--split-seeds",
                 args.split_seeds,
                 "--attacker-seeds",
@@ -489,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
             ]
             write_block(
                 args.write,
-                name="attack-ablation",
+                name=block,
                 script=__file__,
                 args=shown,
                 deps=ABLATION_DEPS,

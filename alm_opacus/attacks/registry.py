@@ -86,6 +86,10 @@ class Attack(abc.ABC):
     """
 
     name: ClassVar[str] = ""
+    #: Whether :meth:`score` queries the release on rows of its own (``TargetQuery.predict``):
+    #: such an attack is left out of releases queried with other inputs than features (e.g.
+    #: ``dpsgd-full``'s images), whose ``predict`` is not given to attacks.
+    queries_release: ClassVar[bool] = False
 
     def __init__(self, *, config: AttackConfig, seed: int) -> None:
         self.config = config

@@ -204,6 +204,7 @@ class _RmiaAttack(Attack):
     """RMIA on the online bank; subclasses choose online or offline ``Pr(x)``."""
 
     online: ClassVar[bool] = True
+    queries_release: ClassVar[bool] = True  # on the population samples z
     fitted: _Fitted | None = None
     threshold: Threshold | None = None
 

@@ -92,8 +92,10 @@ class PreparedAttacks:
                 them from the results' scores, over all draws at once.
 
         Returns:
-            One :class:`AttackResult` per attack, in order. ``seconds`` is the attack's own
-            time plus its share of the single query of the release.
+            One :class:`AttackResult` per attack, in order, but for the attacks that query the
+            release on their own rows (``Attack.queries_release``) when it is queried with
+            other inputs than features (``target.inputs``): those are left out. ``seconds``
+            is the attack's own time plus its share of the single query of the release.
 
         Raises:
             ValueError: if the release's output has the wrong shape or is not a distribution,
@@ -122,9 +124,10 @@ class PreparedAttacks:
             features=target.features,
             predict=target.predict if target.inputs is None else None,
         )
-        shared = (time.perf_counter() - start) / max(len(self.attacks), 1)
+        attacks = [a for a in self.attacks if query.predict is not None or not a.queries_release]
+        shared = (time.perf_counter() - start) / max(len(attacks), 1)
         results = []
-        for attack in self.attacks:
+        for attack in attacks:
             t0 = time.perf_counter()
             out = attack.score(query)
             result = evaluate_attack(

@@ -220,7 +220,7 @@ def build_parser(*, method_flags: Sequence[MethodFlag] | None = None) -> argpars
         "--attacks",
         default="all",
         help="comma list of attack names, or 'all' (the default set; the opt-in "
-        "rmia-online and rmia-offline join when named: all,rmia-online)",
+        "rmia-online joins when named: all,rmia-online)",
     )
     attack.add_argument(
         "--shadow-model",

@@ -48,7 +48,7 @@ BUILTIN = [
     "rmia-online",
     "rmia-offline",
 ]
-OPT_IN = ["rmia-online", "rmia-offline"]  # run when named, not by default
+OPT_IN = ["rmia-online"]  # run when named, not by default
 
 
 class MaxProbability(Attack):
