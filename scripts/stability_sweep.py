@@ -321,6 +321,9 @@ def plot(cache: Cache, path: Path) -> None:
                         color=colour,
                         label=f"{recipe} ({mech})",
                     )
+        sampled = recipes.get("converged, sampled", {}).get("alm", {})
+        if "clean" in sampled:  # the default head before noise: the ceiling of every curve
+            ax.axhline(sampled["clean"], color="grey", lw=0.8, label="unprotected (default head)")
         if "dpsgd" in recipes:
             acc = recipes["dpsgd"]["dpsgd"]["accuracy"]
             e = sorted(acc, key=float)
