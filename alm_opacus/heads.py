@@ -15,7 +15,8 @@ with ``clip_R(x) = x * min(1, R / ||x||)`` and ``||w||`` over all parameters (bi
 Solvers are registered by name (:func:`register_solver`): ``"adam"`` and ``"gd"`` (plain
 full-batch gradient descent, whose sensitivity :mod:`alm_opacus.sensitivity.stability` proves)
 here, ``"newton"`` (the convex head trained to its minimiser) by
-:mod:`alm_opacus.sensitivity.convex`, which importing ``alm_opacus`` loads.
+:mod:`alm_opacus.sensitivity.convex`, and ``"keras"`` (the ALM paper's minibatch recipe) by
+:mod:`alm_opacus.paper_head`; :data:`SOLVERS` imports those on first use.
 """
 
 from __future__ import annotations
@@ -37,9 +38,12 @@ Params = dict[str, Tensor]
 #: head training (see :func:`train_heads`).
 HeadSolver = Callable[..., Params]
 #: The solvers a :class:`HeadConfig` may name.
-SOLVER_NAMES = ("adam", "gd", "newton")
+SOLVER_NAMES = ("adam", "gd", "keras", "newton")
 #: Solvers this package registers in modules that import this one (name -> module).
-_BUILTIN_SOLVERS = {"newton": "alm_opacus.sensitivity.convex"}
+_BUILTIN_SOLVERS = {
+    "newton": "alm_opacus.sensitivity.convex",
+    "keras": "alm_opacus.paper_head",
+}
 
 
 def _check_solver(name: str, _solver: object) -> None:
@@ -88,7 +92,10 @@ class HeadConfig:
             sensitivity, docs/sensitivity.md) or ``"newton"`` (linear heads with ``l2 > 0``
             only: the objective is strongly convex and Newton-CG reaches its unique minimiser
             to a certified gradient norm, so a sampled sensitivity measures the influence of
-            one row, not where Adam stopped).
+            one row, not where Adam stopped), or ``"keras"`` (the ALM paper's recipe:
+            ``steps`` epochs of minibatch Adam in Keras's form, :mod:`alm_opacus.paper_head`).
+        batch_size: rows per minibatch of ``solver="keras"`` (None: its 525); the other
+            solvers are full-batch and refuse one.
     """
 
     kind: str = "linear"
@@ -99,6 +106,7 @@ class HeadConfig:
     clip_radius: float | None = None
     dtype: str = "float64"
     solver: str = "adam"
+    batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in _INITS:
@@ -114,6 +122,13 @@ class HeadConfig:
             raise ValueError(f"dtype={self.dtype!r} is invalid: expected 'float32' or 'float64'")
         if self.solver not in SOLVER_NAMES:
             raise ValueError(f"solver={self.solver!r} is invalid: expected one of {SOLVER_NAMES}")
+        if self.batch_size is not None and (
+            self.solver != "keras" or isinstance(self.batch_size, bool) or self.batch_size < 1
+        ):
+            raise ValueError(
+                f"batch_size={self.batch_size!r} is invalid with solver={self.solver!r}: "
+                "expected None (full batch), or an integer >= 1 with solver='keras'"
+            )
         if self.solver == "newton" and (
             self.kind != "linear" or not self.l2 > 0 or self.dtype != "float64"
         ):

@@ -128,7 +128,11 @@ def parse_command(argv: Sequence[str] | None = None) -> Command:
     except ValueError as exc:
         parser.error(str(exc))
     head = None
-    if args.head is not None or args.l2 is not None:
+    if args.head == "paper":
+        from alm_opacus.paper_head import PAPER_RECIPE
+
+        head = PAPER_RECIPE if args.l2 is None else PAPER_RECIPE.replace(l2=args.l2)
+    elif args.head is not None or args.l2 is not None:
         kind = args.head or spec.head.kind
         l2 = spec.head.l2 if args.l2 is None else args.l2
         # the dataset's solver where it still applies (Newton needs a convex objective)

@@ -183,9 +183,11 @@ def build_parser(*, method_flags: Sequence[MethodFlag] | None = None) -> argpars
     )
     privacy.add_argument(
         "--head",
-        choices=("linear", "mlp"),
+        choices=("linear", "mlp", "paper"),
         default=None,
-        help="the fine-tuning head (default: the dataset's recipe, docs/recipes.md)",
+        help="the fine-tuning head (default: the dataset's recipe, docs/recipes.md); paper: "
+        "the ALM paper's recipe, a linear head trained by 20 epochs of Keras-style minibatch "
+        "Adam from a fixed start (alm_opacus.paper_head)",
     )
     privacy.add_argument(
         "--l2",
