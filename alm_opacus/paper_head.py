@@ -40,6 +40,8 @@ __all__ = ["KERAS_BATCH", "KERAS_EPOCHS", "PAPER_RECIPE", "epoch_generator", "gl
 #: Keras's SimCLR example: ``num_epochs = 20``, ``batch_size = 525``.
 KERAS_EPOCHS = 20
 KERAS_BATCH = 525
+#: Heads trained together: their (heads, batch, d) gathers stay near 100 MB at d = 512.
+_HEADS_PER_CHUNK = 48
 #: ``keras.optimizers.Adam()``'s defaults.
 _LR, _BETA1, _BETA2, _EPSILON = 1e-3, 0.9, 0.999, 1e-7
 #: The paper's fine-tuning recipe on frozen features.
@@ -98,7 +100,13 @@ def _train_keras(
     by_size: dict[int, list[int]] = {}
     for b, r in enumerate(rows):
         by_size.setdefault(len(r), []).append(b)
-    for size, heads in by_size.items():
+    # heads of one size share each epoch's order; chunks bound the (H, batch, d) gathers
+    chunks = [
+        (size, heads[i : i + _HEADS_PER_CHUNK])
+        for size, heads in by_size.items()
+        for i in range(0, len(heads), _HEADS_PER_CHUNK)
+    ]
+    for size, heads in chunks:
         idx = torch.stack([rows[b] for b in heads]).to(device)  # (H, size)
         w = kernel.t().expand(len(heads), -1, -1).clone()  # (H, C, d)
         bias = torch.zeros(len(heads), num_classes, dtype=dtype, device=device)
