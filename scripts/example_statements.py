@@ -34,6 +34,7 @@ DEPS = (
     "alm_opacus/posttraining/engine.py",
     "alm_opacus/posttraining/module.py",
     "alm_opacus/posttraining/method.py",
+    "alm_opacus/posttraining/sources.py",
     "alm_opacus/heads.py",
     "alm_opacus/methods.py",
     "alm_opacus/method_base.py",
@@ -47,7 +48,7 @@ DEPS = (
     "constraints.txt",
 )
 #: Post-training sensitivity sources the harness offers (``--sensitivity``).
-SOURCES = ("sampled", "analytic", "sampled-members")
+SOURCES = ("sampled", "analytic", "stability", "sampled-members")
 
 
 def harness_statements(*, cache: Path, out: Path) -> dict[str, str]:
