@@ -32,6 +32,7 @@ from torch.nn import functional as F
 
 from alm_opacus._validation import check_features_labels, check_positive
 from alm_opacus.registry import Registry
+from alm_opacus.steppers import STEPPERS
 
 Params = dict[str, Tensor]
 #: ``solve(features, labels, *, masks, num_classes, config, seed, init) -> Params``: batched
@@ -367,43 +368,6 @@ def train_heads_autograd(
     return _train_autograd(x, y, masks.to(device=features.device, dtype=torch.bool), init, config)
 
 
-class _GradientDescent:
-    """``w -= lr * grad`` on one tensor, in place (one multiply and one add per coordinate,
-    or one fused multiply-add: the rounding :mod:`alm_opacus.sensitivity.stability` bounds)."""
-
-    def __init__(self, param: Tensor, lr: float) -> None:
-        self.param, self.lr = param, lr
-
-    def step(self, grad: Tensor) -> None:
-        self.param.add_(grad, alpha=-self.lr)
-
-
-class _Adam:
-    """Adam (Kingma & Ba 2015, Algorithm 1) on one tensor, in place, in a fixed op order."""
-
-    beta1, beta2, tiny = 0.9, 0.999, 1e-8
-
-    def __init__(self, param: Tensor, lr: float) -> None:
-        self.param, self.lr, self.t = param, lr, 0
-        self.first = torch.zeros_like(param)
-        self.second = torch.zeros_like(param)
-
-    def step(self, grad: Tensor) -> None:
-        self.t += 1
-        b1, b2 = self.beta1, self.beta2
-        self.first.mul_(b1).add_(grad, alpha=1 - b1)
-        self.second.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-        denom = (self.second / (1 - b2**self.t)).sqrt_().add_(self.tiny)
-        self.param.addcdiv_(self.first, denom, value=-self.lr / (1 - b1**self.t))
-
-
-#: The first-order solvers' update rules, by solver name.
-_STEPPERS: dict[str, Callable[[Tensor, float], _Adam | _GradientDescent]] = {
-    "adam": _Adam,
-    "gd": _GradientDescent,
-}
-
-
 def _train_autograd(x: Tensor, y: Tensor, m: Tensor, init: Params, config: HeadConfig) -> Params:
     """Generic path (any head kind): gradients of :func:`head_objective` by autograd."""
     n_heads = m.shape[0]
@@ -414,7 +378,7 @@ def _train_autograd(x: Tensor, y: Tensor, m: Tensor, init: Params, config: HeadC
         for k, v in init.items()
     }
     with torch.no_grad():
-        steppers = {k: _STEPPERS[config.solver](p, config.lr) for k, p in params.items()}
+        steppers = {k: STEPPERS[config.solver](p, config.lr) for k, p in params.items()}
     for _ in range(config.steps):
         loss = head_objective(params, x, y, m, config=plain).sum()
         grads = torch.autograd.grad(loss, list(params.values()))
@@ -443,7 +407,7 @@ def _train_linear(x: Tensor, y: Tensor, m: Tensor, init: Params, config: HeadCon
     onehot = F.one_hot(y, c).to(x.dtype).t().unsqueeze(0)  # (1, C, n)
     w = torch.cat([init["fc.weight"], init["fc.bias"].unsqueeze(1)], dim=1)
     w = w.unsqueeze(0).repeat(n_heads, 1, 1).reshape(n_heads * c, d + 1).contiguous()
-    stepper = _STEPPERS[config.solver](w, config.lr)
+    stepper = STEPPERS[config.solver](w, config.lr)
     for _ in range(config.steps):
         z = torch.mm(w, xt_t).view(n_heads, c, n)
         z.sub_(z.amax(1, keepdim=True)).exp_()

@@ -401,6 +401,7 @@ def format_ablation(report: dict[str, Any]) -> str:
 ABLATION_DEPS = (
     "alm_opacus/attacks",
     "alm_opacus/heads.py",
+    "alm_opacus/steppers.py",
     "alm_opacus/run",
     "alm_opacus/ssl",
     "alm_opacus/data",

@@ -45,6 +45,7 @@ BLOCK = "lira-offline-check"
 DEPS = (
     "alm_opacus/attacks",
     "alm_opacus/heads.py",
+    "alm_opacus/steppers.py",
     "alm_opacus/run",
     "alm_opacus/ssl",
     "alm_opacus/data",

@@ -205,6 +205,7 @@ def render(args: argparse.Namespace, results: list[dict[str, Any]], chosen: str)
 #: What the measurements depend on besides this script (a change makes the block stale).
 DEPS = (
     "alm_opacus/heads.py",
+    "alm_opacus/steppers.py",
     "alm_opacus/posttraining/method.py",
     "alm_opacus/posttraining/sources.py",
     "alm_opacus/posttraining/engine.py",

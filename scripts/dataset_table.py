@@ -24,7 +24,7 @@ from docblocks import write_block
 DOC = Path(__file__).resolve().parents[1] / "docs" / "datasets.md"
 BLOCK = "datasets-table"
 #: What the table depends on besides this script: the specs and the head recipes.
-DEPS = ("alm_opacus/data", "alm_opacus/heads.py")
+DEPS = ("alm_opacus/data", "alm_opacus/heads.py", "alm_opacus/steppers.py")
 
 
 def _split(spec: DatasetSpec) -> str:

@@ -66,6 +66,7 @@ DEPS = (
     "alm_opacus/accounting",
     "alm_opacus/mechanisms",
     "alm_opacus/heads.py",
+    "alm_opacus/steppers.py",
     "alm_opacus/ssl",
     "alm_opacus/data",
     "baselines/dpsgd",

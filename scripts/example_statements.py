@@ -36,6 +36,7 @@ DEPS = (
     "alm_opacus/posttraining/method.py",
     "alm_opacus/posttraining/sources.py",
     "alm_opacus/heads.py",
+    "alm_opacus/steppers.py",
     "alm_opacus/methods.py",
     "alm_opacus/method_base.py",
     "alm_opacus/sensitivity",

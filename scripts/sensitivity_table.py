@@ -28,7 +28,13 @@ from docblocks import relative, write_block
 #: (n, lambda, R) of the table.
 SETTINGS = ((150, 0.05, 1.0), (300, 0.05, 1.0), (300, 0.01, 1.0), (300, 0.01, 3.0))
 #: What the numbers depend on besides this script.
-DEPS = ("alm_opacus/sensitivity", "alm_opacus/heads.py", "alm_opacus/data", "constraints.txt")
+DEPS = (
+    "alm_opacus/sensitivity",
+    "alm_opacus/heads.py",
+    "alm_opacus/steppers.py",
+    "alm_opacus/data",
+    "constraints.txt",
+)
 
 
 def measure(*, n: int, l2: float, radius: float, m: int) -> dict[str, float]:

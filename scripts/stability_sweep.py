@@ -52,6 +52,7 @@ DOC = ROOT / "docs" / "sensitivity.md"
 PLOT = ROOT / "docs" / "img" / "stability_sweep.png"
 DEPS = (
     "alm_opacus/heads.py",
+    "alm_opacus/steppers.py",
     "alm_opacus/posttraining",
     "alm_opacus/sensitivity",
     "alm_opacus/mechanisms",

@@ -66,6 +66,8 @@ __all__ = [  # the options and recipes live in .sources; re-exported for existin
 #: cache files record its digest and are recomputed when it differs (``alm_opacus.io``).
 CODE = (
     "alm_opacus.heads",
+    "alm_opacus.steppers",
+    "alm_opacus.paper_head",
     "alm_opacus.sensitivity",
     "alm_opacus.posttraining.method",
     "alm_opacus.posttraining.sources",
