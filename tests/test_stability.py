@@ -16,7 +16,7 @@ from alm_opacus.heads import HeadConfig, flat_params, train_heads
 from alm_opacus.sensitivity import analytic_sensitivity
 from alm_opacus.sensitivity.stability import (
     UNIT_ROUNDOFF,
-    gd_rounding_bound,
+    GradientDescentLoop,
     softmax_ce_smoothness,
     stability_sensitivity,
 )
@@ -183,8 +183,7 @@ def test_the_rounding_bound_covers_a_float32_run_against_float64() -> None:
         out[dtype] = flat_params(p).double()
     measured = float((out["float32"] - out["float64"]).norm())
     bounds = {
-        dtype: gd_rounding_bound(
-            steps=steps,
+        dtype: GradientDescentLoop(
             lr=lr,
             l2=l2,
             clip_radius=radius,
@@ -192,7 +191,7 @@ def test_the_rounding_bound_covers_a_float32_run_against_float64() -> None:
             num_features=d,
             num_classes=c,
             unit_roundoff=UNIT_ROUNDOFF[dtype],
-        )
+        ).rounding(steps=steps)
         for dtype in UNIT_ROUNDOFF
     }
     assert 0 < measured <= bounds["float32"] + bounds["float64"]

@@ -177,6 +177,16 @@ def _all_rows(y: Tensor) -> Tensor:
     return torch.ones(1, len(y), dtype=torch.bool, device=y.device)
 
 
+def _train(
+    x: Tensor, y: Tensor, *, config: HeadConfig, context: MethodContext, seed: int
+) -> Params:
+    """One head on every member with ``config``, its start seeded by the run's seed (never by
+    the data: neighbouring data sets share it)."""
+    return train_heads(
+        x, y, masks=_all_rows(y), num_classes=context.num_classes, config=config, seed=seed
+    )
+
+
 @SENSITIVITY_SOURCES.register("analytic")
 def _analytic(
     x: Tensor, y: Tensor, *, seed: int, context: MethodContext, options: PostTrainingOptions
@@ -212,10 +222,7 @@ def _stability(
     x: Tensor, y: Tensor, *, seed: int, context: MethodContext, options: PostTrainingOptions
 ) -> FoundSensitivity:
     config = stability_config(context.head, options=options)
-    # the start is seeded by the run's seed, never by the data: both neighbours share it
-    params = train_heads(
-        x, y, masks=_all_rows(y), num_classes=context.num_classes, config=config, seed=seed
-    )
+    params = _train(x, y, config=config, context=context, seed=seed)
     bound = stability_sensitivity(
         n=len(y),
         steps=config.steps,
@@ -249,9 +256,7 @@ def _sampled_source(
     x: Tensor, y: Tensor, *, seed: int, context: MethodContext, options: PostTrainingOptions
 ) -> FoundSensitivity:
     config = context.head
-    params = train_heads(
-        x, y, masks=_all_rows(y), num_classes=context.num_classes, config=config, seed=seed
-    )
+    params = _train(x, y, config=config, context=context, seed=seed)
     result = _sample(x, y, seed=seed, context=context, options=options)
     return FoundSensitivity(
         config=config,

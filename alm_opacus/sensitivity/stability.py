@@ -23,7 +23,7 @@ the data (``solver="gd"`` of :mod:`alm_opacus.heads`).
   and ``eta <= 2 / beta``; ``< 2 L / (lambda n)``, the converged head's bound, when
   ``lambda > 0`` and ``eta <= 2 / (beta + 2 lambda)``).
 * Floating point: the trained weights are the *computed* iterates ``w^_{t+1} = G_D(w^_t) + e_t``.
-  :func:`step_rounding_bound` bounds ``||e_t||`` from the standard model of floating-point
+  ``GradientDescentLoop.step_rounding`` bounds ``||e_t||`` from the standard model of floating-point
   arithmetic (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., Sec. 2.2 and
   Lemma 3.1 / Eq. (3.5) for inner products, ``gamma_k = k u / (1 - k u)``), so computed
   neighbours satisfy ``d_{t+1} <= rho d_t + 2 eta L / n + 2 e_t``. The one assumption beyond
@@ -46,11 +46,10 @@ from alm_opacus.statement import SensitivityInfo
 __all__ = [
     "EXP_ULPS",
     "UNIT_ROUNDOFF",
+    "GradientDescentLoop",
     "StabilitySensitivity",
-    "gd_rounding_bound",
     "softmax_ce_smoothness",
     "stability_sensitivity",
-    "step_rounding_bound",
 ]
 
 #: Unit roundoff ``u`` of each head dtype (round to nearest: half the machine epsilon).
@@ -81,29 +80,12 @@ def softmax_ce_smoothness(*, clip_radius: float) -> float:
     return 0.5 * (r * r + 1.0)
 
 
-def _clipped_radius(clip_radius: float, *, num_features: int, u: float) -> float:
-    """A bound on ``||(x^, 1)||`` for computed clipped features ``x^``: clipping divides by a
-    computed norm (``gamma_{d+1}``) and rounds twice more."""
-    return math.hypot(clip_radius * (1.0 + _gamma(num_features + 4, u)), 1.0)
+@dataclass(frozen=True)
+class GradientDescentLoop:
+    """The computed training loop the bound covers: :func:`alm_opacus.heads.train_heads` with
+    ``solver="gd"`` on a linear head (derivation: docs/sensitivity.md).
 
-
-def step_rounding_bound(
-    *,
-    weight_norm: float,
-    lr: float,
-    l2: float,
-    clip_radius: float,
-    rows: int,
-    num_features: int,
-    num_classes: int,
-    unit_roundoff: float,
-) -> float:
-    """A bound on ``||w^_{t+1} - G_D(w^_t)||_2``: the rounding error of one computed step of
-    :func:`alm_opacus.heads.train_heads` (``solver="gd"``, linear head) from weights of
-    Frobenius norm at most ``weight_norm`` (derivation: docs/sensitivity.md).
-
-    Args:
-        weight_norm: a bound on ``||w^_t||_F`` (weights and biases).
+    Attributes:
         lr: ``eta``.
         l2: ``lambda``.
         clip_radius: ``R``.
@@ -111,115 +93,87 @@ def step_rounding_bound(
         num_features: ``d``.
         num_classes: ``C``.
         unit_roundoff: ``u`` of the training dtype (:data:`UNIT_ROUNDOFF`).
-
-    Raises:
-        ValueError: when the logits can be so large that the analysis does not apply.
     """
-    u = unit_roundoff
-    r = _clipped_radius(clip_radius, num_features=num_features, u=u)
-    lip = math.sqrt(2.0) * r
-    logit = weight_norm * r  # |z_k| <= ||W~_k|| ||x~||, so |z_k - max z| <= 2 weight_norm R~
-    if 2.0 * logit * u > _MAX_LOGIT_ROUNDOFF:
-        raise ValueError(
-            f"weights of norm up to {weight_norm:.3g} give logits too large for the rounding "
-            f"bound (u |z| = {2 * logit * u:.3g} > {_MAX_LOGIT_ROUNDOFF:g}): expected a smaller "
-            "step size, fewer steps or a float64 head"
+
+    lr: float
+    l2: float
+    clip_radius: float
+    rows: int
+    num_features: int
+    num_classes: int
+    unit_roundoff: float
+
+    @property
+    def radius(self) -> float:
+        """A bound on ``||(x^, 1)||`` for computed clipped features ``x^``: clipping divides
+        by a computed norm (``gamma_{d+1}``) and rounds twice more."""
+        u = self.unit_roundoff
+        return math.hypot(self.clip_radius * (1.0 + _gamma(self.num_features + 4, u)), 1.0)
+
+    @property
+    def lipschitz(self) -> float:
+        return math.sqrt(2.0) * self.radius
+
+    @property
+    def contraction(self) -> float:
+        """``rho = max(|1 - eta lambda|, |1 - eta (beta + lambda)|)``, ``beta`` from the rounded
+        clipping radius (the computed features are the data the proof covers)."""
+        beta = 0.5 * self.radius**2
+        return max(abs(1.0 - self.lr * self.l2), abs(1.0 - self.lr * (beta + self.l2)))
+
+    def step_rounding(self, weight_norm: float) -> float:
+        """A bound on ``||w^_{t+1} - G_D(w^_t)||_2``, the rounding error of one computed step
+        from weights of Frobenius norm at most ``weight_norm`` (weights and biases).
+
+        Raises:
+            ValueError: when the logits can be so large that the analysis does not apply.
+        """
+        u, r, c = self.unit_roundoff, self.radius, self.num_classes
+        logit = weight_norm * r  # |z_k| <= ||W~_k|| ||x~||: |z_k - max z| <= 2 weight_norm R~
+        if 2.0 * logit * u > _MAX_LOGIT_ROUNDOFF:
+            raise ValueError(
+                f"weights of norm up to {weight_norm:.3g} give logits too large for the "
+                f"rounding bound (u |z| = {2 * logit * u:.3g} > {_MAX_LOGIT_ROUNDOFF:g}): "
+                "expected a smaller step size, fewer steps or a float64 head"
+            )
+        # logits z = W~ x~: d + 1 products summed (Higham Eq. (3.5)); softmax is 1/2-Lipschitz
+        logits_error = 0.5 * _gamma(self.num_features + 1, u) * weight_norm * r
+        # softmax of the computed logits: subtract the max, exp, sum of C, divide; the weights
+        # p_k |z_k - max| <= 1/e keep the argument's rounding small (docs/sensitivity.md)
+        c_exp = 2 * EXP_ULPS * u
+        denominator = 1.02 * (c * u / math.e + c_exp + _gamma(c, u))
+        numerator = 1.02 * (c * u / math.e + c_exp + u)
+        softmax_error = (numerator + denominator) / (1.0 - denominator)
+        proba_error = logits_error + softmax_error  # ||p^ - p||_2 <= ||p^ - p||_1
+        residual = math.sqrt(2.0) + proba_error  # ||p^ - e_y||
+        # (p^ - e_y) * w_i: two roundings and the weight's division; then the n + 1 term sums
+        # of addmm (n products and beta * W~, one more rounding for beta)
+        grad_error = (
+            proba_error * r
+            + _gamma(3, u) * residual * r
+            + _gamma(self.rows + 2, u)
+            * ((1.0 + _gamma(3, u)) * residual * r + self.l2 * weight_norm)
         )
-    # logits z = W~ x~: d + 1 products summed (Higham Eq. (3.5)); softmax is 1/2-Lipschitz in L2
-    logits_error = 0.5 * _gamma(num_features + 1, u) * weight_norm * r
-    # softmax of the computed logits: subtract the max, exp, sum of C, divide; the weights
-    # p_k |z_k - max| <= 1/e keep the argument's rounding small (docs/sensitivity.md)
-    c_exp = 2 * EXP_ULPS * u
-    denominator = 1.02 * (num_classes * u / math.e + c_exp + _gamma(num_classes, u))
-    numerator = 1.02 * (num_classes * u / math.e + c_exp + u)
-    softmax_error = (numerator + denominator) / (1.0 - denominator)
-    proba_error = logits_error + softmax_error  # ||p^ - p||_2 <= ||p^ - p||_1
-    residual = math.sqrt(2.0) + proba_error  # ||p^ - e_y||
-    # (p^ - e_y) * w_i: two roundings and the weight's division; then the n + 1 term sums of
-    # addmm (n products and beta * W~, one more rounding for beta)
-    grad_error = (
-        proba_error * r
-        + _gamma(3, u) * residual * r
-        + _gamma(rows + 2, u) * ((1.0 + _gamma(3, u)) * residual * r + l2 * weight_norm)
-    )
-    grad_norm = lip + l2 * weight_norm + grad_error
-    # w + (-eta) g: a product and a sum, each rounded (or one fused multiply-add)
-    update_error = 2.0 * u * (1.0 + u) * (weight_norm + lr * grad_norm)
-    return (lr * grad_error + update_error) * _ARITHMETIC_SLACK
+        grad_norm = self.lipschitz + self.l2 * weight_norm + grad_error
+        # w + (-eta) g: a product and a sum, each rounded (or one fused multiply-add)
+        update_error = 2.0 * u * (1.0 + u) * (weight_norm + self.lr * grad_norm)
+        return (self.lr * grad_error + update_error) * _ARITHMETIC_SLACK
 
-
-def _weight_norms(
-    *,
-    steps: int,
-    lr: float,
-    l2: float,
-    clip_radius: float,
-    rows: int,
-    num_features: int,
-    num_classes: int,
-    unit_roundoff: float,
-) -> list[tuple[float, float]]:
-    """``(||w^_t|| bound, e_t bound)`` for ``t = 0 .. T-1``: the initialisation's entries are
-    in ``[-1/sqrt(d), 1/sqrt(d)]`` (:func:`alm_opacus.heads.uniform_init`), and a step maps
-    ``||w||`` to at most ``|1 - eta lambda| ||w|| + eta L + e_t``."""
-    u = unit_roundoff
-    r = _clipped_radius(clip_radius, num_features=num_features, u=u)
-    lip = math.sqrt(2.0) * r
-    norm = math.sqrt(num_classes * (num_features + 1) / num_features) * (1.0 + 4.0 * u)
-    out = []
-    for _ in range(steps):
-        e = step_rounding_bound(
-            weight_norm=norm,
-            lr=lr,
-            l2=l2,
-            clip_radius=clip_radius,
-            rows=rows,
-            num_features=num_features,
-            num_classes=num_classes,
-            unit_roundoff=u,
-        )
-        out.append((norm, e))
-        norm = (abs(1.0 - lr * l2) * norm + lr * lip + e) * _ARITHMETIC_SLACK
-    return out
-
-
-def gd_rounding_bound(
-    *,
-    steps: int,
-    lr: float,
-    l2: float,
-    clip_radius: float,
-    rows: int,
-    num_features: int,
-    num_classes: int,
-    unit_roundoff: float,
-) -> float:
-    """``sum_t rho^(T-1-t) e_t``: how far the computed weights after ``T`` steps can be from
-    the exact-arithmetic iterates on the same data (the float term of the sensitivity is
-    twice this, one trajectory per neighbour)."""
-    rho = _contraction(
-        lr=lr, l2=l2, clip_radius=clip_radius, num_features=num_features, u=unit_roundoff
-    )
-    total = 0.0
-    for _, e in _weight_norms(
-        steps=steps,
-        lr=lr,
-        l2=l2,
-        clip_radius=clip_radius,
-        rows=rows,
-        num_features=num_features,
-        num_classes=num_classes,
-        unit_roundoff=unit_roundoff,
-    ):
-        total = rho * total + e
-    return total * _ARITHMETIC_SLACK
-
-
-def _contraction(*, lr: float, l2: float, clip_radius: float, num_features: int, u: float) -> float:
-    """``rho = max(|1 - eta lambda|, |1 - eta (beta + lambda)|)``, with ``beta`` from the
-    rounded clipping radius (the computed features are the data the proof covers)."""
-    r = _clipped_radius(clip_radius, num_features=num_features, u=u)
-    return max(abs(1.0 - lr * l2), abs(1.0 - lr * (0.5 * r * r + l2)))
+    def rounding(self, *, steps: int) -> float:
+        """``sum_t rho^(T-1-t) e_t``: how far the computed weights after ``T`` steps can be
+        from the exact-arithmetic iterates on the same data (the float term of the sensitivity
+        is twice this, one trajectory per neighbour). The start's entries are in
+        ``[-1/sqrt(d), 1/sqrt(d)]`` (:func:`alm_opacus.heads.uniform_init`), and a step maps
+        ``||w||`` to at most ``|1 - eta lambda| ||w|| + eta L + e_t``."""
+        u, d = self.unit_roundoff, self.num_features
+        norm = math.sqrt(self.num_classes * (d + 1) / d) * (1.0 + 4.0 * u)
+        rho, total = self.contraction, 0.0
+        for _ in range(steps):
+            e = self.step_rounding(norm)
+            total = rho * total + e
+            norm = abs(1.0 - self.lr * self.l2) * norm + self.lr * self.lipschitz + e
+            norm *= _ARITHMETIC_SLACK
+        return total * _ARITHMETIC_SLACK
 
 
 @dataclass(frozen=True)
@@ -330,23 +284,20 @@ def stability_sensitivity(
         raise ValueError(f"dtype={dtype!r} is invalid: expected one of {sorted(UNIT_ROUNDOFF)}")
     if adjacency not in ADJACENCIES:
         raise ValueError(f"adjacency={adjacency!r} is invalid: expected one of {ADJACENCIES}")
-    u = UNIT_ROUNDOFF[dtype]
-    r = _clipped_radius(clip_radius, num_features=num_features, u=u)
-    lip = math.sqrt(2.0) * r
-    rho = _contraction(lr=eta, l2=l2, clip_radius=clip_radius, num_features=num_features, u=u)
+    loop = GradientDescentLoop(
+        lr=eta,
+        l2=float(l2),
+        clip_radius=float(clip_radius),
+        rows=n + 1,  # a remove-one pair trained with masks over the larger set's n rows, or a
+        num_features=num_features,  # replace-one pair with masks over the n + 1 rows
+        num_classes=num_classes,
+        unit_roundoff=UNIT_ROUNDOFF[dtype],
+    )
+    rho, lip = loop.contraction, loop.lipschitz
     # sum_{s<T} rho^s, without cancellation near rho = 1
     geometric = float(steps) if rho == 1.0 else -math.expm1(steps * math.log(rho)) / (1.0 - rho)
     exact = 2.0 * eta * lip / n * geometric * _ARITHMETIC_SLACK
-    rounding = 2.0 * gd_rounding_bound(
-        steps=steps,
-        lr=eta,
-        l2=float(l2),
-        clip_radius=clip_radius,
-        rows=n + 1,  # a remove-one pair trained with masks over the larger set's n rows, or
-        num_features=num_features,  # a replace-one pair with masks over the n + 1 rows
-        num_classes=num_classes,
-        unit_roundoff=u,
-    )
+    rounding = 2.0 * loop.rounding(steps=steps)
     value = (exact + rounding) * _ARITHMETIC_SLACK
     num_params = num_classes * (num_features + 1)
     return StabilitySensitivity(
@@ -355,7 +306,7 @@ def stability_sensitivity(
         exact_l2=exact,
         rounding_l2=rounding,
         lipschitz=lip,
-        smoothness=0.5 * r * r,
+        smoothness=0.5 * loop.radius**2,
         contraction=rho,
         steps=int(steps),
         lr=eta,
