@@ -541,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--update-docs",
         action="store_true",
-        help=f"write {DOC.relative_to(ROOT)} (the only tracked file written)",
+        help="write docs/results.md (the only tracked file written)",
     )
     paper_scale.add_arguments(parser)
     args = parser.parse_args(argv)

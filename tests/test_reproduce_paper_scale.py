@@ -146,19 +146,22 @@ def _rows(
 EPSILONS = (0.1, 1.0, 10.0, 100.0, 1000.0)
 
 
-def _failing(folder: Path) -> Path:
+def _failing(folder: Path, *, gaussian_std: float = 0.25, laplace_at_10: float = 0.3) -> Path:
     """A run where every ALM claim fails: the MIA needs a 0.3 loss to reach chance, a 10%
-    loss needs epsilon 100, the Gaussian (std a quarter of ALM's) loses half as much and has
-    the lower AUC, and the unprotected head leaks at 0.58."""
+    loss needs epsilon 100, the Gaussian (std ``gaussian_std`` times ALM's) loses half as much
+    and has the lower AUC, and the unprotected head leaks at 0.58. Laplace loses as ALM, but
+    ``laplace_at_10`` at epsilon 10."""
     loss = dict(zip(EPSILONS, (0.95, 0.6, 0.3, 0.05, 0.0), strict=True))
     mia = dict(zip(EPSILONS, (0.5, 0.5, 0.52, 0.58, 0.6), strict=True))
     rows = _rows("none", math.inf, loss=0.0, acc=0.58, auc=0.62)
     for e in EPSILONS:
         alm_std = 10.0 / e * math.pi / math.sqrt(3)
         rows += _rows("alm", e, loss=loss[e], acc=mia[e], auc=0.6, std=alm_std)
-        rows += _rows("laplace", e, loss=loss[e], acc=mia[e], auc=0.6)
+        other = laplace_at_10 if e == 10 else loss[e]
+        rows += _rows("laplace", e, loss=other, acc=mia[e], auc=0.6)  # std: its scale
+        gaussian = alm_std * gaussian_std
         rows += _rows(
-            "gaussian", e, loss=loss[e] / 2, acc=0.5, auc=0.52, sensitivity=2.0, std=alm_std / 4
+            "gaussian", e, loss=loss[e] / 2, acc=0.5, auc=0.52, sensitivity=2.0, std=gaussian
         )
     return _write(folder, rows)
 
@@ -220,6 +223,18 @@ def test_failing_claims_say_what_would_make_them_hold_measured(
     )
     assert v["figure2"].remedy.startswith("ALM's AUC interval reaching down to 0.530 (it reaches")
     assert "leaks less" in v["unprotected"].remedy and "0.580" in v["unprotected"].remedy
+
+
+def test_figure1_remedies_name_the_noise_each_mechanism_adds(
+    paper: ModuleType, reproduce: ModuleType, tmp_path: Path
+) -> None:
+    folder = _failing(tmp_path / "run", gaussian_std=2.0, laplace_at_10=0.5)
+    runs = reproduce.Runs([reproduce.Run(folder)])
+    remedy = _by_claim(paper.verdicts({"sampled": runs}))["figure1"].remedy
+    # ALM's logistic noise has std pi/sqrt(3) = 1.81 times its scale, Laplace's here 1 times
+    assert remedy.startswith("ALM's noise std is 1.81 times Laplace's where they differ (ε = 10)")
+    assert "at ε = 1, 10, 100, 1000 the Gaussian's noise std is already at least ALM's" in remedy
+    assert "would add as much" not in remedy
 
 
 def test_holding_claims_have_no_remedy(
@@ -347,3 +362,21 @@ def test_defaults_are_the_papers_scale(
     assert (seen["paper_members"], seen["paper_m"], seen["paper_seed"]) == (10_000, 500, 0)
     assert seen["paper_epsilons"] == paper.DEFAULT_EPSILONS
     assert seen["folder"] == tmp_path / "p"
+
+
+def test_update_docs_rewrites_the_results_block_and_keeps_the_paper_scale_section(
+    reproduce: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    doc = tmp_path / "results.md"
+    doc.write_text(
+        "<!-- generated results by scripts/reproduce.py; deps ; inputs 00; output 00 -->\n"
+        "old\n<!-- end generated results -->\n\n## kept prose\n\n"
+        "<!-- generated results-paper-scale -->\n<!-- end generated results-paper-scale -->\n"
+    )
+    monkeypatch.setattr(reproduce, "DOC", doc)
+    monkeypatch.setattr(reproduce, "_run_one", lambda command, out: _holding(out) and 1.0)
+    argv = ["--datasets", "digits", "--split-seeds", "0", "--update-docs"]
+    assert reproduce.main([*argv, "--out", str(tmp_path / "runs")]) == 0
+    text = doc.read_text()
+    assert "\nold\n" not in text and "# The papers' claims, checked" in text
+    assert "## kept prose" in text and "<!-- generated results-paper-scale -->" in text
