@@ -29,6 +29,7 @@ import itertools
 import json
 import math
 import shlex
+import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -617,6 +618,20 @@ def main(args: argparse.Namespace, *, folder: Path) -> int:
 
     record_path = folder / RECORD
     record = json.loads(record_path.read_text()) if record_path.exists() else {}
+    arguments = {
+        "members": args.paper_members,
+        "epsilons": list(args.paper_epsilons),
+        "m": args.paper_m,
+        "split_seed": args.paper_seed,
+        "compare_args": args.compare_args,
+    }
+    if record.get("arguments", arguments) != arguments:  # finished runs would be reused
+        print(
+            f"reproduce.py: error: --reuse={str(folder)!r} holds runs of {record['arguments']}, "
+            f"not {arguments}: expected a new --out",
+            file=sys.stderr,
+        )
+        return 2
     seconds: dict[str, float] = dict(record.get("seconds", {}))
     start = time.perf_counter()
     features = features_file(folder / "data", args.paper_members).resolve()
@@ -639,6 +654,7 @@ def main(args: argparse.Namespace, *, folder: Path) -> int:
     atomic_write_json(
         record_path,
         {
+            "arguments": arguments,
             "seconds": seconds,
             "machine": machine,
             "members": args.paper_members,

@@ -302,6 +302,11 @@ def test_main_runs_every_setting_and_records_times_and_verdicts(
         ",".join(f"{e:g}" for e in paper.DEFAULT_EPSILONS),
     )
     assert (out / "data" / "mixture-n100-d512.npz").exists()
+    # reusing the folder with other arguments would mix their runs: refused, nothing run
+    calls.clear()
+    again = ["--paper-scale", "--paper-members", "100", "--paper-m", "50", "--reuse", str(out)]
+    assert reproduce.main(again) == 2
+    assert calls == [] and json.loads((out / "paper_scale.json").read_text()) == record
 
 
 @pytest.mark.parametrize(
