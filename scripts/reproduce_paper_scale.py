@@ -563,7 +563,10 @@ def render(
         "",
         f"Measured cost ({machine}; CPU-bound, a busier machine takes longer):",
         "",
-        *[f"- `{name}`: {reproduce._duration(seconds.get(name, math.nan))}" for name in found],
+        *[
+            f"- `{name}` ({by_name[name].what}): {reproduce._duration(seconds.get(name, math.nan))}"
+            for name in found
+        ],
         f"- the features file: {reproduce._duration(seconds.get('features', 0.0))}",
         f"- total: {reproduce._duration(total)}",
         "",
