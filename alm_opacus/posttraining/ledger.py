@@ -15,6 +15,9 @@ parameter of that kind:
   stays random DP: a pure or approximate release mixed in does not make it DP;
 - anything without a model-level guarantee (``none``, ``per-query``): no guarantee.
 
+Each model's composition is kept between releases and a new release is composed into it
+once (`_Running`): the total is the one `compose_records` gives over every record, exactly.
+
 Mixed relations: add/remove releases are stated under replace-one by group privacy,
 (2ε, (1 + e^ε)δ) (`alm_opacus.accounting.to_replace_one`); a random-DP add/remove release
 cannot be converted (its γ is over add/remove pairs), so such a mix has no guarantee.
