@@ -24,13 +24,17 @@
   again (encoder cached); issue 35: the first run <= 3 minutes on 2 idle cores;
 * ``compare.py --help``: wall time of a fresh process, and its ratio to ``import torch``
   (the CLI imports lazily, so its help must not pay for torch).
+* releases (:mod:`bench_release`, alone with ``--only-release``): the 1st and the 100th
+  Gaussian ``make_private`` of the digits default head, float64 and a float16 copy (issue 38:
+  <= 10 ms each).
 
 Targets (issues 4, 5, 7, 13, 14, 22): sampler ratio >= 10; attacks <= 5 s; digits full run <=
 180 s and <= 3 GiB peak RSS; mnist full run <= 15 min and <= 4 GiB; resume <= 10 s;
-``--help`` < 2 s (and well below ``import torch``). They are
+``--help`` < 2 s (and well below ``import torch``); a release <= 10 ms. They are
 printed beside the measurements, never asserted in tests (timings belong here, not in tests).
 
-    .venv/bin/python scripts/bench.py [--skip-full-run] [--mnist] [--ray] [--out bench.json]
+    .venv/bin/python scripts/bench.py [--skip-full-run] [--mnist] [--ray] [--only-release]
+        [--out bench.json]
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ from bench_first_run import bench_first_run  # noqa: E402
 from bench_first_run import format_rows as first_run_rows  # noqa: E402
 from bench_ray import bench_ray  # noqa: E402
 from bench_ray import format_rows as ray_rows  # noqa: E402
+from bench_release import bench_release  # noqa: E402
+from bench_release import format_rows as release_rows  # noqa: E402
 from bench_sensitivity import bench_sampler  # noqa: E402
 
 from alm_opacus.attacks import AttackerKnowledge, AttackTarget, prepare_attacks  # noqa: E402
@@ -216,14 +222,25 @@ def main() -> None:
         help="also time --dataset mnist --methods all on a local Ray cluster against "
         "in-process (minutes; scripts/bench_ray.py; needs the cluster extra)",
     )
+    parser.add_argument(
+        "--only-release",
+        action="store_true",
+        help="only the release latency (seconds; scripts/bench_release.py)",
+    )
     args = parser.parse_args()
-    report: dict[str, Any] = {"torch_threads": torch.get_num_threads(), "help": help_cost()}
+    if args.only_release:
+        report: dict[str, Any] = {"release": bench_release()}
+        Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
+        print(_table(release_rows(report["release"])))
+        return
+    report = {"torch_threads": torch.get_num_threads(), "help": help_cost()}
     with torch_threads(1):  # the draw and torch.normal on the same footing
         report["exact"] = bench_exact()
     if args.only_exact:
         Path(args.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
         print(format_table(report))
         return
+    report["release"] = bench_release()
     if args.ray:
         report["ray"] = bench_ray(dataset="mnist", methods="all")
     with tempfile.TemporaryDirectory() as tmp:
@@ -271,6 +288,8 @@ def format_table(report: dict[str, Any]) -> str:
         ("compare.py --help, fresh process (s)", f"{h['help_seconds']:.2f}", "< 2"),
         ("  --help / import torch", f"{h['ratio']:.2f}", "well below 1"),
     ]
+    if "release" in report:
+        rows += release_rows(report["release"])
     for full in report.get("full_runs", []):
         name = full["dataset"]
         rows += [

@@ -8,9 +8,10 @@ with `register`), so ``opacus.PrivacyEngine(accountant="alm_pld")`` works.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from copy import deepcopy
 from typing import Any
 
@@ -71,7 +72,9 @@ class PipelineAccountant(IAccountant):
         self.history: list[tuple[float, float, int]] = []
         self.noise_steps: list[dict[str, Any]] = []
         self.releases: list[dict[str, Any]] = []
-        self._cache: OrderedDict[Hashable, PrivacyLossDistribution | None] = OrderedDict()
+        self._cache: OrderedDict[
+            tuple[float, tuple[Entry, ...]], PrivacyLossDistribution | None
+        ] = OrderedDict()
 
     def step(
         self,
@@ -216,7 +219,20 @@ class PipelineAccountant(IAccountant):
         if cache_key in self._cache:
             self._cache.move_to_end(cache_key)
             return self._cache[cache_key]
-        composed = compose(entry_pld(e, interval) for e in entries)
+        # A kept composition of a prefix of ``entries`` on this grid (one more release since
+        # the last answer, say) is extended by the rest only: composition is the same left
+        # fold either way, so the result is the same PLD, bit for bit.
+        start, composed = 0, None
+        for (kept_interval, kept), pld in self._cache.items():
+            if (
+                kept_interval == interval
+                and pld is not None
+                and start < len(kept) < len(entries)
+                and tuple(entries[: len(kept)]) == kept
+            ):
+                start, composed = len(kept), pld
+        rest = (entry_pld(e, interval) for e in entries[start:])
+        composed = compose(rest if composed is None else itertools.chain((composed,), rest))
         self._cache[cache_key] = composed
         while len(self._cache) > 4:
             self._cache.popitem(last=False)

@@ -35,8 +35,18 @@ def _parts(pld: PrivacyLossDistribution) -> Iterator[Part]:
         yield losses, np.asarray(dense._probs, dtype=np.float64), float(dense._infinity_mass)
 
 
+#: Losses scanned at once by `_epsilon`, from the largest down (the answer usually lies in
+#: the upper tail, so most of a long PLD is never read).
+_CHUNK = 4096
+
+
 def _epsilon(
-    losses: NDArray[np.float64], probs: NDArray[np.float64], inf_mass: float, delta: float
+    losses: NDArray[np.float64],
+    probs: NDArray[np.float64],
+    inf_mass: float,
+    delta: float,
+    *,
+    chunk: int = _CHUNK,
 ) -> float:
     if inf_mass > delta:
         return math.inf
@@ -46,16 +56,34 @@ def _epsilon(
     desc_l, desc_p = losses[keep][::-1], probs[keep][::-1]
     if desc_l.size == 0:
         return 0.0
-    upper = inf_mass + np.cumsum(desc_p)  # U_k: mass at losses ≥ L_k (descending order)
-    log_w = np.logaddexp.accumulate(np.log(desc_p) - desc_l)  # ln W_k = ln Σ p·e^{−L}
-    valid = upper > delta
-    with np.errstate(divide="ignore", invalid="ignore"):
-        candidate = np.where(valid, np.log(np.where(valid, upper - delta, 1.0)) - log_w, -np.inf)
-    below = np.append(desc_l[1:], -np.inf)  # the next lower loss
-    hits = np.flatnonzero(valid & (candidate >= below))
-    if hits.size == 0:
-        return 0.0
-    return max(0.0, float(candidate[hits[0]]))
+    # The first hit in descending order decides; the scan stops at the chunk that holds it.
+    # Each accumulate restarts from the previous chunk's last value (prepended), so every
+    # U_k and ln W_k is the same float as one accumulate over the whole array.
+    mass, log_w_end = None, None
+    for start in range(0, desc_l.size, chunk):
+        stop = min(start + chunk, desc_l.size)
+        part_l, part_p = desc_l[start:stop], desc_p[start:stop]
+        terms = np.log(part_p) - part_l
+        if mass is None or log_w_end is None:
+            cum = np.cumsum(part_p)
+            log_w = np.logaddexp.accumulate(terms)
+        else:
+            cum = np.cumsum(np.concatenate(([mass], part_p)))[1:]
+            log_w = np.logaddexp.accumulate(np.concatenate(([log_w_end], terms)))[1:]
+        mass, log_w_end = cum[-1], log_w[-1]
+        upper = inf_mass + cum  # U_k: mass at losses ≥ L_k (descending order)
+        valid = upper > delta  # ln W_k = ln Σ p·e^{−L} above: log_w
+        with np.errstate(divide="ignore", invalid="ignore"):
+            candidate = np.where(
+                valid, np.log(np.where(valid, upper - delta, 1.0)) - log_w, -np.inf
+            )
+        below = desc_l[start + 1 : stop + 1]  # the next lower loss
+        if below.size < part_l.size:
+            below = np.append(below, -np.inf)
+        hits = np.flatnonzero(valid & (candidate >= below))
+        if hits.size:
+            return max(0.0, float(candidate[hits[0]]))
+    return 0.0
 
 
 def pld_epsilon(pld: PrivacyLossDistribution, delta: float) -> float:

@@ -28,11 +28,11 @@ from alm_opacus.mechanisms.exact import (
     ReleasePlan,
     exact_release,
     is_narrow,
-    plan_release,
     release_dtype,
 )
 from alm_opacus.mechanisms.gaussian import ClassicGaussianMechanism
 from alm_opacus.posttraining.ledger import Ledger, LedgerRecord, LedgerTotal
+from alm_opacus.posttraining.memo import cached_calibrate, cached_plan
 from alm_opacus.posttraining.module import RELEASE_KIND, ProtectedModule
 from alm_opacus.statement import (
     NEIGHBOURING,
@@ -148,7 +148,7 @@ class PostTrainingPrivacyEngine:
         """
         mech = self.mechanism
         info = _as_sensitivity(sensitivity, norm=mech.norm)
-        scale = mech.calibrate(epsilon=epsilon, delta=delta, sensitivity=info.value)
+        scale = cached_calibrate(mech, epsilon=epsilon, delta=delta, sensitivity=info.value)
         release = copy.deepcopy(module)
         names, clean = _split_parameters(release, parameters=parameters, public=public)
         if seed is not None and generator is not None:
@@ -158,8 +158,8 @@ class PostTrainingPrivacyEngine:
         named = dict(release.named_parameters())
         plan = None
         if exact:
-            plan = plan_release(
-                mechanism=mech,
+            plan = cached_plan(
+                mech,
                 epsilon=epsilon,
                 delta=delta,
                 sensitivity=info.value,

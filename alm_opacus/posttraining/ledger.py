@@ -15,6 +15,9 @@ parameter of that kind:
   stays random DP: a pure or approximate release mixed in does not make it DP;
 - anything without a model-level guarantee (``none``, ``per-query``): no guarantee.
 
+Each model's composition is kept between releases and a new release is composed into it
+once (`_Running`): the total is the one `compose_records` gives over every record, exactly.
+
 Mixed relations: add/remove releases are stated under replace-one by group privacy,
 (2ε, (1 + e^ε)δ) (`alm_opacus.accounting.to_replace_one`); a random-DP add/remove release
 cannot be converted (its γ is over add/remove pairs), so such a mix has no guarantee.
@@ -40,7 +43,7 @@ from __future__ import annotations
 import hashlib
 import math
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -196,7 +199,7 @@ def _one_relation(
     return out, REPLACE_ONE, [note]
 
 
-def _pld_epsilon(records: Sequence[LedgerRecord], *, delta: float, relation: str) -> float:
+def _pld_epsilon(records: Sequence[LedgerRecord], delta: float, relation: str) -> float:
     """The ``alm_pld`` accountant's ε at ``delta`` over ``records``; ``inf`` if it has no
     privacy-loss distribution for one of them."""
     accountant = PipelineAccountant()
@@ -225,6 +228,16 @@ def compose_records(records: Sequence[LedgerRecord]) -> LedgerTotal:
     Returns:
         Their total, stated as the weakest kind among them with every parameter of it.
     """
+    return _compose(records, tight=_pld_epsilon)
+
+
+def _compose(
+    records: Sequence[LedgerRecord],
+    *,
+    tight: Callable[[Sequence[LedgerRecord], float, str], float],
+) -> LedgerTotal:
+    """`compose_records`, with the ``alm_pld`` ε of ``(records, delta, relation)`` from
+    ``tight`` (from scratch, or from a kept composition: `_Running`)."""
     n = len(records)
     if n == 0:
         return LedgerTotal(
@@ -282,9 +295,9 @@ def compose_records(records: Sequence[LedgerRecord]) -> LedgerTotal:
         )
     composition = "basic"
     if n > 1 and not notes:  # the accountant composes one relation only
-        tight = _pld_epsilon(same, delta=delta, relation=relation)
-        if tight < epsilon:
-            epsilon, composition = tight, "pld"
+        pld = tight(same, delta, relation)
+        if pld < epsilon:
+            epsilon, composition = pld, "pld"
     return LedgerTotal(
         guarantee=Guarantee.APPROX_DP,
         epsilon=epsilon,
@@ -318,11 +331,72 @@ def weight_keys(module: nn.Module) -> tuple[str, ...]:
     return tuple(keys)
 
 
+class _Running:
+    """One clean model's releases and their composition, kept between releases.
+
+    A new release is composed once into what is kept: the ``alm_pld`` accountant keeps the
+    composed privacy-loss distribution of every earlier release (per grid) and composes the
+    new one into it, the same left fold as composing the whole list again, so the total is
+    that of `compose_records` over the same records, exactly. The basic sums are
+    re-added with ``math.fsum`` over the kept records (exactly rounded; microseconds).
+    """
+
+    def __init__(self, records: Sequence[LedgerRecord] = ()) -> None:
+        self.records: list[LedgerRecord] = []
+        # The records' PLDs under their one relation; None once the tight ε can no longer
+        # be used (a record without a PLD, a second relation, or a kind weaker than
+        # approximate DP: each stays among the records, so it is never needed again).
+        self._accountant: PipelineAccountant | None = PipelineAccountant()
+        for r in records:
+            self.records.append(r)
+            self._keep(r)
+        self.total = _compose(self.records, tight=self._tight)
+
+    def add(self, record: LedgerRecord) -> LedgerTotal:
+        """Compose one more release into the kept total, and return the new total."""
+        self.records.append(record)
+        self._keep(record)
+        self.total = _compose(self.records, tight=self._tight)
+        return self.total
+
+    def _keep(self, r: LedgerRecord) -> None:
+        accountant = self._accountant
+        if accountant is None:
+            return
+        if (
+            r.guarantee not in (Guarantee.PURE_DP, Guarantee.APPROX_DP)
+            or r.scale is None
+            or r.sensitivity is None
+        ):
+            self._accountant = None
+            return
+        try:
+            accountant.record_release(
+                mechanism=r.mechanism,
+                scale=r.scale,
+                sensitivity=r.sensitivity,
+                dim=r.dim,
+                neighbouring=r.neighbouring,
+            )
+        except ValueError:  # no registered PLD, or a second relation (then no PLD is used)
+            self._accountant = None
+
+    def _tight(self, records: Sequence[LedgerRecord], delta: float, relation: str) -> float:
+        """`_pld_epsilon` of the kept records, from the kept composition."""
+        accountant = self._accountant
+        if accountant is None:
+            return math.inf
+        # `_compose` asks only when every record is under ``relation``, as recorded
+        assert len(accountant.releases) == len(records) == len(self.records)
+        return float(accountant.get_epsilon(delta))
+
+
 class Ledger:
-    """Releases per clean model, linked by object identity and by rounded digests."""
+    """Releases per clean model, linked by object identity and by rounded digests; each
+    model's composition is kept and extended by one release at a time (`_Running`)."""
 
     def __init__(self) -> None:
-        self._records: dict[int, list[LedgerRecord]] = {}
+        self._records: dict[int, _Running] = {}
         self._keys: dict[str, int] = {}
         self._owners: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
         self._merged: dict[int, int] = {}  # a merged ledger's id → the id it went to
@@ -340,15 +414,18 @@ class Ledger:
         if not found:
             return None
         target, *others = sorted(found)
-        for other in others:  # one model seen as two: merge (counting more is safe)
-            self._records[target].extend(self._records.pop(other))
-            self._merged[other] = target
+        if others:  # one model seen as two: merge (counting more is safe), composed again
+            merged = list(self._records[target].records)
+            for other in others:
+                merged.extend(self._records.pop(other).records)
+                self._merged[other] = target
+            self._records[target] = _Running(merged)
         return target
 
     def total(self, module: nn.Module) -> LedgerTotal:
         """What the recorded releases of ``module`` have spent (nothing if none)."""
         ledger_id = self._find(module, weight_keys(module))
-        return compose_records(() if ledger_id is None else self._records[ledger_id])
+        return compose_records(()) if ledger_id is None else self._records[ledger_id].total
 
     def record(self, module: nn.Module, record: LedgerRecord) -> LedgerTotal:
         """Add a release of ``module`` (its clean weights) and return the new total."""
@@ -356,9 +433,9 @@ class Ledger:
         ledger_id = self._find(module, keys)
         if ledger_id is None:
             ledger_id = len(self._records) + len(self._merged)
-            self._records[ledger_id] = []
-        self._records[ledger_id].append(record)
+            self._records[ledger_id] = _Running()
+        total = self._records[ledger_id].add(record)
         for key in keys:
             self._keys[key] = ledger_id
         self._owners[module] = ledger_id
-        return compose_records(self._records[ledger_id])
+        return total
