@@ -283,6 +283,8 @@ ABLATION: dict[str, tuple[str, str, dict[str, Any]]] = {
     "rmia-offline N=64 a=0.3": ("rmia-offline", "64", {"rmia_offline_a": 0.3}),
     "rmia-offline N=64 a=1": ("rmia-offline", "64", {"rmia_offline_a": 1.0}),
     "rmia-offline N=16 a=0.3": ("rmia-offline", "16", {"rmia_offline_a": 0.3}),
+    "rmia-offline N=64 a tuned": ("rmia-offline", "64", {"rmia_offline_a": None}),
+    "rmia-offline N=16 a tuned": ("rmia-offline", "16", {"rmia_offline_a": None}),
     "shadow gbm (all pairs)": ("shadow", "64", {"shadow_model": "gbm"}),
     "shadow mlp (2,000 pairs)": ("shadow", "64", {"shadow_model": "mlp"}),
     "shadow auto": ("shadow", "64", {"shadow_model": "auto"}),

@@ -49,6 +49,7 @@ import torch
 from alm_opacus.attacks.base import AttackKind, BoolArray, FloatArray
 from alm_opacus.attacks.context import ShadowContext
 from alm_opacus.attacks.lira import _fit_loo_threshold
+from alm_opacus.attacks.metrics import roc_auc, roc_curve
 from alm_opacus.attacks.registry import Attack, AttackScores, TargetQuery, register_attack
 from alm_opacus.attacks.scores import BLOCK_ROWS, _true_and_rest
 from alm_opacus.attacks.shadow_data import HeadBank, subseed, to_numpy
@@ -187,6 +188,38 @@ def leave_one_out_scores(
     return scores
 
 
+#: The offline ``a`` values :func:`tune_offline_a` tries (``a = 1``: ``Pr(x) = Pr_OUT(x)``).
+A_GRID = tuple(k / 10 for k in range(11))
+
+
+def tune_offline_a(
+    x_sig: Signal,
+    x_in: BoolArray,
+    z_sig: Signal,
+    z_in: BoolArray,
+    *,
+    gamma: float,
+    grid: tuple[float, ...] = A_GRID,
+) -> float:
+    """Offline RMIA's ``a``, chosen as the RMIA paper does (Zarifzadeh et al., offline
+    setting): with the attacker's own reference heads, each in turn the target and the others
+    its references, the ``a`` of ``grid`` whose leave-one-out scores separate the heads'
+    members best (largest AUC; the first of ties). Uses no victim data.
+    """
+    labels = x_in.reshape(-1)
+    best, best_auc = grid[0], -1.0
+    for a in grid:
+        scores = leave_one_out_scores(x_sig, x_in, z_sig, z_in, offline_a=a, gamma=gamma)
+        flat = scores.reshape(-1)
+        ok = np.isfinite(flat)
+        if not ok.any() or labels[ok].all() or not labels[ok].any():
+            continue
+        auc = roc_auc(roc_curve(scores=flat[ok], is_member=labels[ok]))
+        if auc > best_auc:
+            best, best_auc = a, auc
+    return best
+
+
 @dataclass(frozen=True)
 class _Fitted:
     """What scoring a release needs: the candidates (a query must ask about exactly these),
@@ -208,9 +241,15 @@ class _RmiaAttack(Attack):
     fitted: _Fitted | None = None
     threshold: Threshold | None = None
 
+    #: Offline ``a`` chosen by :meth:`fit` when ``rmia_offline_a`` is None (tuned).
+    tuned_a: float | None = None
+
     @property
     def offline_a(self) -> float | None:
-        return None if self.online else self.config.rmia_offline_a
+        if self.online:
+            return None
+        chosen = self.config.rmia_offline_a
+        return self.tuned_a if chosen is None else chosen
 
     def _references(self, in_mask: BoolArray) -> BoolArray | None:
         """The references ``Pr(·)`` averages over: all (online), or those out (offline)."""
@@ -232,6 +271,12 @@ class _RmiaAttack(Attack):
         else:
             z_sig = _bank_signal(bank, z_features, z_labels)
             z_in = np.zeros((bank.num_heads, rows.size), dtype=bool)
+        if not self.online and cfg.rmia_offline_a is None:
+            self.tuned_a = tune_offline_a(x_sig, x_in, z_sig, z_in, gamma=cfg.rmia_gamma)
+            self.notes = (
+                f"{self.name}: a = {self.tuned_a:g}, tuned on the attacker's own references "
+                "(each plays the target, the others score it; the largest AUC over a grid)",
+            )
         loo = leave_one_out_scores(
             x_sig, x_in, z_sig, z_in, offline_a=self.offline_a, gamma=cfg.rmia_gamma
         )
@@ -312,6 +357,7 @@ class RmiaOnlineAttack(_RmiaAttack):
 @register_attack(AttackKind.RMIA_OFFLINE)
 class RmiaOfflineAttack(_RmiaAttack):
     """Offline RMIA: ``Pr(x)`` from the references that did not train on ``x``, with the
-    linear approximation ``Pr(x) = ½((1 + a)·Pr_OUT(x) + (1 − a))``, ``a = rmia_offline_a``."""
+    linear approximation ``Pr(x) = ½((1 + a)·Pr_OUT(x) + (1 − a))``, ``a = rmia_offline_a``
+    (None: tuned on the attacker's references, :func:`tune_offline_a`)."""
 
     online = False

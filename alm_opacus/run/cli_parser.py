@@ -221,8 +221,7 @@ def build_parser(*, method_flags: Sequence[MethodFlag] | None = None) -> argpars
     attack.add_argument(
         "--attacks",
         default="all",
-        help="comma list of attack names, or 'all' (the default set; the opt-in "
-        "rmia-online joins when named: all,rmia-online)",
+        help="comma list of attack names, or 'all' (the default set)",
     )
     attack.add_argument(
         "--shadow-model",

@@ -48,7 +48,7 @@ BUILTIN = [
     "rmia-online",
     "rmia-offline",
 ]
-OPT_IN = ["rmia-online"]  # run when named, not by default
+OPT_IN: list[str] = []  # run when named, not by default (none today)
 
 
 class MaxProbability(Attack):
