@@ -142,6 +142,9 @@ def test_the_help_snapshot_is_what_the_registered_methods_declare() -> None:
     assert [flag.flag for flag in catalogue.help_method_flags()] == [
         "--sensitivity",
         "--m",
+        "--stability-steps",
+        "--stability-lr",
+        "--stability-l2",
         "--accountant",
         "--queries",
     ]

@@ -135,6 +135,7 @@ def test_constant_release_gives_chance_and_no_epsilon(setup: Setup) -> None:
             "lira-offline",
             "lira-online",
             "lira-offline-pool",
+            "rmia-online",
             "rmia-offline",
         ):
             # scores still vary with the label (shadow, correctness: argmax is class 0) or
