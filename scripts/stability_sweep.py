@@ -28,7 +28,6 @@ releases measure utility and are never published. ``--write`` puts the tables in
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -39,9 +38,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_scale import Cache, _ints, features_file
 from tqdm import tqdm
 
-from alm_opacus.io import atomic_write_text
 from docblocks import ROOT, relative, write_block
 
 EPSILONS = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
@@ -68,10 +67,6 @@ def _floats(text: str) -> tuple[float, ...]:
     return tuple(float(v) for v in text.split(",") if v.strip())
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in text.split(",") if v.strip())
-
-
 @dataclass
 class Setup:
     """One data set at one size: the harness's prepared data and method context."""
@@ -90,9 +85,6 @@ class Setup:
         from alm_opacus.run.harness import Session, plan_run, prepare
 
         if dataset == "features":
-            sys.path.insert(0, str(ROOT / "scripts"))
-            from bench_scale import features_file
-
             name, split = f"features:{features_file(folder / 'data', n)}", None
         else:
             name = dataset
@@ -187,17 +179,6 @@ def units(args: argparse.Namespace) -> list[tuple[str, int, str, str, dict[str, 
                     out.append((dataset, n, f"converged, {source}", mech, options))
             out.append((dataset, n, "dpsgd", "dpsgd", {"tune": False}))
     return out
-
-
-class Cache:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-
-    def put(self, key: str, value: Any) -> None:
-        self.data[key] = value
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.path, json.dumps(self.data, indent=1, sort_keys=True))
 
 
 def measure(args: argparse.Namespace, cache: Cache) -> None:
@@ -363,15 +344,17 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     cache = Cache(args.cache)
     measure(args, cache)
-    print(table(cache, argv=_decisive(argv if argv is not None else sys.argv[1:])))
+    shown = _decisive(argv if argv is not None else sys.argv[1:])
+    body = table(cache, argv=shown)
+    print(body)
     if args.write:
         write_block(
             DOC,
             name="stability-sweep",
             script=relative(Path(__file__)),
-            args=_decisive(argv if argv is not None else sys.argv[1:]),
+            args=shown,
             deps=DEPS,
-            body=table(cache, argv=_decisive(argv if argv is not None else sys.argv[1:])),
+            body=body,
         )
         plot(cache, PLOT)
     return 0
