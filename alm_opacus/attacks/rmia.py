@@ -200,24 +200,30 @@ def tune_offline_a(
     *,
     gamma: float,
     grid: tuple[float, ...] = A_GRID,
-) -> float:
+) -> tuple[float, FloatArray]:
     """Offline RMIA's ``a``, chosen as the RMIA paper does (Zarifzadeh et al., offline
     setting): with the attacker's own reference heads, each in turn the target and the others
     its references, the ``a`` of ``grid`` whose leave-one-out scores separate the heads'
     members best (largest AUC; the first of ties). Uses no victim data.
+
+    Returns:
+        The chosen ``a`` and its leave-one-out scores (:func:`leave_one_out_scores`), which
+        the attack's threshold is fitted on.
     """
     labels = x_in.reshape(-1)
-    best, best_auc = grid[0], -1.0
+    found: list[tuple[float, FloatArray]] = []
+    best_auc = -1.0
     for a in grid:
         scores = leave_one_out_scores(x_sig, x_in, z_sig, z_in, offline_a=a, gamma=gamma)
         flat = scores.reshape(-1)
         ok = np.isfinite(flat)
         if not ok.any() or labels[ok].all() or not labels[ok].any():
+            found = found or [(a, scores)]  # no AUC anywhere: the first of the grid
             continue
         auc = roc_auc(roc_curve(scores=flat[ok], is_member=labels[ok]))
         if auc > best_auc:
-            best, best_auc = a, auc
-    return best
+            found, best_auc = [(a, scores)], auc
+    return found[0]
 
 
 @dataclass(frozen=True)
@@ -272,14 +278,15 @@ class _RmiaAttack(Attack):
             z_sig = _bank_signal(bank, z_features, z_labels)
             z_in = np.zeros((bank.num_heads, rows.size), dtype=bool)
         if not self.online and cfg.rmia_offline_a is None:
-            self.tuned_a = tune_offline_a(x_sig, x_in, z_sig, z_in, gamma=cfg.rmia_gamma)
+            self.tuned_a, loo = tune_offline_a(x_sig, x_in, z_sig, z_in, gamma=cfg.rmia_gamma)
             self.notes = (
                 f"{self.name}: a = {self.tuned_a:g}, tuned on the attacker's own references "
                 "(each plays the target, the others score it; the largest AUC over a grid)",
             )
-        loo = leave_one_out_scores(
-            x_sig, x_in, z_sig, z_in, offline_a=self.offline_a, gamma=cfg.rmia_gamma
-        )
+        else:  # the scores at the given a (tuning computed them already)
+            loo = leave_one_out_scores(
+                x_sig, x_in, z_sig, z_in, offline_a=self.offline_a, gamma=cfg.rmia_gamma
+            )
         self.threshold = _fit_loo_threshold(loo.reshape(-1), x_in.reshape(-1))
         x_ref, z_ref = self._references(x_in), self._references(z_in)
         self.fitted = _Fitted(
