@@ -304,9 +304,14 @@ def train_heads(
         Parameters with a leading head dimension ``B``, detached.
 
     Raises:
-        ValueError: on shape mismatches, an empty mask row, or ``init`` for Adam.
+        ValueError: on shape mismatches, an empty mask row, or ``init`` for a solver other
+            than ``"newton"``.
     """
     check_head_inputs(features, labels, masks)
+    if init is not None and config.solver != "newton":  # one minimiser: a start changes no result
+        raise ValueError(
+            f"init is for solver='newton': {config.solver!r} heads start from the seeded init"
+        )
     solve = SOLVERS.get(config.solver)
     if solve is None:
         raise ValueError(
@@ -330,10 +335,6 @@ def _train_first_order(
     seed: int,
     init: Params | None,
 ) -> Params:
-    if init is not None:
-        raise ValueError(
-            f"init is for solver='newton': {config.solver!r} heads start from the seeded init"
-        )
     device = features.device
     x = features.to(config.torch_dtype)
     y = labels.to(device=device, dtype=torch.long)

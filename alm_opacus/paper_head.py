@@ -82,8 +82,7 @@ def _train_keras(
     init: Params | None,
 ) -> Params:
     """Minibatch Adam in Keras's form (module docstring), batched over heads of equal size."""
-    if init is not None:
-        raise ValueError("init is for solver='newton': 'keras' heads start from the seeded init")
+    del init  # train_heads refuses a start for this solver
     if config.kind != "linear":
         raise ValueError(f"solver='keras' trains the paper's Dense layer: kind={config.kind!r}")
     dtype, device = config.torch_dtype, features.device
