@@ -45,8 +45,9 @@ class ColumnSpec:
         choices: the texts allowed (``None``: any), or a function that gives them (read
             when a row is checked: see :func:`_statement_values`).
         exact: written as the shortest text that reads back as the same float (budget
-            columns identify cells and feed conversions); other floats get 6 significant
-            digits.
+            columns identify cells and feed conversions; the baseline's accuracy is the
+            reference a resumed run measures utility against); other floats get 6
+            significant digits.
     """
 
     doc: str = ""
@@ -136,7 +137,8 @@ class ResultRow:
         )
     )
     seed: int = field(metadata=_col())
-    test_accuracy: float = field(metadata=_col(**_UNIT, **_MEASURED))
+    # exact: the reference a resumed run measures its seed's utility losses against
+    test_accuracy: float = field(metadata=_col(exact=True, **_UNIT, **_MEASURED))
     utility_loss: float = field(metadata=_col(high=1.0, **_MEASURED))
     attack: str = field(default="", metadata=_col())
     mia_accuracy: float = field(default=math.nan, metadata=_col(**_UNIT))

@@ -70,7 +70,8 @@ def test_every_column_is_one_typed_field_with_its_spec() -> None:
 
 
 def test_budget_columns_are_exact_and_the_rest_six_digits() -> None:
-    text = format_csv([_row(delta_replace_one=1e-5 / 3)])
+    # test_accuracy too: a resumed run measures utility against the baseline's as read back
+    text = format_csv([_row(delta_replace_one=1e-5 / 3, test_accuracy=350 / 359)])
     record = next(csv.DictReader(io.StringIO(text)))
     assert record["epsilon"] == "0.30000000000000004"
     assert record["delta_replace_one"] == repr(1e-5 / 3)
@@ -80,6 +81,7 @@ def test_budget_columns_are_exact_and_the_rest_six_digits() -> None:
     assert record["mia_auc"] == ""
     back = ResultRow.from_record(record)
     assert back.epsilon == 0.1 + 0.2
+    assert back.test_accuracy == 350 / 359 and record["test_accuracy"] == repr(350 / 359)
     assert back.seed == 3 and math.isnan(back.mia_auc) and back.status == "ok"
 
 
