@@ -4,8 +4,9 @@
 The head is the digits default: the harness's linear head (``dataset_spec("digits").head``)
 on the small CNN's 128 features, 10 classes, float64 (1,290 weights), and a float16 copy of
 it (planned in float32, where the exact grid may widen). One engine releases it ``count``
-times at epsilon = 1, delta = 1e-5 with an analytic L2 sensitivity (the tight PLD
-composition in the ledger: the costlier path; a sampled sensitivity composes by sums) and
+times at epsilon = 1, delta = 1e-5 with an analytic L2 sensitivity (the ledger composes
+approximate-DP releases tightly, Gaussian ones exactly as one Gaussian; a sampled
+sensitivity composes by sums) and
 noise from the OS CSPRNG, as a user's release does. Release 1 is timed with the calibration
 memo and the accountant's caches empty (the process is warmed on another head first, so
 imports and compiled kernels are not counted); each later release is timed as it comes.

@@ -100,11 +100,43 @@ def test_the_kept_composition_equals_composing_every_release_again(names: list[s
 
 
 def test_the_accountant_uses_the_kept_composition_only_when_it_helps() -> None:
-    # The mixes above exercise the tight path: at least the all-Gaussian one uses it.
+    # The mixes above exercise the tight path: a Gaussian and Laplace mix uses it.
     running = _Running()
-    for _ in range(4):
-        running.add(_gauss())
+    for name in ["gauss", "laplace", "gauss2", "gauss"]:
+        running.add(KINDS[name])
     assert running.total.composition == "pld" and running.total.epsilon < 4.0
+
+
+@pytest.mark.parametrize(
+    ("scales", "delta"),
+    [([SIGMA] * 4, 4e-5), ([SIGMA, 2 * SIGMA, SIGMA, 3 * SIGMA], 4e-5), ([SIGMA] * 57, 5.7e-4)],
+)
+def test_gaussian_releases_compose_exactly_as_dp_accounting_bounds_them(
+    scales: list[float], delta: float
+) -> None:
+    """Gaussian releases only are composed exactly (one Gaussian mechanism, μ = sqrt(Σμᵢ²)):
+    dp_accounting's pessimistic PLD composition of the same releases, on a fine grid, bounds
+    that ε from above and agrees with it to its grid."""
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+    running = _Running()
+    for scale in scales:
+        running.add(_gauss(scale=scale))
+    total = running.total
+    assert total.composition == "gaussian" and total.delta == pytest.approx(delta)
+    plds = [
+        pld_lib.from_gaussian_mechanism(s, sensitivity=0.5, value_discretization_interval=1e-4)
+        for s in scales
+    ]
+    composed = plds[0]
+    for other in plds[1:]:
+        composed = composed.compose(other)
+    reference = composed.get_epsilon_for_delta(total.delta)
+    assert total.epsilon <= reference <= total.epsilon + 1e-3 * len(scales)
+    # the exact curve itself: δ(ε) of the composed Gaussian at the stated ε is the target
+    mu = math.sqrt(sum((0.5 / s) ** 2 for s in scales))
+    at = analysis.gaussian_delta(epsilon=total.epsilon, scale=1.0, sensitivity=mu)
+    assert at <= total.delta and at == pytest.approx(total.delta, rel=1e-6)
 
 
 def test_a_random_mix_of_releases_composes_as_from_scratch() -> None:
@@ -163,7 +195,7 @@ def test_engine_statements_equal_the_from_scratch_composition_of_its_releases() 
             expected.guarantee,
         )
     assert engine.spent(head) == compose_records(records)
-    assert engine.spent(head).composition == "pld"
+    assert engine.spent(head).composition == "gaussian"  # Gaussian releases only: exact
 
 
 def test_merged_ledgers_state_the_composition_of_every_release_of_both() -> None:
@@ -185,7 +217,7 @@ def test_merged_ledgers_state_the_composition_of_every_release_of_both() -> None
     records = [LedgerRecord.from_statement(s, dim=dim) for s in [*firsts, last]]
     expected = compose_records(records)
     assert last.epsilon_spent == expected.epsilon and last.delta_spent == expected.delta
-    assert expected.releases == 5 and expected.composition == "pld"
+    assert expected.releases == 5 and expected.composition == "gaussian"
     assert engine.spent(head) == engine.spent(twin) == expected
 
 
