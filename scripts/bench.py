@@ -18,8 +18,11 @@
   coordinates against ``torch.normal`` (issue 19 target <= 3x), an exact DP-SGD step against
   Opacus's Gaussian step, and the grid's sensitivity inflation at the shipped heads.
 * DP-SGD steps (``scripts/bench_dpsgd.py``): ours with alm/laplace/gaussian noise against
-  Opacus's Gaussian DP-SGD per step (total, without noise, clipping; the noise's share), and
-  2 gloo ranks against one process on the same global batch (issue 20: <= 1.05x per step).
+  the fastest configuration of Opacus's Gaussian DP-SGD on the machine (its grad sample
+  modes, glibc's malloc tuned), ours in that one's environment, and against Opacus as
+  shipped, per step (total, without noise, the optimizer's part, clipping; the noise's
+  share); and 2 gloo ranks against one process on the same global batch (issue 38: the
+  whole step <= 1.0x the best Opacus, the optimizer's part <= 1.2x).
 
 * first run (:mod:`bench_first_run`): the README's main command, ``compare.py --methods
   alm,dpsgd``, as a new user runs it: with nothing cached (it pre-trains the encoder), then

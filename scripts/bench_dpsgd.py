@@ -1,48 +1,61 @@
-"""Benchmark one DP-SGD step: our mechanisms against Opacus's Gaussian DP-SGD, and 2 gloo
-ranks against one process (``scripts/bench.py`` imports :func:`bench_dpsgd`).
+"""Benchmark one DP-SGD step: our mechanisms against Opacus's Gaussian DP-SGD, as shipped and
+in its fastest configuration on the machine, and 2 gloo ranks against one process
+(``scripts/bench.py`` imports :func:`bench_dpsgd`).
 
-* ``step``: per step, on one torch thread, ``alm_opacus.training``'s engine with ``alm``,
-  ``laplace`` and ``gaussian`` noise against ``opacus.PrivacyEngine`` (Gaussian, its
-  default ``prv`` accountant) on the same model and batch, for two models: an MLP of
-  1,068,810 parameters (batch 64) and the harness's mnist head, a linear layer of 5,770
-  weights (batch 256). A step is timed in its parts: forward and backward with the
+* ``step`` (`bench_dpsgd_step`): per step, on one torch thread, ``alm_opacus.training``'s
+  engine with ``alm``, ``laplace`` and ``gaussian`` noise against ``opacus.PrivacyEngine``
+  (Gaussian, its default ``prv`` accountant) on the same model and batch, for two models: an
+  MLP of 1,068,810 parameters (batch 64) and the harness's mnist head, a linear layer of
+  5,770 weights (batch 256). A step is timed in its parts: forward and backward with the
   per-sample gradient hooks, clipping (``clip_and_accumulate``), noise (``add_noise``), and
   the rest (scaling, the accountant's step hook, the wrapped optimizer's step). Each engine
   runs in its own process; the processes take turns, a block of steps per round, and each
-  part is the median over the timed steps. The target (issue 20) is a total within 1.05x
-  of Opacus's for every mechanism. The engines differ in two places, both reported: where
-  the per-sample gradients live (ours reuse one buffer per parameter,
-  `alm_opacus.training.grad_sample`; Opacus allocates them afresh each step), and what the
-  optimizer does with them (exact integer clipping and exact noise). The ``optimizer``
-  ratio (clip, noise and rest) isolates the second.
+  part is the median over the timed steps. Opacus is timed as shipped and in each candidate
+  configuration (grad sample modes ``hooks``, ``ew``, ``functorch``, with glibc's malloc
+  tuned so that freed per-sample gradients stay in the heap); the fastest whole step is the
+  baseline, and ours is timed in that baseline's allocator environment (issue 38: a whole
+  step within 1.0x of it, the optimizer's part (clip, noise, rest) within 1.2x). On CUDA
+  (``--device cuda``) the allocator variant is skipped: PyTorch's caching allocator reuses
+  the blocks already.
 * ``distributed``: DP-SGD (``alm``) with 2 gloo ranks on this machine against one process on
-  the same global batch: samples per second, and the share of a step each rank spends in
-  ``all_reduce`` (on rank 1 that includes waiting for rank 0, which alone draws the noise).
-  Each rank runs one torch thread; the one process runs on one thread, then on as many
-  threads as there are ranks.
+  the same global batch, on the CPU: samples per second, and the share of a step each rank
+  spends in ``all_reduce`` (on rank 1 that includes waiting for rank 0, which alone draws
+  the noise). Each rank runs one torch thread; the one process runs on one thread, then on
+  as many threads as there are ranks.
 
 Standalone::
 
-    .venv/bin/python scripts/bench_dpsgd.py [--rounds 7] [--width 1024] \\
-        [--write docs/dpsgd_noise.md]
+    .venv/bin/python scripts/bench_dpsgd.py [--rounds 7] [--block 10] [--width 1024] \\
+        [--device cpu|cuda] [--modes hooks,ew,functorch] [--skip-distributed] \\
+        [--out report.json] [--write docs/dpsgd_noise.md]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import opacus
 import torch
 import torch.multiprocessing as mp
+from bench_dpsgd_step import (
+    MODELS,
+    MODES,
+    OURS,
+    PARTS,
+    TUNED,
+    bench_step,
+    check_step_args,
+    mlp,
+    private,
+    synthetic_batch,
+)
 from torch import distributed as dist
 from torch import nn
 
@@ -50,180 +63,25 @@ from alm_opacus.io import atomic_write_text
 from alm_opacus.training import PrivacyEngine, l1_clip
 from docblocks import relative, write_block
 
-__all__ = ["DEPS", "bench_distributed", "bench_dpsgd", "bench_step", "markdown", "mlp"]
+__all__ = [
+    "DEPS",
+    "bench_distributed",
+    "bench_dpsgd",
+    "bench_step",
+    "format_rows",
+    "markdown",
+    "mlp",
+]
 
 #: What the numbers depend on besides this script.
-DEPS = ("alm_opacus/mechanisms", "alm_opacus/training", "constraints.txt")
-PARTS = ("forward_backward", "clip", "noise", "rest")
-#: Warnings every engine raises on these synthetic batches (hooks, seeded noise, accountant).
+DEPS = (
+    "alm_opacus/mechanisms",
+    "alm_opacus/training",
+    "constraints.txt",
+    "scripts/bench_dpsgd_step.py",
+)
+#: Warnings the distributed ranks raise on these synthetic batches.
 _QUIET = ("Full backward hook is firing", "Secure RNG turned off", "Optimal order is the")
-OURS = ("alm", "laplace", "gaussian")
-
-
-def mlp(width: int) -> nn.Module:
-    """784 -> width -> 256 -> 10 (width 1024: 1,068,810 parameters), seeded."""
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Linear(784, width), nn.ReLU(), nn.Linear(width, 256), nn.ReLU(), nn.Linear(256, 10)
-    )
-
-
-def head() -> nn.Module:
-    """The harness's mnist head: 576 SimCLR features -> 10 classes (5,770 weights), seeded."""
-    torch.manual_seed(0)
-    return nn.Linear(576, 10)
-
-
-#: The models of `bench_step`: name -> (model factory given the MLP width, batch size).
-MODELS: dict[str, tuple[Callable[[int], nn.Module], int]] = {
-    "mlp": (mlp, 64),
-    "head": (lambda _width: head(), 256),
-}
-
-
-def _batch(size: int, features: int = 784) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    return torch.randn(size, features, generator=g), torch.randint(0, 10, (size,), generator=g)
-
-
-def _features(model: nn.Module) -> int:
-    first = next(m for m in model.modules() if isinstance(m, nn.Linear))
-    return first.in_features
-
-
-def _private(kind: str, *, model: nn.Module, batch: int) -> tuple[nn.Module, Any]:
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = _batch(batch, _features(model))
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch)
-    if kind == "opacus":
-        engine: Any = opacus.PrivacyEngine()
-        clip = 1.0
-        extra: dict[str, Any] = {}
-    else:
-        engine = PrivacyEngine()
-        clip = 1.0 if kind == "gaussian" else l1_clip(1.0, params=model)
-        extra = {"noise_mechanism": kind}
-    private, dp_optimizer, _ = engine.make_private(
-        module=model,
-        optimizer=optimizer,
-        data_loader=loader,
-        noise_multiplier=1.0,
-        max_grad_norm=clip,
-        **extra,
-    )
-    return private, dp_optimizer
-
-
-def _timed_step(model: nn.Module, optimizer: Any, x: torch.Tensor, y: torch.Tensor) -> list[float]:
-    """One DPOptimizer step, as ``pre_step`` runs it, timed in `PARTS`."""
-    optimizer.zero_grad()
-    t0 = time.perf_counter()
-    nn.functional.cross_entropy(model(x), y).backward()
-    t1 = time.perf_counter()
-    optimizer.clip_and_accumulate()
-    t2 = time.perf_counter()
-    optimizer.add_noise()
-    t3 = time.perf_counter()
-    optimizer.scale_grad()
-    if optimizer.step_hook:
-        optimizer.step_hook(optimizer)
-    optimizer.original_optimizer.step()
-    t4 = time.perf_counter()
-    return [t1 - t0, t2 - t1, t3 - t2, t4 - t3]
-
-
-def _step_worker(kind: str, model: str, width: int, threads: int, connection: Any) -> None:
-    """One engine of `bench_step` in its own process: build it, then time the requested
-    number of consecutive steps per request until ``None`` arrives."""
-    torch.set_num_threads(threads)
-    for message in _QUIET:
-        warnings.filterwarnings("ignore", message=message)
-    make, batch = MODELS[model]
-    network = make(width)
-    x, y = _batch(batch, _features(network))
-    setup = _private(kind, model=network, batch=batch)
-    connection.send(sum(p.numel() for p in network.parameters()))
-    while (steps := connection.recv()) is not None:
-        connection.send([_timed_step(*setup, x, y) for _ in range(steps)])
-
-
-def bench_step(
-    *, model: str = "mlp", width: int = 1024, rounds: int = 7, block: int = 10, threads: int = 1
-) -> dict[str, Any]:
-    """Per-step parts of ours (3 mechanisms) and Opacus's Gaussian DP-SGD on one of `MODELS`.
-
-    Each engine runs in its own process, as a user runs one, and the processes take turns,
-    ``block`` consecutive steps each per round (drift in the machine's load falls on all
-    alike; within a block the caches hold the engine's own data, as in a training loop).
-    Each part is the median over all timed steps; the first round warms up. In one shared
-    process the engines disturb each other through the allocator: glibc serves Opacus's
-    fresh per-step tensors from the heap or from fresh pages depending on what the other
-    engines freed before, and its backward pass on the head took 1.9 to 6.0 ms. Taking one
-    step per turn instead would time every step with the caches of another process, which
-    slows both engines and favoured ours (head: 0.72x against 0.96x).
-
-    Returns:
-        ``{kind: {part: ms}}`` for ``opacus`` and each mechanism, ``ratios`` (total, without
-        noise, the optimizer's parts, clipping: each against Opacus's), ``noise_share`` and
-        the model's size.
-    """
-    kinds = ("opacus", *OURS)
-    context = mp.get_context("spawn")
-    workers = {}
-    for kind in kinds:
-        ours, theirs = context.Pipe()
-        process = context.Process(
-            target=_step_worker, args=(kind, model, width, threads, theirs), daemon=True
-        )
-        process.start()
-        workers[kind] = (process, ours)
-    samples: dict[str, list[list[float]]] = {kind: [] for kind in kinds}
-    try:
-        sizes = {kind: connection.recv() for kind, (_, connection) in workers.items()}
-        for round_ in range(rounds + 1):
-            for kind in kinds:
-                connection = workers[kind][1]
-                connection.send(block)
-                parts = connection.recv()
-                if round_:  # the first round warms up
-                    samples[kind] += parts
-    finally:
-        for process, connection in workers.values():
-            if process.is_alive():
-                connection.send(None)
-            process.join(timeout=30)
-            if process.is_alive():
-                process.kill()
-    report: dict[str, Any] = {
-        "model": model,
-        "parameters": sizes["opacus"],
-        "batch": MODELS[model][1],
-        "threads": threads,
-        "rounds": rounds,
-        "block": block,
-        "processes": "one per engine",
-    }
-    for kind in kinds:
-        medians = [1e3 * statistics.median(column) for column in zip(*samples[kind], strict=True)]
-        report[kind] = dict(zip(PARTS, medians, strict=True)) | {"total": sum(medians)}
-    base = report["opacus"]
-    report["ratios"] = {
-        kind: {
-            "total": report[kind]["total"] / base["total"],
-            "without_noise": (report[kind]["total"] - report[kind]["noise"])
-            / (base["total"] - base["noise"]),
-            "optimizer": _optimizer_ms(report[kind]) / _optimizer_ms(base),
-            "clip": report[kind]["clip"] / base["clip"],
-        }
-        for kind in OURS
-    }
-    report["noise_share"] = {kind: report[kind]["noise"] / report[kind]["total"] for kind in kinds}
-    return report
-
-
-def _optimizer_ms(parts: dict[str, float]) -> float:
-    """The optimizer's share of a step: everything after the backward pass."""
-    return parts["clip"] + parts["noise"] + parts["rest"]
 
 
 def _rank(
@@ -258,7 +116,7 @@ def _rank(
 
         model = mlp(width)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        x, y = _batch(batch * world)
+        x, y = synthetic_batch(batch * world)
         x, y = x[rank::world], y[rank::world]  # this rank's half of the global batch
         loader = torch.utils.data.DataLoader(
             torch.utils.data.TensorDataset(x, y), batch_size=len(y)
@@ -295,8 +153,8 @@ def _one_process(*, width: int, batch: int, steps: int, threads: int) -> float:
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        model, optimizer = _private("alm", model=mlp(width), batch=batch)
-        x, y = _batch(batch)
+        model, optimizer = private("alm", model=mlp(width), batch=batch)
+        x, y = synthetic_batch(batch)
         _step(model, optimizer, x, y)
         t0 = time.perf_counter()
         for _ in range(steps):
@@ -345,57 +203,101 @@ def bench_distributed(
     }
 
 
-def bench_dpsgd(*, width: int = 1024, rounds: int = 7) -> dict[str, Any]:
-    """Both benchmarks (``scripts/bench.py``); the step one on one torch thread."""
+def bench_dpsgd(
+    *,
+    width: int = 1024,
+    rounds: int = 7,
+    block: int = 10,
+    device: str = "cpu",
+    modes: Sequence[str] = MODES,
+    distributed: bool = True,
+) -> dict[str, Any]:
+    """Both benchmarks (``scripts/bench.py``); the step one on one torch thread, on
+    ``device``; the distributed one (unless ``distributed`` is false) on the CPU.
+
+    Raises:
+        ValueError: on an invalid argument, before anything runs.
+    """
+    for name in MODELS:
+        check_step_args(
+            model=name, width=width, rounds=rounds, block=block, device=device, modes=modes
+        )
     with warnings.catch_warnings():
         for message in _QUIET:
             warnings.filterwarnings("ignore", message=message)
-        steps = [bench_step(model=name, width=width, rounds=rounds, threads=1) for name in MODELS]
-        return {"steps": steps, "distributed": bench_distributed(width=width)}
+        steps = [
+            bench_step(
+                model=name,
+                width=width,
+                rounds=rounds,
+                block=block,
+                threads=1,
+                device=device,
+                modes=modes,
+            )
+            for name in MODELS
+        ]
+        report: dict[str, Any] = {"steps": steps}
+        if distributed:
+            report["distributed"] = bench_distributed(width=width)
+        return report
+
+
+def _label(engine: dict[str, Any]) -> str:
+    """An engine row's name: ``Opacus hooks``, ``alm``, ..."""
+    return f"Opacus {engine['mode']}" if engine["kind"] == "opacus" else engine["kind"]
 
 
 def format_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """Rows of `scripts/bench.py`'s table."""
-    spread = report["distributed"]
+    """Rows of `scripts/bench.py`'s table: each ratio against the best Opacus first."""
     rows: list[tuple[str, str, str]] = []
     for step in report["steps"]:
+        engines = step["engines"]
+        best, shipped = engines[step["best"]], engines[step["shipped"]]
         rows.append(
             (
                 f"DP-SGD step, {step['model']} ({step['parameters']:,} params, batch "
-                f"{step['batch']}): ours / Opacus Gaussian",
+                f"{step['batch']}, {step['device']}): ours / best Opacus "
+                f"({_label(best)}, {best['allocator']} malloc)",
                 "",
                 "",
             )
         )
         for kind in OURS:
-            r = step["ratios"][kind]
-            rows.append(
+            r, s = step["ratios"][kind], step["ratios_shipped"][kind]
+            rows += [
                 (
                     f"  {kind}: total (without noise)",
                     f"{r['total']:.2f}x ({r['without_noise']:.2f}x)",
-                    "<= 1.05x",
-                )
-            )
-            rows.append(
+                    "<= 1.0x",
+                ),
                 (
                     f"  {kind}: optimizer (clip, noise, rest); clipping alone",
                     f"{r['optimizer']:.2f}x; {r['clip']:.2f}x",
-                    "",
-                )
+                    "<= 1.2x",
+                ),
+                (f"  {kind}: total against Opacus as shipped", f"{s['total']:.2f}x", ""),
+            ]
+        rows.append(
+            (
+                "  Opacus as shipped / best Opacus, step (ms)",
+                f"{shipped['total']:.1f} / {best['total']:.1f}",
+                "",
             )
-            rows.append(
-                (f"  {kind}: noise share of the step", f"{step['noise_share'][kind]:.0%}", "")
-            )
-        for kind in ("opacus", *OURS):
-            parts = step[kind]
+        )
+        for name, parts in engines.items():
             rows.append(
                 (
-                    f"  {kind}: backward / clip / noise / step (ms)",
+                    f"  {_label(parts)}, {parts['allocator']} malloc: "
+                    "backward / clip / noise / step (ms)",
                     f"{parts['forward_backward']:.1f} / {parts['clip']:.1f} / "
                     f"{parts['noise']:.1f} / {parts['total']:.1f}",
-                    "",
+                    f"noise {step['noise_share'][name]:.0%}",
                 )
             )
+    if "distributed" not in report:
+        return rows
+    spread = report["distributed"]
     rows += [
         (
             f"DP-SGD alm, {spread['world']} gloo ranks vs 1 process, 1 thread each (samples/s)",
@@ -417,37 +319,85 @@ def format_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def markdown(steps: list[dict[str, Any]]) -> str:
-    """The ``dpsgd-step`` block of ``docs/dpsgd_noise.md``: each model's step, ours against
-    Opacus's, in total and in the optimizer's part alone."""
+    """The ``dpsgd-step`` block of ``docs/dpsgd_noise.md``: per model, ours against the best
+    Opacus (in total and in the optimizer's part alone) and against Opacus as shipped, then
+    every engine's step with the allocator environment it ran in."""
+
+    def triple(step: dict[str, Any], key: str, part: str) -> str:
+        return " / ".join(f"{step[key][kind][part]:.2f}x" for kind in OURS)
+
     lines = [
-        "| model | Opacus step, ms (backward / clip / noise / rest) | alm | laplace | gaussian "
-        "| optimizer part alone (alm / laplace / gaussian) |",
-        "|---|---|---|---|---|---|",
+        "| model | ours / best Opacus: alm | laplace | gaussian | optimizer part alone "
+        "(alm / laplace / gaussian) | best Opacus, step ms | Opacus as shipped, step ms "
+        "| ours / Opacus as shipped (alm / laplace / gaussian) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for step in steps:
-        base = step["opacus"]
-        parts = " / ".join(f"{base[p]:.1f}" for p in PARTS)
+        best, shipped = step["engines"][step["best"]], step["engines"][step["shipped"]]
         ratios = " | ".join(f"{step['ratios'][kind]['total']:.2f}x" for kind in OURS)
-        alone = " / ".join(f"{step['ratios'][kind]['optimizer']:.2f}x" for kind in OURS)
         lines.append(
             f"| {step['model']}, {step['parameters']:,} weights, batch {step['batch']} "
-            f"| {base['total']:.1f} ({parts}) | {ratios} | {alone} |"
+            f"| {ratios} | {triple(step, 'ratios', 'optimizer')} "
+            f"| {best['total']:.1f} ({_label(best)}, {best['allocator']} malloc) "
+            f"| {shipped['total']:.1f} | {triple(step, 'ratios_shipped', 'total')} |"
         )
+    lines += [
+        "",
+        "| model | engine | malloc | step, ms (backward / clip / noise / rest) |",
+        "|---|---|---|---|",
+    ]
+    for step in steps:
+        for name, row in step["engines"].items():
+            parts = " / ".join(f"{row[p]:.1f}" for p in PARTS)
+            best = " (best Opacus)" if name == step["best"] else ""
+            lines.append(
+                f"| {step['model']} | {_label(row)}{best} | {row['allocator']} "
+                f"| {row['total']:.1f} ({parts}) |"
+            )
     first = steps[0]
+    if first["device"] == "cuda":
+        environment = str(first["tuned_environment"]).capitalize() + "."
+    else:
+        tuned = " ".join(f"{k}={v}" for k, v in TUNED.items())
+        environment = (
+            f"Tuned malloc: `{tuned}` in the engine process's environment from its start "
+            "(freed per-sample gradients stay in the heap); shipped: glibc's defaults."
+        )
     lines += [
         "",
         f"Ratios of medians over {first['rounds']} rounds of {first['block']} consecutive steps "
-        f"per engine, each engine in its own process, {first['threads']} torch thread "
-        "(ours: exact steps from the secure source, alm and laplace with L1 clipping at "
-        "`l1_clip(1.0, params=model)`; Opacus: its Gaussian default).",
+        f"per engine, each engine in its own process, {first['threads']} torch thread, on "
+        f"{first['device']}. Best Opacus: the Opacus configuration with the fastest whole step; "
+        "ours is compared with it in its malloc environment, and with Opacus as shipped "
+        f"(grad sample mode `hooks`, glibc's defaults) as shipped. {environment} Ours: exact "
+        "steps from the secure source, alm and laplace with L1 clipping at "
+        "`l1_clip(1.0, params=model)`; Opacus: its Gaussian default.",
     ]
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _modes(text: str) -> tuple[str, ...]:
+    return tuple(m.strip() for m in text.split(",") if m.strip())
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the benchmarks, print their rows, and write the JSON and the block if asked.
+
+    Invalid arguments end the process with exit code 2 and a one-line message, before any
+    engine starts or anything is written.
+    """
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--block", type=int, default=10, help="consecutive steps per turn")
     parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the step benchmark)")
+    parser.add_argument(
+        "--modes",
+        type=_modes,
+        default=MODES,
+        help=f"Opacus grad sample modes to try as the best baseline (default: {','.join(MODES)})",
+    )
+    parser.add_argument("--skip-distributed", action="store_true")
     parser.add_argument("--out", default=None, help="also write the report as JSON here")
     parser.add_argument(
         "--write",
@@ -455,21 +405,44 @@ def main() -> None:
         default=None,
         help="replace the dpsgd-step block of docs/dpsgd_noise.md",
     )
-    args = parser.parse_args()
-    report = bench_dpsgd(width=args.width, rounds=args.rounds)
+    args = parser.parse_args(argv)
+    try:
+        for name in MODELS:
+            check_step_args(
+                model=name,
+                width=args.width,
+                rounds=args.rounds,
+                block=args.block,
+                device=args.device,
+                modes=args.modes,
+            )
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.write is not None and args.device != "cpu":
+        parser.error(
+            f"--write with --device {args.device}: the docs hold the CPU step block only; "
+            "expected --device cpu (use --out to keep this device's report)"
+        )
+    if args.write is not None and list(args.modes) != list(MODES):
+        parser.error(
+            f"--write with --modes {','.join(args.modes)}: the docs' best Opacus is chosen "
+            f"among every mode; expected the default {','.join(MODES)}"
+        )
+    report = bench_dpsgd(
+        width=args.width,
+        rounds=args.rounds,
+        block=args.block,
+        device=args.device,
+        modes=args.modes,
+        distributed=not args.skip_distributed,
+    )
     for row in format_rows(report):
-        print(f"{row[0]:<70} {row[1]:>16}  {row[2]}")
+        print(f"{row[0]:<78} {row[1]:>20}  {row[2]}")
     if args.out:
         atomic_write_text(args.out, json.dumps(report, indent=2) + "\n")
     if args.write is not None:
-        shown = [
-            "--rounds",
-            str(args.rounds),
-            "--width",
-            str(args.width),
-            "--write",
-            relative(args.write),
-        ]
+        shown = ["--rounds", str(args.rounds), "--block", str(args.block)]
+        shown += ["--width", str(args.width), "--write", relative(args.write)]
         write_block(
             args.write,
             name="dpsgd-step",
