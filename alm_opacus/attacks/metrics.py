@@ -7,6 +7,7 @@ when ``score >= t``. Everything here is a pure function of arrays.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -209,15 +210,31 @@ def _epsilon_lower_bounds(
 def _upper_bounds(
     successes: npt.NDArray[np.int64] | FloatArray, trials: int, *, confidence: float
 ) -> FloatArray:
-    """One-sided Clopper–Pearson upper bounds, each distinct count computed once: a ROC's
-    counts repeat (a step of the other class leaves them unchanged), and ``beta.ppf`` on
-    every point was most of the split-half bound's cost."""
+    """One-sided Clopper–Pearson upper bounds, read from the table of every count ``0..n``
+    (`_upper_table`): a run asks for the same ``n`` and confidence thousands of times (every
+    ROC point of every split of every attack), and ``beta.ppf``'s per-call cost was most of
+    the split-half bound's. The values are ``clopper_pearson``'s, element for element."""
     counts = np.asarray(successes, dtype=np.float64)
-    distinct, inverse = np.unique(counts, return_inverse=True)
+    n = int(trials)
+    if n != trials or n < 1 or np.any(counts != np.round(counts)):
+        _, upper = clopper_pearson(
+            successes=counts, trials=trials, confidence=confidence, side="upper"
+        )
+        return np.asarray(upper, dtype=np.float64)
+    if np.any(counts < 0) or np.any(counts > n):  # the same error as clopper_pearson's
+        clopper_pearson(successes=counts, trials=n, confidence=confidence, side="upper")
+    return _upper_table(n, float(confidence))[counts.astype(np.int64)]
+
+
+@functools.lru_cache(maxsize=64)
+def _upper_table(trials: int, confidence: float) -> FloatArray:
+    """One-sided Clopper–Pearson upper bounds of ``k = 0..trials`` successes (read-only)."""
     _, upper = clopper_pearson(
-        successes=distinct, trials=trials, confidence=confidence, side="upper"
+        successes=np.arange(trials + 1), trials=trials, confidence=confidence, side="upper"
     )
-    return np.asarray(upper, dtype=np.float64)[inverse].reshape(counts.shape)
+    table = np.asarray(upper, dtype=np.float64)
+    table.flags.writeable = False
+    return table
 
 
 def best_threshold(*, scores: ArrayLike, is_member: ArrayLike) -> float:

@@ -314,3 +314,12 @@ def test_upper_bounds_of_repeated_counts_are_the_pointwise_bounds() -> None:
     _, pointwise = clopper_pearson(successes=counts, trials=300, confidence=0.975, side="upper")
     np.testing.assert_array_equal(_upper_bounds(counts, 300, confidence=0.975), pointwise)
     assert _upper_bounds(np.float64(7), 300, confidence=0.975).shape == ()
+    # read from a table of every count 0..n: the same values at the ends and for tiny n
+    for n in (1, 2, 75, 1001):
+        every = np.arange(n + 1)
+        _, direct = clopper_pearson(successes=every, trials=n, confidence=0.9, side="upper")
+        np.testing.assert_array_equal(_upper_bounds(every[::-1], n, confidence=0.9), direct[::-1])
+    with pytest.raises(ValueError, match="expected 0 <= k <= n"):
+        _upper_bounds(np.array([301.0]), 300, confidence=0.975)
+    with pytest.raises(ValueError, match="expected 0 <= k <= n"):
+        _upper_bounds(np.array([2.5]), 300, confidence=0.975)
