@@ -9,7 +9,9 @@ import math
 import textwrap
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 
+import matplotlib
 import numpy as np
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
@@ -49,6 +51,7 @@ __all__ = [
     "log_axis",
     "marker_face",
     "note_under",
+    "save_figure",
     "series_label",
     "set_log",
     "weak_words",
@@ -287,3 +290,23 @@ def note_under(fig: Figure, above: Artist, text: str) -> None:
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
     box = above.get_window_extent(renderer).transformed(fig.transFigure.inverted())
     fig.text(0.01, box.y0 - 0.01, text, fontsize=SMALL, va="top", ha="left")
+
+
+def save_figure(fig: Figure, targets: Sequence[tuple[Path, int | None]]) -> None:
+    """Write ``fig`` to each ``(path, dpi)`` (the format from the suffix; ``None``: the
+    format's default dpi), cropped to one tight box computed once at the first target's dpi.
+
+    ``bbox_inches="tight"`` renders the whole figure in each format only to measure it; the
+    box measured on the figure's own canvas is the same crop (the PNGs are the same pixels)
+    and costs one layout pass for every format.
+    """
+    if not targets:
+        return
+    first_dpi = targets[0][1]
+    if first_dpi is not None:
+        fig.set_dpi(first_dpi)
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    pad = float(matplotlib.rcParams["savefig.pad_inches"])
+    box = fig.get_tightbbox(renderer).padded(pad)
+    for path, dpi in targets:
+        fig.savefig(path, format=Path(path).suffix[1:], dpi=dpi, bbox_inches=box)

@@ -52,6 +52,7 @@ from alm_opacus.report.plot_style import (
     WEAK_LABEL,
     footnote,
     is_dp,
+    save_figure,
     series_label,
 )
 from alm_opacus.report.results import ResultRow
@@ -167,9 +168,7 @@ def write_plots(
         for stem, draw in drawers.items():
             fig = draw()
             try:
-                for suffix, dpi in ((".png", PNG_DPI), (".pdf", None)):
-                    path = tmp / f"{stem}{suffix}"
-                    fig.savefig(path, format=suffix[1:], dpi=dpi, bbox_inches="tight")
+                save_figure(fig, [(tmp / f"{stem}.png", PNG_DPI), (tmp / f"{stem}.pdf", None)])
             finally:
                 plt.close(fig)
 

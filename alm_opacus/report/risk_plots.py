@@ -30,6 +30,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from alm_opacus.report.folders import replace_folder
+from alm_opacus.report.plot_style import save_figure
 from alm_opacus.report.results import BASELINE
 from alm_opacus.report.risk import (
     RISK_FOLDER,
@@ -276,7 +277,7 @@ def write_risk_plots(run: Path, cells: Cells, *, images: ImageSource | None = No
         for stem, draw in drawers.items():
             fig = draw()
             try:
-                fig.savefig(tmp / f"{stem}.png", dpi=RISK_DPI, bbox_inches="tight")
+                save_figure(fig, [(tmp / f"{stem}.png", RISK_DPI)])
             finally:
                 plt.close(fig)
 
