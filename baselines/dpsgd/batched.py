@@ -100,12 +100,20 @@ def dpsgd_linear_heads(
     member = masks.to(device=dev, dtype=torch.bool).nonzero()[:, 1].view(n_heads, n_b)
     clip = config.max_grad_norm
     scale = sigma * clip
+    # The gathered batch (B x L x (d+1) floats, 150 MB at 128 heads of 25,000 rows and d =
+    # 512) goes into one buffer kept across steps: a fresh tensor of that size is fresh
+    # pages from the kernel each step, and faulting them in cost more than the matmuls.
+    buffer = torch.empty(0, d + 1, dtype=dt, device=dev)
     for _ in range(config.epochs * steps_per_epoch(q)):
         # Each step touches its Poisson batch only (O(batch), not O(n): a pass over all n
         # rows per step made the run quadratic in n), gathered per head and padded.
         rows, valid = _poisson_batches(n_heads, n_b, q, generator=g)
         idx = torch.gather(member, 1, rows)  # (B, L) row numbers
-        xb = xt[idx]  # (B, L, d+1)
+        if buffer.shape[0] < idx.numel():
+            buffer = torch.empty(idx.numel(), d + 1, dtype=dt, device=dev)
+        gathered = buffer[: idx.numel()]
+        torch.index_select(xt, 0, idx.reshape(-1), out=gathered)
+        xb = gathered.view(n_heads, -1, d + 1)  # (B, L, d+1): xt[idx], the same values
         r = torch.softmax(torch.bmm(w, xb.transpose(1, 2)), dim=1) - onehot[:, idx].transpose(0, 1)
         factor = (clip / (r.norm(order, dim=1) * xnorm[idx] + 1e-6)).clamp(max=1.0) * valid
         grad = torch.bmm(r * factor.unsqueeze(1), xb)  # (B, C, d+1)
