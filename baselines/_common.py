@@ -163,6 +163,7 @@ def select_config(
     *,
     score: Callable[[T], float],
     describe: Callable[[T], dict[str, Any]],
+    scoring: str | None = None,
 ) -> tuple[T, TuningResult]:
     """Pick the candidate with the highest public validation score (first one on ties).
 
@@ -170,6 +171,8 @@ def select_config(
         candidates: at most :data:`TUNING_BUDGET` configurations.
         score: public validation accuracy of a configuration (higher is better).
         describe: a JSON-able description of a configuration.
+        scoring: how the candidates were trained for scoring, when not as the release is
+            (appended to the record's note).
 
     Returns:
         The chosen configuration and the record of what was tried.
@@ -186,10 +189,11 @@ def select_config(
     tried = tuple(
         {**describe(c), "validation_accuracy": s} for c, s in zip(candidates, scores, strict=True)
     )
+    note = "chosen on public validation data at the target epsilon; costs no privacy"
     return candidates[best], TuningResult(
         chosen=describe(candidates[best]),
         tried=tried,
-        note="chosen on public validation data at the target epsilon; costs no privacy",
+        note=note if scoring is None else f"{note}; {scoring}",
     )
 
 
@@ -213,12 +217,13 @@ def choose(
     fixed: str | None,
     tune: bool,
     split: PublicSplit | None,
+    scoring: str | None = None,
 ) -> tuple[T, TuningResult]:
     """The tuning protocol in one place, run once per ``key`` (kept in ``store``).
 
     :func:`select_config` over ``candidates``, unless the configuration is fixed by options
     (``fixed`` names what), tuning is off, or there is no public validation ``split``: then
-    ``default``, recorded with the reason.
+    ``default``, recorded with the reason. ``scoring`` goes to :func:`select_config`.
 
     Returns:
         The configuration and the record of what was tried.
@@ -236,7 +241,7 @@ def choose(
         store[key] = (
             untuned(default, describe=describe, reason=skip)
             if skip is not None
-            else select_config(candidates, score=score, describe=describe)
+            else select_config(candidates, score=score, describe=describe, scoring=scoring)
         )
     return store[key]
 
@@ -268,6 +273,8 @@ class TuningSpace(Generic[T]):
         describe: a JSON-able description of a configuration.
         fixed: what the options fix (tuning is then skipped), or None.
         tune: false skips tuning (the method's ``tune`` option).
+        scoring: how candidates are trained for scoring when not as the release is (it goes
+            to the tuning record's note), or None.
     """
 
     key: Hashable
@@ -276,6 +283,7 @@ class TuningSpace(Generic[T]):
     describe: Callable[[T], dict[str, Any]]
     fixed: str | None = None
     tune: bool = True
+    scoring: str | None = None
 
 
 OptionsT = TypeVar("OptionsT", bound=MethodOptions)
@@ -323,6 +331,7 @@ class TunedMethod(Method[OptionsT, PreparedT], Generic[OptionsT, PreparedT, T]):
             tune=space.tune,
             split=split,
             score=score,
+            scoring=space.scoring,
         )
 
 

@@ -47,6 +47,8 @@ def dpsgd_linear_heads(
     seed: int,
     sample_rate: float | None = None,
     mechanism: str = "gaussian",
+    noise_seed: int | None = None,
+    noise_sensitivity: float | None = None,
 ) -> Params:
     """DP-SGD on ``B = len(masks)`` linear heads at once: Opacus's algorithm, batched.
 
@@ -60,7 +62,8 @@ def dpsgd_linear_heads(
     product of its factors' Lp norms) and no per-example tensor is formed. With ``alm`` or
     ``laplace`` the clipping is in L1 and the noise is that mechanism's at scale ``sigma C``
     (``MechanismDPOptimizer``'s step). Used for the
-    adaptive attacker's shadow heads (cheap), not for the victim (which runs Opacus).
+    adaptive attacker's shadow heads and for scoring tuning candidates on public data
+    (cheap), not for the victim (which runs Opacus).
 
     Args:
         features: (n, d).
@@ -74,6 +77,10 @@ def dpsgd_linear_heads(
         sample_rate: Poisson rate q; default ``1 / ceil(n_b / batch_size)`` as Opacus derives
             it. Steps are ``epochs * int(1 / q)``.
         mechanism: ``"gaussian"`` (L2 clipping), ``"alm"`` or ``"laplace"`` (L1 clipping).
+        noise_seed: seeds Poisson sampling and noise apart from the initialisation (default:
+            derived from ``seed``).
+        noise_sensitivity: Δ', the noise scale is ``sigma Δ'`` (default: the clip ``C``, as
+            Opacus's float step; an exact step's grid-rounded clip to match its scale).
 
     Returns:
         ``{"fc.weight": (B, C, d), "fc.bias": (B, C)}``.
@@ -96,10 +103,11 @@ def dpsgd_linear_heads(
     w = w.unsqueeze(0).repeat(n_heads, 1, 1).to(dev)  # (B, C, d+1)
     q = sample_rate_for(n=n_b, batch_size=config.batch_size) if sample_rate is None else sample_rate
     expected = max(1, int(n_b * q))
-    g = torch.Generator(device=dev).manual_seed(derive_seed("shadow-dpsgd", seed))
+    stream = derive_seed("shadow-dpsgd", seed) if noise_seed is None else noise_seed
+    g = torch.Generator(device=dev).manual_seed(stream)
     member = masks.to(device=dev, dtype=torch.bool).nonzero()[:, 1].view(n_heads, n_b)
     clip = config.max_grad_norm
-    scale = sigma * clip
+    scale = sigma * (clip if noise_sensitivity is None else noise_sensitivity)
     # The gathered batch (B x L x (d+1) floats, 150 MB at 128 heads of 25,000 rows and d =
     # 512) goes into one buffer kept across steps: a fresh tensor of that size is fresh
     # pages from the kernel each step, and faulting them in cost more than the matmuls.

@@ -61,6 +61,7 @@ __all__ = [
     "TrainingBackend",
     "alm_engine",
     "alm_generators",
+    "calibrated_sigma",
     "fit_private",
     "opacus_engine",
     "opacus_generators",
@@ -376,6 +377,33 @@ class OpacusRun:
         }
 
 
+def calibrated_sigma(
+    *,
+    n: int,
+    config: DPSGDConfig,
+    epsilon: float,
+    delta: float,
+    accountant: str,
+    mechanism: str,
+    dim: int,
+    sigmas: SigmaCache,
+) -> tuple[float, bool]:
+    """The noise multiplier :func:`fit_private` trains ``n`` rows with, and whether it was
+    known already: the accountant's search at Opacus's sample rate ``1 / ceil(n / batch)``
+    for ``config.epochs`` of its Poisson loader (``dim``: the noised coordinates). Anything
+    that must train with the same sigma as a run of :func:`fit_private` asks here.
+    """
+    return sigmas.noise_multiplier(
+        epsilon=epsilon,
+        delta=delta,
+        sample_rate=sample_rate_for(n=n, batch_size=config.batch_size),
+        epochs=config.epochs,
+        accountant=accountant,
+        mechanism=training_mechanism(mechanism).name,
+        dim=dim,
+    )
+
+
 def fit_private(
     x: Tensor,
     y: Tensor,
@@ -412,17 +440,16 @@ def fit_private(
     cache = sigmas if sigmas is not None else SigmaCache()
     start = time.perf_counter()
     mechanism = training_mechanism(mechanism).name
-    q = sample_rate_for(n=len(y), batch_size=config.batch_size)
-    # The noised coordinates, as the optimizer's hook records them (its noise_dim).
-    dim = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    sigma, known = cache.noise_multiplier(
+    sigma, known = calibrated_sigma(
+        n=len(y),
+        config=config,
         epsilon=epsilon,
         delta=delta,
-        sample_rate=q,
-        epochs=config.epochs,
         accountant=accountant,
         mechanism=mechanism,
-        dim=dim,
+        # The noised coordinates, as the optimizer's hook records them (its noise_dim).
+        dim=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        sigmas=cache,
     )
     calibration = time.perf_counter() - start
     run = run_opacus(

@@ -3,6 +3,12 @@
 Each (epsilon, noise draw) is one independent DP-SGD run on the frozen features (Abadi et
 al. 2016, Algorithm 1, through Opacus). The release states (target epsilon, delta)-DP under
 add/remove-one neighbours, with the accountant named beside every epsilon.
+
+Tuning scores each candidate on public data; for a linear head all its tuning draws train in
+one call of the batched re-implementation of Opacus's algorithm
+(:func:`~baselines.dpsgd.batched.dpsgd_linear_heads`: the same recipe, noise mechanism,
+clipping, Poisson rate, steps and calibrated noise multiplier), which is many times cheaper
+than one Opacus run per draw; the released head always trains through Opacus.
 """
 
 from __future__ import annotations
@@ -11,14 +17,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
+import torch
 from torch import Tensor, nn
 
+from alm_opacus.mechanisms.exact import inflated_sensitivity, step_grid
 from alm_opacus.methods import MethodContext, Predict, Release, ReleaseRequest, register_method
-from alm_opacus.plugin import AttackerFactory
+from alm_opacus.plugin import AttackerFactory, Head
 from alm_opacus.protect import Guarantee, PrivacyStatement, SensitivityInfo, SensitivitySource
-from baselines._common import PreparedData, PublicSplit, TunedMethod, TuningSpace, derive_seed
+from alm_opacus.training import training_mechanism
+from baselines._common import (
+    TUNING_DRAWS,
+    PreparedData,
+    PublicSplit,
+    TunedMethod,
+    TuningSpace,
+    derive_seed,
+    single_thread,
+)
 from baselines.dpsgd.accounting import SigmaCache
-from baselines.dpsgd.batched import dpsgd_shadow_trainer
+from baselines.dpsgd.batched import dpsgd_linear_heads, dpsgd_shadow_trainer
 from baselines.dpsgd.config import (
     TUNING_GRID,
     DPSGDConfig,
@@ -26,15 +43,35 @@ from baselines.dpsgd.config import (
     DPSGDRecipeOptions,
     default_schedule,
 )
-from baselines.dpsgd.head import train_dpsgd_head
-from baselines.dpsgd.loop import ALM_TRAINING, EXACT_NOTE, OpacusRun, TrainingBackend
+from baselines.dpsgd.head import head_size, train_dpsgd_head
+from baselines.dpsgd.loop import (
+    ALM_TRAINING,
+    EXACT_NOTE,
+    OpacusRun,
+    TrainingBackend,
+    calibrated_sigma,
+)
 
-__all__ = ["GAUSSIAN_FLOAT_NOTE", "DPSGDMethod", "OpacusFit", "dpsgd_statement"]
+__all__ = [
+    "BATCHED_TUNING_NOTE",
+    "GAUSSIAN_FLOAT_NOTE",
+    "DPSGDMethod",
+    "OpacusFit",
+    "dpsgd_statement",
+]
 
 #: What the statement says of floating-point Gaussian noise (a run with exact=False).
 GAUSSIAN_FLOAT_NOTE = (
     "floating-point Gaussian noise (exact=False; Mironov 2012): the guarantee is for the "
     "ideal mechanism, not for the floats computed"
+)
+#: The tuning record's note on how candidates were trained when the batched trainer scored them.
+BATCHED_TUNING_NOTE = (
+    "candidates scored with the batched re-implementation of Opacus's algorithm "
+    "(baselines.dpsgd.batched, all tuning draws of a candidate in one run: its recipe, noise "
+    "mechanism, clipping norm, Poisson rate, steps and the noise multiplier its Opacus run is "
+    "calibrated to, at the exact step's noise scale, in floating-point steps); the released "
+    "head trains through Opacus"
 )
 
 
@@ -186,6 +223,7 @@ class DPSGDMethod(TunedMethod[DPSGDRecipeOptions, _Prepared, DPSGDConfig]):
             describe=_describe,
             fixed="lr and clip" if len(candidates) == 1 else None,
             tune=opts.tune,
+            scoring=BATCHED_TUNING_NOTE if self._batched_tuning(request.context) else None,
         )
 
     def grid(self, prepared: _Prepared, *, context: MethodContext) -> tuple[dict[str, Any], ...]:
@@ -200,7 +238,10 @@ class DPSGDMethod(TunedMethod[DPSGDRecipeOptions, _Prepared, DPSGDConfig]):
         split: PublicSplit,
         request: ReleaseRequest,
     ) -> Callable[[int], Tensor]:
-        """One DP-SGD run on the public training rows per tuning draw (seeded noise)."""
+        """DP-SGD on the public training rows, once per tuning draw (seeded noise): all draws
+        in one batched run where :meth:`_batched_tuning` allows, else one :meth:`_fit` each."""
+        if self._batched_tuning(request.context):
+            return self._batched_answers(prepared, candidate, split=split, request=request)
 
         def answer(draw: int) -> Tensor:
             fit = self._fit(
@@ -212,6 +253,80 @@ class DPSGDMethod(TunedMethod[DPSGDRecipeOptions, _Prepared, DPSGDConfig]):
                 request=request,
             )
             return fit.predict_proba(split.validation_features)
+
+        return answer
+
+    def _batched_tuning(self, context: MethodContext) -> bool:
+        """Whether tuning trains through :func:`dpsgd_linear_heads`, the batched
+        re-implementation of what :meth:`_fit` runs: a linear head on the public features,
+        through :data:`ALM_TRAINING`'s engine. Anything else (MLP heads, ``dpsgd-full``,
+        another engine, a subclass that fits otherwise) tunes through :meth:`_fit`."""
+        cls = type(self)
+        return (
+            context.head.kind == "linear"
+            and self.backend is ALM_TRAINING
+            and cls._fit is DPSGDMethod._fit
+            and cls._public is DPSGDMethod._public
+        )
+
+    def _batched_answers(
+        self,
+        prepared: _Prepared,
+        candidate: DPSGDConfig,
+        *,
+        split: PublicSplit,
+        request: ReleaseRequest,
+    ) -> Callable[[int], Tensor]:
+        """The :data:`TUNING_DRAWS` tuning draws of ``candidate`` as one batched DP-SGD run.
+
+        Each draw is a head trained on all public training rows with its own Poisson batches
+        and noise; the initialisation is :meth:`_fit`'s, sigma is the one
+        :func:`~baselines.dpsgd.loop.fit_private` calibrates for the same rows, recipe,
+        accountant, mechanism and noised dimension, and the noise scale is sigma times the
+        exact step's grid-rounded clip Δ' (what ``alm_opacus.training``'s optimizer draws at).
+        """
+        context = request.context
+        head, classes = context.head, context.num_classes
+        x = split.train_features.to(context.device)
+        y = split.train_labels.to(context.device)
+        law = training_mechanism(self.noise_mechanism)
+        dim = head_size(d=int(x.shape[1]), num_classes=classes, head=head)
+        sigma, _ = calibrated_sigma(
+            n=len(y),
+            config=candidate,
+            epsilon=request.epsilon,
+            delta=request.delta,
+            accountant=self.accountant,
+            mechanism=law.name,
+            dim=dim,
+            sigmas=SigmaCache.of(context),
+        )
+        clip = candidate.max_grad_norm
+        grid = step_grid(max_grad_norm=clip, norm=law.norm, dim=dim)
+        with single_thread():
+            params = dpsgd_linear_heads(
+                x,
+                y,
+                masks=torch.ones(TUNING_DRAWS, len(y), dtype=torch.bool),
+                num_classes=classes,
+                head=head,
+                config=candidate,
+                sigma=sigma,
+                seed=derive_seed("tune-init", prepared.seed),
+                noise_seed=derive_seed("tune-batched", prepared.seed, request.epsilon),
+                mechanism=law.name,
+                noise_sensitivity=inflated_sensitivity(
+                    sensitivity=clip, norm=law.norm, dim=dim, grid=grid, rounding=0.5
+                ),
+            )
+        heads = [
+            Head.from_params(params, index=b, num_classes=classes, config=head)
+            for b in range(TUNING_DRAWS)
+        ]
+        rows = split.validation_features.to(context.device)
+
+        def answer(draw: int) -> Tensor:
+            return heads[draw].predict_proba(rows).float().cpu()
 
         return answer
 
