@@ -135,7 +135,9 @@ def test_a_small_evaluation_set_keeps_its_first_false_positive() -> None:
         ([0.0, 0.6, 0.4, 1.0], [0.0, 0.5, 0.6, 1.0], "ascending"),
     ],
 )
-def test_bound_roc_refuses_what_is_not_a_full_curve(fpr, tpr, needle) -> None:  # type: ignore[no-untyped-def]
+def test_bound_roc_refuses_what_is_not_a_full_curve(
+    fpr: list[float], tpr: list[float], needle: str
+) -> None:
     with pytest.raises(ValueError) as info:
         bound_roc(fpr=fpr, tpr=tpr)
     assert needle in str(info.value)

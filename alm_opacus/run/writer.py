@@ -197,8 +197,9 @@ class RunWriter:
             self._rocs_kept = found.kept
 
     def add(self, outcome: CellOutcome) -> None:
-        """Record one finished cell and rewrite results, ROC curves, config, the releases'
-        records, the cell's risk file and TensorBoard."""
+        """Record one finished cell: append its ROC curves to ``rocs.jsonl`` (fsynced), then
+        rewrite results, config, the releases' records, the cell's risk file and
+        TensorBoard."""
         self._start_writing()
         self._writing(_CELL_FILES)
         written = [self.out / "results.csv"]
