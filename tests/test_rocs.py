@@ -26,6 +26,7 @@ from alm_opacus.run import writer as writer_module
 from alm_opacus.run.cells import CellOutcome
 from alm_opacus.run.config import RunConfig
 from alm_opacus.run.plan import plan_run
+from alm_opacus.run.resume import check_manifest, check_rocs
 from alm_opacus.run.writer import RunWriter
 
 
@@ -294,6 +295,9 @@ def test_a_killed_cell_resumes_to_the_straight_runs_curves(
     assert left.startswith(first) and len(left) > len(first)  # the killed cell's (part) line
     assert [r.epsilon for r in read_results(out / "results.csv")] == [1.0]
     assert ROCS_FILE in w.manifest.writing  # a kill leaves it named: resume accepts it
+    check_manifest(out)
+    settings = json.loads((out / "config.json").read_text())
+    check_rocs(out / ROCS_FILE, settings=settings, cells={("alm", "1", 0)})
     resumed = _writer(out, resume=True)
     assert set(resumed.rocs) == {("alm", 1.0, "loss")}
     assert [r.epsilon for r in resumed.rows] == [1.0]

@@ -157,7 +157,8 @@ def check_manifest(out: Path) -> None:
     """Check a resumed run folder against its ``manifest.json``: every file the run wrote
     must be there with the recorded size and SHA-256 (a file a killed run was rewriting is
     accepted as it is: :mod:`alm_opacus.run.manifest`); the run's own top-level files must
-    all be recorded.
+    all be recorded, except one the manifest names as being written (a killed run's first
+    write of it).
 
     Raises:
         ValueError: one line naming the file that does not match, or the missing manifest.
@@ -166,7 +167,8 @@ def check_manifest(out: Path) -> None:
     manifest = read_manifest(out, prefix="--resume: ", hint=hint)
     verify_manifest(out, manifest, prefix="--resume: ", hint=hint, tolerate_writing=True)
     for name in ("config.json", "results.csv", ROCS_FILE, LEGACY_ROCS_FILE, DRAWS_FILE):
-        if os.path.lexists(out / name) and name not in manifest.files:
+        new = name not in manifest.files and name not in manifest.writing
+        if os.path.lexists(out / name) and new:
             raise ValueError(
                 f"--resume: {out / name} is not in {out / MANIFEST_FILE}: the run "
                 f"did not write it; {hint}"
