@@ -629,8 +629,8 @@ def _paper_grid(
 
 def grid_summary(out: Path) -> dict[str, Any]:
     """Where a grid's time went, from its run folder: each method's cells (count, shortest,
-    longest, total seconds; ``results.csv``'s ``seconds``, one value per cell) and the size
-    of ``rocs.json``."""
+    longest, total seconds; ``results.csv``'s ``seconds``, one value per cell) and the name
+    and size of its ROC file (``rocs.jsonl``; ``rocs.json`` in runs of older versions)."""
     import csv
 
     cells: dict[tuple[str, str], float] = {}
@@ -640,9 +640,11 @@ def grid_summary(out: Path) -> dict[str, Any]:
     methods: dict[str, list[float]] = {}
     for (method, _), seconds in cells.items():
         methods.setdefault(method, []).append(seconds)
+    rocs = out / "rocs.jsonl" if (out / "rocs.jsonl").exists() else out / "rocs.json"
     return {
         "cells": {m: [len(v), min(v), max(v), sum(v)] for m, v in methods.items()},
-        "rocs_bytes": (out / "rocs.json").stat().st_size,
+        "rocs_file": rocs.name,
+        "rocs_bytes": rocs.stat().st_size,
     }
 
 
@@ -807,7 +809,7 @@ def _cells(record: dict[str, Any]) -> str:
     ]
     return (
         f" Cells ({'; '.join(each)}); the rest is preparing the run and writing it. "
-        f"`rocs.json`: {record['rocs_bytes'] / 1e6:.0f} MB."
+        f"`{record.get('rocs_file', 'rocs.json')}`: {record['rocs_bytes'] / 1e6:.0f} MB."
     )
 
 

@@ -93,7 +93,7 @@ def test_the_next_invocation_resumes_and_sums_the_parts(
     def child(command: list[str], **kwargs: Any) -> tuple[int, list[dict[str, Any]]]:
         seen.append(command)
         out.mkdir(exist_ok=True)  # what a finished compare.py leaves
-        (out / "rocs.json").write_text("{}")
+        (out / "rocs.jsonl").write_text("{}\n")
         if not (out / "results.csv").exists():
             (out / "results.csv").write_text("method,epsilon,seconds\nnone,inf,5.0\n")
         part = {
@@ -169,10 +169,11 @@ def test_a_grid_summary_counts_cells_not_rows_and_goes_into_the_block(
         f"{m},{e},a{i},{s}" for i, (m, e, s) in enumerate(rows)
     ]
     (out / "results.csv").write_text("\n".join(lines) + "\n")
-    (out / "rocs.json").write_bytes(b"x" * 3_000_000)
+    (out / "rocs.jsonl").write_bytes(b"x" * 3_000_000)
     summary = bench.grid_summary(out)
     assert summary == {
         "cells": {"none": [1, 10.0, 10.0, 10.0], "alm": [2, 200.0, 260.0, 460.0]},
+        "rocs_file": "rocs.jsonl",
         "rocs_bytes": 3_000_000,
     }
     cache = bench.Cache(tmp_path / "results.json")
@@ -186,4 +187,8 @@ def test_a_grid_summary_counts_cells_not_rows_and_goes_into_the_block(
     cache.put("paper-grid,n=10000", {**record, **summary})
     block = bench.paper_block(cache)
     assert "2 alm: 3.3 min-4.3 min each, 7.7 min in all" in block
-    assert "1 none: 10.0 s;" in block and "`rocs.json`: 3 MB." in block
+    assert "1 none: 10.0 s;" in block and "`rocs.jsonl`: 3 MB." in block
+    # a record of an older version's run names its rocs.json
+    old = {k: v for k, v in summary.items() if k != "rocs_file"}
+    cache.put("paper-grid,n=10000", {**record, **old})
+    assert "`rocs.json`: 3 MB." in bench.paper_block(cache)

@@ -87,6 +87,7 @@ def _make_run(
     split_seed: int = 0,
     epsilons: tuple[float, ...] = (1.0, 10.0),
     rows: list[ResultRow] | None = None,
+    rocs: str = "rocs.jsonl",
 ) -> Path:
     """A finished run folder as a run leaves it (``none`` and ``alm`` at ``epsilons``, one
     seed), on a ``features:PATH`` data set, with the owner's paths in ``config.json``, its
@@ -108,7 +109,14 @@ def _make_run(
         folder / "results.csv",
         rows if rows is not None else _rows(row, dataset=str(config["dataset"]), epsilons=epsilons),
     )
-    (folder / "rocs.json").write_text("[]")
+    if rocs == "rocs.jsonl":
+        curve = {"loss": {"fpr": [0.0, 1.0], "tpr": [0.0, 1.0]}}
+        lines = [{"method": "none", "epsilon": "inf", "seed": 0, "curves": curve}] + [
+            {"method": "alm", "epsilon": e, "seed": 0, "curves": curve} for e in epsilons
+        ]
+        (folder / rocs).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    else:  # an older version's: every full curve, rewritten after every cell
+        (folder / rocs).write_text("[]")
     (folder / "draws.csv").write_text("method,epsilon\n")
     (folder / "plots").mkdir()
     for name in ("fig1_utility_loss.png", "tradeoff.png"):
@@ -157,10 +165,11 @@ def _export(run: Path, dest: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.parametrize("rocs", ["rocs.jsonl", "rocs.json"])
 def test_export_copies_what_the_run_shares_without_torch(
-    tmp_path: Path, make_run: Callable[..., Path]
+    tmp_path: Path, make_run: Callable[..., Path], rocs: str
 ) -> None:
-    run = make_run(tmp_path / "run")
+    run = make_run(tmp_path / "run", rocs=rocs)
     dest = tmp_path / "out" / "shared"
     done = _export(run, dest)
     assert done.returncode == 0, done.stderr
@@ -174,7 +183,7 @@ def test_export_copies_what_the_run_shares_without_torch(
             "draws.csv",
             "report.html",
             "results.csv",
-            "rocs.json",
+            rocs,
             "plots/fig1_utility_loss.pdf",
             "plots/fig1_utility_loss.png",
             "plots/tradeoff.png",
@@ -196,6 +205,7 @@ def test_export_copies_what_the_run_shares_without_torch(
     for stray in strays:
         assert stray in readme
     assert "5 other files" in done.stdout
+    assert (dest / rocs).read_bytes() == (run / rocs).read_bytes()  # copied as the run wrote it
     # no member index and no path of the owner's machine anywhere in the copy
     for path in dest.rglob("*"):
         if path.is_file():

@@ -140,6 +140,8 @@ def test_resume_after_an_interruption_gives_the_same_table(finished, tmp_path, s
     straight = tmp_path / "straight"
     harness.run(RunConfig(**{**config.__dict__, "out": str(straight)}))
     assert _table(out) == _table(straight)
+    # the curves too: the resumed run appended to the interrupted run's lines
+    assert (out / "rocs.jsonl").read_bytes() == (straight / "rocs.jsonl").read_bytes()
     assert len(resumed.rows) == 1 + 2 + 2 + 1  # none, alm at 1 and 2, the no-leak reference
     settings = json.loads((out / "config.json").read_text())
     assert settings["epsilons"] == [1.0, 2.0]
@@ -219,12 +221,12 @@ def test_planted_symlinks_are_never_written_through(finished, tmp_path, shared_c
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
     out = _copy(finished, tmp_path / "run")
-    (out / "rocs.json").unlink()
-    (out / "rocs.json").symlink_to(victim)
+    (out / "rocs.jsonl").unlink()
+    (out / "rocs.jsonl").symlink_to(victim)
     (out / ".write-test").symlink_to(victim)
     assert _run(out, shared_cache, "--overwrite") == 0
     assert victim.read_text() == "precious"
-    assert not (out / "rocs.json").is_symlink()
+    assert not (out / "rocs.jsonl").is_symlink()
     fresh = tmp_path / "locked"
     fresh.mkdir()
     (fresh / ".lock").symlink_to(victim)
@@ -415,6 +417,28 @@ def _json_edit(name: str, edit):  # type: ignore[no-untyped-def]
     return apply
 
 
+def _rocs_edit(edit):  # type: ignore[no-untyped-def]
+    """Rewrite rocs.jsonl's complete lines (without their newlines) with ``edit``."""
+
+    def apply(out: Path) -> None:
+        lines = (out / "rocs.jsonl").read_bytes().splitlines()
+        (out / "rocs.jsonl").write_bytes(b"".join(line + b"\n" for line in edit(lines)))
+
+    return apply
+
+
+def _tpr_2(line: bytes) -> bytes:
+    item = json.loads(line)
+    for curve in item["curves"].values():
+        curve["tpr"] = [2.0] * len(curve["tpr"])
+    return json.dumps(item).encode()
+
+
+def _legacy_rocs(out: Path) -> None:
+    """What an older version left: every full curve in rocs.json."""
+    (out / "rocs.json").write_text("[]")
+
+
 # rows of the finished run: 0 = none (the baseline), 1 = alm (loss), 2 = alm (loss-clean),
 # 3 = no-leak (the reference)
 @pytest.mark.slow
@@ -441,14 +465,10 @@ def _json_edit(name: str, edit):  # type: ignore[no-untyped-def]
             "the statement rule",
         ),
         (_set(1, epsilon_spent=0.5), "line 3: epsilon_spent=0.5 is below epsilon=1.0"),
-        (_json_edit("rocs.json", lambda items: [*items, items[0]]), "repeats the curve"),
-        (
-            _json_edit(
-                "rocs.json",
-                lambda items: [{**items[0], "tpr": [2.0] * len(items[0]["tpr"])}, *items[1:]],
-            ),
-            "all in [0, 1]",
-        ),
+        (_rocs_edit(lambda lines: [*lines, lines[0]]), "line 4: repeats the curves of line 1"),
+        (_rocs_edit(lambda lines: [_tpr_2(lines[0]), *lines[1:]]), "line 1: expected one"),
+        (_rocs_edit(lambda lines: [lines[0], b"{", *lines[1:]]), "line 2: expected one"),
+        (_legacy_rocs, "rocs.json holds ROC curves in the format of an older version"),
         (
             _json_edit("config.json", lambda c: {**c, "epsilons": [-1]}),
             "'epsilons' is [-1]: expected a list of positive numbers",
@@ -473,6 +493,8 @@ def _json_edit(name: str, edit):  # type: ignore[no-untyped-def]
         "spent-below-epsilon",
         "duplicate-roc",
         "roc-out-of-range",
+        "roc-not-json",
+        "legacy-rocs-json",
         "config-epsilons",
     ],
 )
@@ -495,7 +517,7 @@ def test_resume_removes_what_a_killed_run_left_behind(finished, tmp_path, shared
     before = (out / "results.csv").read_text()
     residues = [
         out / ".results.csv.k2l1x.tmp",
-        out / ".rocs.json.9a7b.tmp",
+        out / ".rocs.jsonl.9a7b.tmp",
         out / "private" / ".split.json.x0.tmp",
         out / ".plots.new-3f2a" / "a.png",
         out / ".tb.old-77" / "events",

@@ -148,7 +148,7 @@ def write_plots(
 
     Args:
         rows: the run's rows.
-        rocs: the ROC curves of ``rocs.json``.
+        rocs: the ROC curves of ``rocs.jsonl`` (:mod:`alm_opacus.report.rocs`).
         folder: where the figures go (replaced whole).
         members: the member count (the weak-δ′ line 1/n); unknown: 1e-3.
         nonmembers: the evaluation set's non-member count, which decides the TPR panels

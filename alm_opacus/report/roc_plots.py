@@ -42,20 +42,21 @@ __all__ = [
     "roc_grid_figure",
 ]
 
-#: The ROC curves of ``rocs.json``: (method, ε, attack) -> (FPRs, TPRs).
+#: The ROC curves of ``rocs.jsonl`` (:mod:`alm_opacus.report.rocs`): (method, ε, attack) ->
+#: (FPRs, TPRs), bounded (:func:`~alm_opacus.attacks.metrics.bound_roc`).
 RocMap = Mapping[tuple[str, float, str], tuple[Sequence[float], Sequence[float]]]
 
 
 def roc_floor(rocs: RocMap) -> float:
     """The smallest FPR the evaluation set resolves, 1 / (non-members): the smallest positive
-    FPR of any curve (every FPR is a multiple of it). The ROC axes start there, since an FPR
-    below one false positive cannot be read off the evaluation set."""
+    FPR of any curve (a bounded curve keeps its points there). The ROC axes start there,
+    since an FPR below one false positive cannot be read off the evaluation set."""
     steps = [min((x for x in fpr if x > 0), default=1.0) for fpr, _ in rocs.values()]
     return min(steps, default=1e-2)
 
 
 class _RocFacts:
-    """What the rows say about the ROC curves of ``rocs.json``: the table's AUC of each
+    """What the rows say about the ROC curves of ``rocs.jsonl``: the table's AUC of each
     (method, epsilon, attack) (the mean over noise draws and seeds), the draw and seed
     counts, and each point's guarantee."""
 
@@ -186,7 +187,7 @@ def roc_figure(
 ) -> Figure:
     """ROC curves on log-log axes (Carlini et al. 2022) at ``epsilon`` (default:
     :func:`roc_epsilon`, said in the title): per method, its strongest attack by AUC, plus
-    the unprotected head. Each curve is one noise draw of one seed (``rocs.json``); the
+    the unprotected head. Each curve is one noise draw of one seed (``rocs.jsonl``); the
     legend gives that curve's AUC and, in brackets, the table's (the mean over draws)."""
     if epsilon is None:
         target, why = roc_epsilon(rocs, rows, members=members)

@@ -9,7 +9,8 @@ each is checked against its digest. What is copied:
 * ``config.json``, without the split seed (:data:`~alm_opacus.run.layout.WITHHELD_KEYS`), and
   with every path of the owner's machine cut to its last part (:data:`PATH_KEYS`, and the
   file of a ``features:PATH`` dataset);
-* ``results.csv`` (its ``dataset`` column cut like ``config.json``'s), ``rocs.json``,
+* ``results.csv`` (its ``dataset`` column cut like ``config.json``'s), ``rocs.jsonl`` (the
+  bounded ROC curves, one line per cell; ``rocs.json`` in a run of an older version),
   ``draws.csv``;
 * of ``plots/``, the figures the run draws there: its ``*.png`` and ``*.pdf`` files (not in a
   subfolder); of ``tb/``, TensorBoard's event files (``events.out.tfevents.*``, in any
@@ -420,8 +421,9 @@ def _readme(left_out: Sequence[str], *, default_seed: bool) -> str:
         "The shareable part of an alm_opacus run, made by `alm-opacus export RUN DEST`.",
         "",
         f"{REPORT_FILE} is the run's report without its per-member section; results.csv, "
-        "rocs.json, draws.csv and config.json hold the numbers, plots/ the figures, tb/ the "
-        "TensorBoard events (tensorboard --logdir tb).",
+        "rocs.jsonl (the ROC curves: every point below FPR 1e-3, then a log-spaced grid; one "
+        "line per cell), draws.csv and config.json hold the numbers, plots/ the figures, tb/ "
+        "the TensorBoard events (tensorboard --logdir tb).",
         "",
         "Left out:",
         f"- {PRIVATE_DIR}/: the member indices (split.json), the clean, unprotected head, the "

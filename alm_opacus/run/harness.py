@@ -270,8 +270,8 @@ def run(
     executor_options: Mapping[str, Any] | None = None,
 ) -> RunResult:
     """Run the whole comparison into ``config.out``: ``config.json``, ``split.json``,
-    ``results.csv``, ``rocs.json``, TensorBoard events and plots, each written atomically
-    by this process (the driver) after every cell.
+    ``results.csv``, ``rocs.jsonl`` (appended per cell), TensorBoard events and plots, each
+    written atomically by this process (the driver) after every cell.
 
     Args:
         config: the run, or its plan (:func:`~alm_opacus.run.plan.plan_run`; a config is

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from alm_opacus.report.draws import DRAWS_FILE
+from alm_opacus.report.rocs import LEGACY_ROCS_FILE, ROCS_FILE
 
 __all__ = [
     "DEFAULT_CACHE",
@@ -33,8 +34,18 @@ DEFAULT_CACHE = f"{PRIVATE_DIR}/cache"
 #: What may be shared: aggregates over the evaluation set, with no member index and no
 #: clean weight. ``export_run`` copies these (of ``plots/`` the figures, of ``tb/`` the
 #: event files: :mod:`alm_opacus.run.export`); ``report.html`` names the most exposed
-#: members, so it stays with the owner (the export writes a page without them).
-SHARED_FILES = ("config.json", "results.csv", "rocs.json", "tb", "plots", DRAWS_FILE)
+#: members, so it stays with the owner (the export writes a page without them). A finished
+#: run of an older version has ``rocs.json`` (:data:`LEGACY_ROCS_FILE`) in place of
+#: ``rocs.jsonl``: exported as it is.
+SHARED_FILES = (
+    "config.json",
+    "results.csv",
+    ROCS_FILE,
+    LEGACY_ROCS_FILE,
+    "tb",
+    "plots",
+    DRAWS_FILE,
+)
 #: ``config.json`` keys an export withholds: the split seed re-draws the member indices
 #: (the split is a public, deterministic function of data set, sizes and seed). Paths of the
 #: owner's machine are not withheld but cut to their last part (``export.PATH_KEYS``).

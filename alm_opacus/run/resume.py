@@ -2,7 +2,8 @@
 
 :class:`~alm_opacus.run.rundir.RunFolder` (which re-exports these names) calls them from
 ``check`` before anything is written: the kept rows (:func:`check_rows`) and ROC curves
-(:func:`check_rocs`) must belong to the previous ``config.json``'s grid, the folder must match
+(:func:`check_rocs`: ``rocs.jsonl``, :mod:`alm_opacus.report.rocs`) must belong to the
+previous ``config.json``'s grid, the folder must match
 its ``manifest.json`` (:func:`check_manifest`) and the data its recorded digest
 (:func:`check_data`). Each refusal is one line naming the file, the entry and what to do.
 """
@@ -12,13 +13,14 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 from alm_opacus.methods import method_class
 from alm_opacus.report.draws import DRAWS_FILE
 from alm_opacus.report.results import ResultRow, cell_key, out_of_range
+from alm_opacus.report.rocs import LEGACY_ROCS_FILE, ROCS_FILE, read_rocs
 from alm_opacus.run.manifest import MANIFEST_FILE, read_manifest, verify_manifest
 from alm_opacus.run.row_rules import row_rule_problem
 
@@ -122,41 +124,29 @@ def check_rows(rows: Sequence[ResultRow], *, settings: dict[str, Any], path: Pat
             )
 
 
-def check_rocs(path: Path, *, settings: dict[str, Any]) -> None:
-    """Check a resumed run's ``rocs.json``: each curve once, of a method and epsilon of
-    ``config.json`` (``settings``), with as many FPRs as TPRs, all in [0, 1].
+def check_rocs(
+    path: Path, *, settings: dict[str, Any], cells: Collection[tuple[str, str, int]]
+) -> None:
+    """Check a resumed run's ``rocs.jsonl`` (:mod:`alm_opacus.report.rocs`): every complete
+    line one cell's curves, with as many FPRs as TPRs, all in [0, 1]; of the lines of the
+    ``cells`` of ``results.csv`` (the others, and a torn last line, the resumed run drops),
+    one per cell, each of a method and epsilon of ``config.json`` (``settings``).
 
     Raises:
-        ValueError: naming ``path`` and the first bad entry.
+        ValueError: naming ``path`` and the first bad line.
     """
-    items = _read_json(path, what="rocs.json", hint="use --overwrite", prefix="--resume: ")
+    try:
+        found = read_rocs(path, cells=cells)
+    except ValueError as exc:
+        raise ValueError(f"--resume: {exc}; use --overwrite") from exc
     methods = _str_list(settings, "methods", path)
     grid = {cell_key("", e, 0)[1] for e in _float_list(settings, "epsilons", path)} | {"inf"}
-    seen: set[tuple[str, str, str]] = set()
-    for i, item in enumerate(items if isinstance(items, list) else [None]):
-        where = f"--resume: {path}: entry {i}"
-        try:
-            method, attack = str(item["method"]), str(item["attack"])
-            label = cell_key("", float(item["epsilon"]), 0)[1]
-            fpr, tpr = [float(v) for v in item["fpr"]], [float(v) for v in item["tpr"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(
-                f"{where}: expected method, epsilon, attack, fpr and tpr ({exc!r}); use --overwrite"
-            ) from exc
+    for line in found.lines:
+        method, label, seed = line.cell()
         if method not in methods or label not in grid:
             raise ValueError(
-                f"{where}: ({method!r}, epsilon {label}) is not a cell of "
-                "config.json's grid; use --overwrite"
-            )
-        if (method, label, attack) in seen:
-            raise ValueError(
-                f"{where}: repeats the curve of ({method!r}, epsilon {label}, "
-                f"{attack!r}); use --overwrite"
-            )
-        seen.add((method, label, attack))
-        if len(fpr) != len(tpr) or not all(0 <= v <= 1 for v in (*fpr, *tpr)):
-            raise ValueError(
-                f"{where}: expected as many FPRs as TPRs, all in [0, 1]; use --overwrite"
+                f"--resume: {path}: the curves of ({method!r}, epsilon {label}, seed {seed}) "
+                "are not of a cell of config.json's grid; use --overwrite"
             )
 
 
@@ -167,7 +157,8 @@ def check_manifest(out: Path) -> None:
     """Check a resumed run folder against its ``manifest.json``: every file the run wrote
     must be there with the recorded size and SHA-256 (a file a killed run was rewriting is
     accepted as it is: :mod:`alm_opacus.run.manifest`); the run's own top-level files must
-    all be recorded.
+    all be recorded, except one the manifest names as being written (a killed run's first
+    write of it).
 
     Raises:
         ValueError: one line naming the file that does not match, or the missing manifest.
@@ -175,8 +166,9 @@ def check_manifest(out: Path) -> None:
     hint = "use --overwrite to start again"
     manifest = read_manifest(out, prefix="--resume: ", hint=hint)
     verify_manifest(out, manifest, prefix="--resume: ", hint=hint, tolerate_writing=True)
-    for name in ("config.json", "results.csv", "rocs.json", DRAWS_FILE):
-        if os.path.lexists(out / name) and name not in manifest.files:
+    for name in ("config.json", "results.csv", ROCS_FILE, LEGACY_ROCS_FILE, DRAWS_FILE):
+        new = name not in manifest.files and name not in manifest.writing
+        if os.path.lexists(out / name) and new:
             raise ValueError(
                 f"--resume: {out / name} is not in {out / MANIFEST_FILE}: the run "
                 f"did not write it; {hint}"

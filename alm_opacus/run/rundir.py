@@ -4,7 +4,8 @@ what may be shared.
 Layout of ``<out>``:
 
 * shareable (:data:`SHARED_FILES`, what ``alm-opacus export RUN DEST`` copies,
-  :mod:`alm_opacus.run.export`): ``config.json``, ``results.csv``, ``rocs.json``,
+  :mod:`alm_opacus.run.export`): ``config.json``, ``results.csv``, ``rocs.jsonl`` (appended
+  per cell: :mod:`alm_opacus.report.rocs`; ``rocs.json`` in runs of older versions),
   ``draws.csv``, ``tb/``, ``plots/``, written with the umask's permissions;
 * ``report.html``: names the most exposed members, so it is written owner-only (0600); the
   export writes a page without them;
@@ -33,7 +34,9 @@ Rules:
   following them).
 * A start that fails before its first cell is written leaves the folder as it found it.
 * Temporary files left by a killed run are removed when the next run takes the lock.
-* Every file is written atomically; probes never follow symlinks.
+* Every file is written atomically, except ``rocs.jsonl``: appended (fsynced) before the
+  cell's rows reach ``results.csv``; a resume drops its lines without rows, rewriting it
+  once, atomically. Probes never follow symlinks.
 
 Whoever can write the run folder is trusted: the checks guard against corruption, stale
 versions and mistakes, not against a forger (``docs/threat_model.md``).
@@ -61,6 +64,7 @@ from alm_opacus.report.draws import DRAWS_FILE
 from alm_opacus.report.html import REPORT_FILE
 from alm_opacus.report.results import read_results
 from alm_opacus.report.risk import RISK_FOLDER
+from alm_opacus.report.rocs import LEGACY_ROCS_FILE, ROCS_FILE, legacy_refusal
 from alm_opacus.run.config import config_mismatch
 from alm_opacus.run.export import export_run
 from alm_opacus.run.layout import (
@@ -101,7 +105,8 @@ RUN_FILES = (
     "config.json",
     SPLIT_FILE,
     "results.csv",
-    "rocs.json",
+    ROCS_FILE,
+    LEGACY_ROCS_FILE,
     "tb",
     "plots",
     "split.json",
@@ -292,15 +297,18 @@ class RunFolder:
                 f"{'; '.join(diff[:6])}; use the same settings, --overwrite, or another --out"
             )
         results = self.out / "results.csv"
+        rows = []
         if results.exists():
             try:
                 rows = read_results(results)
             except (OSError, ValueError) as exc:
                 raise ValueError(f"--resume: {exc}; use --overwrite to start again") from exc
             check_rows(rows, settings=previous, path=results)
-        rocs = self.out / "rocs.json"
+        if os.path.lexists(self.out / LEGACY_ROCS_FILE):
+            raise ValueError(f"--resume: {legacy_refusal(self.out)}")
+        rocs = self.out / ROCS_FILE
         if rocs.exists():
-            check_rocs(rocs, settings=previous)
+            check_rocs(rocs, settings=previous, cells={row.cell() for row in rows})
         check_manifest(self.out)
         check_data(previous, current, out=self.out)
 

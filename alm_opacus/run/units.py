@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from alm_opacus.attacks import AttackResult, PreparedAttacks
+from alm_opacus.attacks.metrics import bound_roc
 from alm_opacus.data import to_float
 from alm_opacus.data.split import Split
 from alm_opacus.errors import InfeasibleRelease
@@ -274,10 +275,11 @@ def cell_unit(shared: RunInputs, cell: Cell, prepared: Any, plain: PlainAttacks)
         seconds=time.perf_counter() - start,
     )
     rocs: RocMap = {}
-    for result in results:  # the first draw's curve of each attack
+    for result in results:  # the first draw's curve of each attack, bounded (rows have its metrics)
         key = (cell.method, cell.epsilon, result.attack)
         if key not in rocs:
-            rocs[key] = (result.roc.fpr.tolist(), result.roc.tpr.tolist())
+            fpr, tpr = bound_roc(fpr=result.roc.fpr, tpr=result.roc.tpr)
+            rocs[key] = (fpr.tolist(), tpr.tolist())
     chosen = releases[0].chosen_config
     entry = (
         None

@@ -1,4 +1,9 @@
-"""Everything a run writes after each cell: results, ROC curves, config, TensorBoard, plots."""
+"""Everything a run writes after each cell: results, ROC curves, config, TensorBoard, plots.
+
+A cell's ROC curves are appended to ``rocs.jsonl`` (:mod:`alm_opacus.report.rocs`), flushed
+and fsynced, before ``results.csv`` is rewritten with its rows: a cell of ``results.csv``
+always has its curves, and the curves file is never rewritten whole while cells finish.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +28,15 @@ from alm_opacus.report.results import (
 )
 from alm_opacus.report.risk import RISK_FOLDER, CellScores, load_risk, write_risk
 from alm_opacus.report.risk_plots import RISK_PLOTS, ImageSource, one_seed, write_risk_plots
+from alm_opacus.report.rocs import (
+    LEGACY_ROCS_FILE,
+    ROCS_FILE,
+    RocLine,
+    append_rocs,
+    legacy_refusal,
+    read_rocs,
+    roc_map,
+)
 from alm_opacus.report.tensorboard import write_tensorboard
 from alm_opacus.run.cells import CellOutcome, RocMap
 from alm_opacus.run.layout import SPLIT_FILE
@@ -39,12 +53,13 @@ from alm_opacus.run.plan import RunPlan
 __all__ = ["RunWriter"]
 
 #: What a cell may rewrite (named in the manifest before the writes: :mod:`.manifest`).
-_CELL_FILES = ("results.csv", "rocs.json", DRAWS_FILE, "config.json", str(RISK_FOLDER), "tb")
+_CELL_FILES = ("results.csv", ROCS_FILE, DRAWS_FILE, "config.json", str(RISK_FOLDER), "tb")
 #: What :meth:`RunWriter.finish` may rewrite.
 _FINAL_FILES = ("config.json", "plots", str(RISK_FOLDER), "tb", REPORT_FILE)
 
-#: Seconds between live rewrites of ``tb/`` while cells finish; results.csv, rocs.json and
-#: config.json are rewritten after every cell, and tb/ at the end and on an interruption.
+#: Seconds between live rewrites of ``tb/`` while cells finish; results.csv and config.json
+#: are rewritten after every cell (rocs.jsonl appended to), and tb/ at the end and on an
+#: interruption.
 TENSORBOARD_REFRESH_S = 20.0
 
 
@@ -52,7 +67,10 @@ class RunWriter:
     """Holds the run's rows and rewrites its files atomically after every cell.
 
     On resume it starts from the previous run's rows, ROC curves and chosen configurations,
-    and ``config.json``'s grid becomes the union of the previous grid and this one.
+    and ``config.json``'s grid becomes the union of the previous grid and this one. Lines of
+    ``rocs.jsonl`` a killed run left without their rows (a torn last line, a cell missing
+    from ``results.csv``) are dropped: the file is rewritten without them once, atomically,
+    at the first write.
 
     Nothing is written before the first :meth:`add` (or :meth:`finish`), which first calls
     ``before_write`` (the run folder's ``commit``): a start that fails earlier leaves the
@@ -93,6 +111,8 @@ class RunWriter:
         self.references = frozenset(references)
         self.rows: list[ResultRow] = []
         self.rocs: RocMap = {}
+        #: the kept lines of rocs.jsonl, when a resume dropped some (rewritten at the first write)
+        self._rocs_kept: bytes | None = None
         self.chosen: list[dict[str, Any]] = []
         self.draws: list[DrawRecord] = []
         #: per-example scores by cell key (private: written under risk.RISK_FOLDER)
@@ -136,7 +156,7 @@ class RunWriter:
                 self.rows = read_results(path)
             except (OSError, ValueError) as exc:
                 raise ValueError(f"--resume: {exc}; use --overwrite to start again") from exc
-        self.rocs = _load_rocs(self.out / "rocs.json")
+        self._load_rocs()
         if (self.out / DRAWS_FILE).exists():
             self.draws = read_draws(self.out / DRAWS_FILE)
         cells = {(r.method, r.epsilon) for r in self.rows if r.status == "ok"}
@@ -162,19 +182,38 @@ class RunWriter:
         else:
             self.settings.pop("methods_kept", None)
 
+    def _load_rocs(self) -> None:
+        """The previous run's curves: the lines of ``rocs.jsonl`` whose cells ``results.csv``
+        holds (others are dropped from the file at the first write)."""
+        if (self.out / LEGACY_ROCS_FILE).exists():
+            raise ValueError(f"--resume: {legacy_refusal(self.out)}")
+        path = self.out / ROCS_FILE
+        try:
+            found = read_rocs(path, cells={row.cell() for row in self.rows})
+        except ValueError as exc:
+            raise ValueError(f"--resume: {exc}; use --overwrite to start again") from exc
+        self.rocs = roc_map(found.lines)
+        if found.dropped:
+            self._rocs_kept = found.kept
+
     def add(self, outcome: CellOutcome) -> None:
-        """Record one finished cell and rewrite results, ROC curves, config, the releases'
-        records, the cell's risk file and TensorBoard."""
+        """Record one finished cell: append its ROC curves to ``rocs.jsonl`` (fsynced), then
+        rewrite results, config, the releases' records, the cell's risk file and
+        TensorBoard."""
         self._start_writing()
         self._writing(_CELL_FILES)
+        written = [self.out / "results.csv"]
+        line = _roc_line(outcome)
+        if line is not None:
+            # before results.csv: a cell of results.csv always has its curves
+            append_rocs(self.out / ROCS_FILE, line)
+            written.append(self.out / ROCS_FILE)
         self.rows.extend(outcome.rows)
         self.rocs.update(outcome.rocs)
         if outcome.chosen is not None:
             self.chosen.append(outcome.chosen)
         self.draws.extend(outcome.draws)
-        written = [self.out / "results.csv", self.out / "rocs.json"]
         write_results(written[0], self.rows)
-        _save_rocs(written[1], self.rocs)
         if self.draws:
             write_draws(self.out / DRAWS_FILE, self.draws)
             written.append(self.out / DRAWS_FILE)
@@ -260,6 +299,12 @@ class RunWriter:
             self.manifest = dataclasses.replace(self.manifest, complete=False)
             if split.is_file():
                 self._record([split])
+            if self._rocs_kept is not None:
+                # the lines a killed run left without their rows go, once, before any append
+                self._writing((ROCS_FILE,))
+                atomic_write_text(self.out / ROCS_FILE, self._rocs_kept.decode())
+                self._record([self.out / ROCS_FILE], done=True)
+                self._rocs_kept = None
         self.wrote = True
 
     def _writing(self, names: tuple[str, ...]) -> None:
@@ -302,21 +347,17 @@ class RunWriter:
         self._record(folder_files(self.out / "tb"), replace_under="tb", done=done)
 
 
-def _save_rocs(path: Path, rocs: RocMap) -> None:
-    payload = [
-        {"method": m, "epsilon": "inf" if math.isinf(e) else e, "attack": a, "fpr": f, "tpr": t}
-        for (m, e, a), (f, t) in rocs.items()
-    ]
-    atomic_write_text(path, json.dumps(payload))
-
-
-def _load_rocs(path: Path) -> RocMap:
-    if not path.exists():
-        return {}
-    try:
-        items = json.loads(path.read_text())
-        return {
-            (i["method"], float(i["epsilon"]), i["attack"]): (i["fpr"], i["tpr"]) for i in items
-        }
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: not a readable rocs.json ({exc}); use --overwrite") from exc
+def _roc_line(outcome: CellOutcome) -> RocLine | None:
+    """The ``rocs.jsonl`` line of ``outcome`` (``None`` for a cell without curves)."""
+    if not outcome.rocs:
+        return None
+    cells = {(m, e) for (m, e, _) in outcome.rocs}
+    seeds = {row.seed for row in outcome.rows}
+    if len(cells) != 1 or len(seeds) != 1:
+        raise ValueError(
+            f"a cell's outcome holds the curves of {sorted(cells)} and rows of seeds "
+            f"{sorted(seeds)}: expected one method, epsilon and seed"
+        )
+    (method, epsilon), seed = cells.pop(), seeds.pop()
+    curves = {a: (list(f), list(t)) for (_, _, a), (f, t) in outcome.rocs.items()}
+    return RocLine(method=method, epsilon=epsilon, seed=seed, curves=curves)
