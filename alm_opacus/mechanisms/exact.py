@@ -99,6 +99,7 @@ __all__ = [
     "grid_for",
     "inflated_sensitivity",
     "is_narrow",
+    "noisy_cells",
     "plan_release",
     "quantize",
     "release_dtype",
@@ -154,14 +155,66 @@ def discrete_noise(
     dims = (shape,) if isinstance(shape, int) else tuple(shape)
     if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in dims):
         raise ValueError(f"shape={shape!r} is invalid: expected non-negative integers")
-    count = math.prod(dims)
+    out = torch.empty(math.prod(dims), dtype=torch.int64)
+    _draw_into(out, law=law, t=t, generator=generator, add=False)
+    return out.reshape(dims)
+
+
+def noisy_cells(
+    cells: Sequence[torch.Tensor],
+    *,
+    mechanism: object,
+    scale: float,
+    grid: Grid,
+    generator: NoiseGenerator,
+) -> torch.Tensor:
+    """The integer ``cells`` flattened and concatenated, plus i.i.d. exact noise K: equal, bit
+    for bit, to ``torch.cat(cells) + discrete_noise(total, ...)`` from the same generator
+    state (the same words, drawn in the same order, make the same decisions), with K summed
+    into the cells as it is drawn instead of stored in a tensor of its own.
+
+    Args:
+        cells: integer tensors (an exact DP-SGD step's clipped sums, one per parameter).
+        mechanism: an `AdditiveNoiseMechanism` or its registry name.
+        scale: the continuous noise scale (s, b or σ), > 0.
+        grid: the grid; the cells and K are in cells of γ.
+        generator: a `SecureGenerator` (default everywhere) or a seeded ``torch.Generator``.
+
+    Returns:
+        A new one-dimensional int64 tensor on the CPU (``cells`` are not modified).
+
+    Raises:
+        ValueError: on a bad scale, a float tensor among ``cells``, or a mechanism without a
+            cell law.
+    """
+    law = cell_law(mechanism)
+    t = cells_per_scale(scale, grid)
+    for c in cells:
+        if c.is_floating_point() or c.is_complex() or c.dtype == torch.bool:
+            raise ValueError(f"cells of dtype {c.dtype} are invalid: expected integer cells")
+    flat = [c.reshape(-1).to(device="cpu", dtype=torch.int64) for c in cells]
+    # torch.cat copies, even one tensor: the caller's cells are never written
+    out = torch.cat(flat) if flat else torch.empty(0, dtype=torch.int64)
+    _draw_into(out, law=law, t=t, generator=generator, add=True)
+    return out
+
+
+def _draw_into(
+    out: torch.Tensor, *, law: CellLaw, t: float, generator: NoiseGenerator, add: bool
+) -> None:
+    """Write (``add``: add) K for every coordinate of the contiguous int64 CPU tensor ``out``,
+    at ``t`` cells per scale.
+
+    The words, the decisions and so K are the same whether K is written or added: the first
+    pass turns each word into K where the cell is certain (0 and a note where it is not), the
+    second pass decides the draws noted, all at once after the first pass, from more words.
+    """
+    count = out.numel()
     secure = isinstance(generator, SecureGenerator)
     # A seeded generator draws every word up front (its stream, hence a seeded run, is as
     # before); a secure one fills this thread's chunk buffer, so the words never leave the
     # cache.
     words = None if secure else uniform_words(count, generator=generator)
-    out = torch.empty(count, dtype=torch.int64)
-    pending: list[tuple[torch.Tensor, torch.Tensor]] = []
     # One pass per chunk through buffers reused across chunks (they stay in cache). V is the
     # word's 63 low bits over 2^63 (its sign bit is K's sign); |float(w)| is within one unit.
     # The first pass trusts a cell when x lies farther than m from both of its boundaries
@@ -179,6 +232,8 @@ def discrete_noise(
     v, j, signs, small, fine, keystream = _scratch()
     buffer = keystream if secure else None
     cells = out.numpy()
+    noted: list[np.ndarray] = []  # the draws in doubt: their indices, then their words
+    held: list[np.ndarray] = []
     for start in range(0, count, _CHUNK):
         stop = min(count, start + _CHUNK)
         n = stop - start
@@ -188,7 +243,7 @@ def discrete_noise(
             else words[start:stop]  # type: ignore[index]
         )
         if kernel is not None:  # the same pass, compiled (`alm_opacus.mechanisms.kernels`)
-            doubt = kernel(w.numpy(), t, 1 << (63 - k), threshold, cells[start:stop])
+            doubt = kernel(w.numpy(), t, 1 << (63 - k), threshold, cells[start:stop], add)
         else:
             doubt = _eager_first_pass(
                 law,
@@ -197,17 +252,21 @@ def discrete_noise(
                 threshold,
                 w,
                 out[start:stop],
+                add,
                 (v[:n], j[:n], signs[:n], small[:n], fine[:n]),
             )
         if len(doubt):
-            index = torch.from_numpy(doubt)
-            pending.append((index + start, w[index]))  # w[index] copies: the buffer is reused
-    if pending:
-        index = torch.cat([i for i, _ in pending])
-        drawn = torch.cat([w for _, w in pending])
-        magnitude = _second_pass(law, t, drawn, generator)
-        out[index] = torch.where(drawn < 0, -magnitude, magnitude)
-    return out.reshape(dims)
+            noted.append(doubt + start)
+            held.append(w.numpy()[doubt])  # a copy: the buffer is reused
+    if noted:
+        index = np.concatenate(noted)
+        drawn = np.concatenate(held)
+        magnitude = _second_pass(law, t, torch.from_numpy(drawn), generator).numpy()
+        signed = np.where(drawn < 0, -magnitude, magnitude)
+        if add:
+            cells[index] += signed  # the first pass added 0 there; the indices are distinct
+        else:
+            cells[index] = signed
 
 
 #: Per-thread chunk buffers, kept between calls: allocating them afresh cost 6-7% of a 1M
@@ -240,10 +299,11 @@ def _eager_first_pass(
     threshold: float,
     words: torch.Tensor,
     out: torch.Tensor,
+    add: bool,
     buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray, np.ndarray],
 ) -> np.ndarray:
-    """The first pass in tensor operations (where numba is missing): K into ``out`` and the
-    indices of the draws in doubt."""
+    """The first pass in tensor operations (where numba is missing): K into ``out`` (added
+    to it with ``add``) and the indices of the draws in doubt."""
     vv, jj, sign, sm, ok = buffers
     _unit(words, vv).abs_()
     np.less(vv.numpy(), 2.0**-k, out=sm)  # numpy compares 4x faster
@@ -255,7 +315,10 @@ def _eager_first_pass(
     # K = ±j with w's sign: j ≥ 0, so OR-ing w's sign bit into j's float64 bits is copysign
     # (−0.0 converts to 0), at a third of copysign's cost
     jj.view(torch.int64).bitwise_or_(torch.bitwise_and(words, _SIGN_BIT, out=sign))
-    out.copy_(jj)
+    if add:
+        out.add_(sign.copy_(jj))  # sign is free again
+    else:
+        out.copy_(jj)
     return np.flatnonzero(np.logical_or(sm, np.logical_not(ok, out=ok), out=sm))
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "FirstPassFill",
     "cache_dir",
     "cell_sum_kernel",
+    "dequantize_kernel",
     "first_pass_kernel",
     "gaussian_tail_inverse",
     "inverse_x",
@@ -326,9 +327,10 @@ class _Buffers(threading.local):
 
 
 _BUFFERS = _Buffers()
-Kernel = Callable[[np.ndarray, float, int, float, np.ndarray], np.ndarray]
+Kernel = Callable[..., np.ndarray]
 
 
+@_jit
 def _x_logistic(
     words: np.ndarray,
     t: float,
@@ -342,6 +344,7 @@ def _x_logistic(
     _log_into(spare, ints, x, t)
 
 
+@_jit
 def _x_laplace(
     words: np.ndarray,
     t: float,
@@ -373,27 +376,119 @@ def inverse_x(name: str, words: np.ndarray, t: float) -> np.ndarray:
     return x
 
 
-def first_pass_kernel(name: str) -> Kernel | None:
+#: Draws per tile of the fused pass: its scratch arrays (8 bytes a draw each, the flags 1)
+#: stay in a 32 KiB L1 cache.
+_TILE = 512
+
+
+def _is_compiled(fill: object) -> bool:
+    """Whether ``fill`` is a numba dispatcher, which a compiled loop can call."""
+    return _numba is not None and isinstance(fill, _numba.core.dispatcher.Dispatcher)
+
+
+@functools.cache
+def _fused_pass(fill: Any) -> Any:
+    """The first pass of the compiled ``fill`` as one compiled loop over tiles of `_TILE`
+    draws: a closure, so that numba compiles (and caches) one loop per law, with ``fill``
+    called on each tile's words.
+
+    Each tile runs ``fill`` and `_accept`, the very loops the chunked pass runs on a whole
+    chunk, only shorter: every draw goes through the same operations, so x, K and the draws
+    in doubt are the same bit for bit (``tests/mechanisms/test_mechanism_fused_noise.py``),
+    while the scratch arrays stay in the L1 cache and no float64 array of the chunk's length
+    is written. With ``add``, K is added to ``out`` instead of stored in it.
+    """
+
+    @_jit
+    def fused(
+        words: np.ndarray,
+        t: float,
+        small: int,
+        threshold: float,
+        out: np.ndarray,
+        add: bool,
+        doubt: np.ndarray,
+    ) -> int:
+        n = words.shape[0]
+        x = np.empty(_TILE, np.float64)
+        ints = np.empty(_TILE, np.int64)
+        flags = np.empty(_TILE, np.uint8)
+        local = np.empty(_TILE, np.int64)
+        index = np.empty(_TILE, np.int64)
+        tail = np.empty(_TILE, np.float64)
+        spare = np.empty(_TILE, np.float64)
+        cells = np.empty(_TILE, np.int64)
+        count = 0
+        for start in range(0, n, _TILE):
+            m = min(_TILE, n - start)
+            w = words[start : start + m]
+            fill(w, t, x[:m], ints[:m], index[:m], tail[:m], spare[:m])
+            target = cells[:m] if add else out[start : start + m]
+            found = _accept(w, x[:m], small, threshold, target, flags[:m], local[:m])
+            if add:
+                part = out[start : start + m]
+                for i in range(m):
+                    part[i] += cells[i]
+            for i in range(found):
+                doubt[count + i] = start + local[i]
+            count += found
+        return count
+
+    return fused
+
+
+def first_pass_kernel(name: str, *, fused: bool = True) -> Kernel | None:
     """The compiled first pass of the cell law ``name``, or None (no numba, or no kernel).
 
-    ``kernel(words, t, small, threshold, out) -> doubt``: int64 ``words``; ``t`` cells per
-    scale; ``small`` = 2⁶³⁻ᵏ (words with V < 2⁻ᵏ are in doubt); the first pass's
-    ``threshold``; ``out`` (int64, the words' length) gets K, or 0 for a draw in doubt; the
-    result lists those draws' indices (a view of this thread's scratch, valid until its next
-    call).
+    ``kernel(words, t, small, threshold, out, add=False) -> doubt``: int64 ``words``; ``t``
+    cells per scale; ``small`` = 2⁶³⁻ᵏ (words with V < 2⁻ᵏ are in doubt); the first pass's
+    ``threshold``; ``out`` (int64, the words' length) gets K, or 0 for a draw in doubt (with
+    ``add``, K is added to it instead); the result lists those draws' indices (a view of
+    this thread's scratch, valid until its next call).
+
+    A law whose ``fill`` is compiled (the built-in ones) runs as one fused loop
+    (`_fused_pass`); another ``fill`` (a plugin's numpy code), or ``fused=False`` (the
+    reference the tests compare the fused loop with), runs ``fill`` over the whole chunk and
+    then `_accept`. Both give the same K and draws in doubt, bit for bit.
     """
     fill = FIRST_PASS_FILLS.get(name)
     if _numba is None or fill is None:
         return None
+    compiled = _fused_pass(fill) if fused and _is_compiled(fill) else None
 
     def kernel(
-        words: np.ndarray, t: float, small: int, threshold: float, out: np.ndarray
+        words: np.ndarray,
+        t: float,
+        small: int,
+        threshold: float,
+        out: np.ndarray,
+        add: bool = False,
     ) -> np.ndarray:
         x, ints, flags, doubt, index, tail, spare = _BUFFERS.get(len(words))
+        if compiled is not None:
+            return doubt[: compiled(words, t, small, threshold, out, add, doubt)]
         fill(words, t, x, ints, index, tail, spare)
-        return doubt[: _accept(words, x, small, threshold, out, flags, doubt)]
+        target = ints if add else out  # ints is free once fill has run
+        found = _accept(words, x, small, threshold, target, flags, doubt)
+        if add:
+            np.add(out, ints, out=out)
+        return doubt[:found]
 
     return kernel
+
+
+@_jit_uncontracted
+def _dequantize(cells: np.ndarray, gamma: float, limit: int, out: np.ndarray) -> None:
+    """out = γ·clamp(cells, ±limit), each product formed in float64 and rounded once to
+    ``out``'s dtype: what `alm_opacus.mechanisms.grid.dequantize` computes in four tensor
+    operations, in one pass."""
+    for i in range(cells.shape[0]):
+        out[i] = float(min(max(cells[i], -limit), limit)) * gamma
+
+
+def dequantize_kernel() -> Callable[[np.ndarray, float, int, np.ndarray], None] | None:
+    """The compiled `_dequantize`, or None where numba does not import."""
+    return None if _numba is None else _dequantize
 
 
 # --------------------------------------------------------------------------------------------

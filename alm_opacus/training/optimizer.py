@@ -52,6 +52,7 @@ from alm_opacus.mechanisms.exact import (
     enforce_radius,
     fused_cell_sums,
     inflated_sensitivity,
+    noisy_cells,
     scaled_cells,
     step_grid,
 )
@@ -349,12 +350,33 @@ class MechanismDPOptimizer(DPOptimizer):
         )
         return noise.to(device)
 
+    def noisy_step_cells(self, parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The clipped cells ``parts`` plus the step's exact noise, each flattened (int64, on
+        its part's device): bit for bit ``part + step_cell_noise(parts)[its coordinates]``
+        from the same generator state. Where every part is on the CPU the noise is summed
+        into a copy of the cells as it is drawn (`noisy_cells`), with no noise tensor of its
+        own; ``parts`` are never modified."""
+        grid = self.noise_grid
+        if grid is None:
+            raise ValueError("noisy_step_cells needs an exact optimizer (exact=True)")
+        sizes = [t.numel() for t in parts]
+        scale = self.noise_scale
+        if scale > 0.0 and all(t.device.type == "cpu" for t in parts):
+            noisy = noisy_cells(
+                parts, mechanism=self.mechanism, scale=scale, grid=grid, generator=self.generator
+            )
+            return list(noisy.split(sizes))
+        noise = self.step_cell_noise(parts).cpu().split(sizes)
+        pairs = zip(parts, noise, strict=True)
+        return [t.reshape(-1).to(torch.int64) + n.to(t.device) for t, n in pairs]
+
     def cells_to_grad(self, cells: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         """γ·cells in ``p``'s dtype, shaped as ``p`` (post-processing of the noisy cells)."""
         grid = self.noise_grid
         if grid is None:
             raise ValueError("cells_to_grad needs an exact optimizer (exact=True)")
-        return dequantize(cells, grid=grid, dtype=torch.float64).to(p.dtype).view_as(p)
+        # the value in float64 rounded once to p's dtype: what dequantize computes in any dtype
+        return dequantize(cells, grid=grid, dtype=p.dtype).view_as(p)
 
     def float_noise(self, summed: torch.Tensor) -> torch.Tensor:
         """Floating-point noise of scale `noise_scale` shaped as ``summed`` (``exact=False``)."""
@@ -375,21 +397,20 @@ class MechanismDPOptimizer(DPOptimizer):
 
     def add_noise(self) -> None:
         """Add i.i.d. mechanism noise of scale `noise_scale` to every coordinate of the
-        clipped sum; the result goes to ``p.grad``. Exact steps add `step_cell_noise` (one
-        draw for every parameter) to the int64 cells and convert with `cells_to_grad`."""
+        clipped sum; the result goes to ``p.grad``. Exact steps sum the noise of every
+        parameter (one draw, `step_cell_noise`'s) into the int64 cells (`noisy_step_cells`)
+        and convert with `cells_to_grad`."""
         for p in self.params:
             _check_processed_flag(p.summed_grad)
             self.check_summed(p.summed_grad)
-        noise = self.step_cell_noise([p.summed_grad for p in self.params]) if self.exact else None
-        offset = 0
+        if self.exact:
+            noisy = self.noisy_step_cells([p.summed_grad for p in self.params])
+            for p, cells in zip(self.params, noisy, strict=True):
+                p.grad = self.cells_to_grad(cells, p)
+                _mark_as_processed(p.summed_grad)
+            return
         for p in self.params:
-            summed = p.summed_grad
-            if noise is not None:
-                part = noise[offset : offset + summed.numel()].view_as(summed).to(summed.device)
-                offset += summed.numel()
-                p.grad = self.cells_to_grad(summed + part, p)
-            else:
-                p.grad = (summed + self.float_noise(summed)).view_as(p)
+            p.grad = (p.summed_grad + self.float_noise(p.summed_grad)).view_as(p)
             _mark_as_processed(p.summed_grad)
 
 
