@@ -43,11 +43,13 @@ from alm_opacus.mechanisms.base import _load_noise_laws
 from alm_opacus.registry import Registry
 
 __all__ = [
+    "FINISHES",
     "FIRST_PASS_FILLS",
     "FirstPassFill",
     "cache_dir",
     "cell_sum_kernel",
     "dequantize_kernel",
+    "finish_kernel",
     "first_pass_kernel",
     "gaussian_tail_inverse",
     "inverse_x",
@@ -325,6 +327,13 @@ class _Buffers(threading.local):
             )
         return tuple(a[:n] for a in self.arrays)
 
+    def doubt(self, n: int) -> np.ndarray:
+        """This thread's int64 array for the indices of up to ``n`` draws in doubt (one of
+        `get`'s arrays, whole: slicing all seven costs more than a small fused pass)."""
+        if n > self.size:
+            self.get(n)
+        return self.arrays[3]
+
 
 _BUFFERS = _Buffers()
 Kernel = Callable[..., np.ndarray]
@@ -379,6 +388,37 @@ def inverse_x(name: str, words: np.ndarray, t: float) -> np.ndarray:
 #: Draws per tile of the fused pass: its scratch arrays (8 bytes a draw each, the flags 1)
 #: stay in a 32 KiB L1 cache.
 _TILE = 512
+#: What the first pass makes of each K (0 for a draw in doubt), given ``base`` cells:
+#: ``"store"`` writes K, ``"sum"`` writes base + K (int64), ``"dequantize"`` writes
+#: γ·clamp(base + K, ±limit) formed in float64 and rounded once to ``out``'s float dtype.
+FINISHES = ("store", "sum", "dequantize")
+_NO_BASE = np.zeros(0, np.int64)
+
+
+@_jit_uncontracted
+def _finish_store(
+    k: np.ndarray, base: np.ndarray, out: np.ndarray, gamma: float, limit: int
+) -> None:
+    for i in range(k.shape[0]):
+        out[i] = k[i]
+
+
+@_jit_uncontracted
+def _finish_sum(k: np.ndarray, base: np.ndarray, out: np.ndarray, gamma: float, limit: int) -> None:
+    for i in range(k.shape[0]):
+        out[i] = base[i] + k[i]
+
+
+@_jit_uncontracted
+def _finish_dequantize(
+    k: np.ndarray, base: np.ndarray, out: np.ndarray, gamma: float, limit: int
+) -> None:
+    """γ·clamp(base + k) as `_dequantize` computes it (uncontracted: one rounding)."""
+    for i in range(k.shape[0]):
+        out[i] = float(min(max(base[i] + k[i], -limit), limit)) * gamma
+
+
+_FINISH = {"store": _finish_store, "sum": _finish_sum, "dequantize": _finish_dequantize}
 
 
 def _is_compiled(fill: object) -> bool:
@@ -387,17 +427,18 @@ def _is_compiled(fill: object) -> bool:
 
 
 @functools.cache
-def _fused_pass(fill: Any) -> Any:
+def _fused_pass(fill: Any, finish: str) -> Any:
     """The first pass of the compiled ``fill`` as one compiled loop over tiles of `_TILE`
-    draws: a closure, so that numba compiles (and caches) one loop per law, with ``fill``
-    called on each tile's words.
+    draws, each tile's K finished (`FINISHES`) as it is made: a closure, so that numba
+    compiles (and caches) one loop per law and finish, with both calls inlined.
 
     Each tile runs ``fill`` and `_accept`, the very loops the chunked pass runs on a whole
     chunk, only shorter: every draw goes through the same operations, so x, K and the draws
     in doubt are the same bit for bit (``tests/mechanisms/test_mechanism_fused_noise.py``),
-    while the scratch arrays stay in the L1 cache and no float64 array of the chunk's length
-    is written. With ``add``, K is added to ``out`` instead of stored in it.
+    while the scratch arrays stay in the L1 cache and nothing of the chunk's length is
+    written but ``out``.
     """
+    end = _FINISH[finish]
 
     @_jit
     def fused(
@@ -405,8 +446,10 @@ def _fused_pass(fill: Any) -> Any:
         t: float,
         small: int,
         threshold: float,
+        base: np.ndarray,
         out: np.ndarray,
-        add: bool,
+        gamma: float,
+        limit: int,
         doubt: np.ndarray,
     ) -> int:
         n = words.shape[0]
@@ -423,12 +466,8 @@ def _fused_pass(fill: Any) -> Any:
             m = min(_TILE, n - start)
             w = words[start : start + m]
             fill(w, t, x[:m], ints[:m], index[:m], tail[:m], spare[:m])
-            target = cells[:m] if add else out[start : start + m]
-            found = _accept(w, x[:m], small, threshold, target, flags[:m], local[:m])
-            if add:
-                part = out[start : start + m]
-                for i in range(m):
-                    part[i] += cells[i]
+            found = _accept(w, x[:m], small, threshold, cells[:m], flags[:m], local[:m])
+            end(cells[:m], base[start : start + m], out[start : start + m], gamma, limit)
             for i in range(found):
                 doubt[count + i] = start + local[i]
             count += found
@@ -440,21 +479,22 @@ def _fused_pass(fill: Any) -> Any:
 def first_pass_kernel(name: str, *, fused: bool = True) -> Kernel | None:
     """The compiled first pass of the cell law ``name``, or None (no numba, or no kernel).
 
-    ``kernel(words, t, small, threshold, out, add=False) -> doubt``: int64 ``words``; ``t``
-    cells per scale; ``small`` = 2⁶³⁻ᵏ (words with V < 2⁻ᵏ are in doubt); the first pass's
-    ``threshold``; ``out`` (int64, the words' length) gets K, or 0 for a draw in doubt (with
-    ``add``, K is added to it instead); the result lists those draws' indices (a view of
-    this thread's scratch, valid until its next call).
+    ``kernel(words, t, small, threshold, out, base=None, finish="store", gamma=1.0,
+    limit=0) -> doubt``: int64 ``words``; ``t`` cells per scale; ``small`` = 2⁶³⁻ᵏ (words
+    with V < 2⁻ᵏ are in doubt); the first pass's ``threshold``; ``out`` (the words' length)
+    gets K, or 0 for a draw in doubt, as ``finish`` makes it (`FINISHES`: int64 ``base``
+    cells, and the grid step and clamp of ``"dequantize"``); the result lists the indices
+    of the draws in doubt (a view of this thread's scratch, valid until its next call).
 
     A law whose ``fill`` is compiled (the built-in ones) runs as one fused loop
     (`_fused_pass`); another ``fill`` (a plugin's numpy code), or ``fused=False`` (the
-    reference the tests compare the fused loop with), runs ``fill`` over the whole chunk and
-    then `_accept`. Both give the same K and draws in doubt, bit for bit.
+    reference the tests compare the fused loop with), runs ``fill`` over the whole chunk,
+    then `_accept`, then the finish. Both give the same K and draws in doubt, bit for bit.
     """
     fill = FIRST_PASS_FILLS.get(name)
     if _numba is None or fill is None:
         return None
-    compiled = _fused_pass(fill) if fused and _is_compiled(fill) else None
+    compiled = fused and _is_compiled(fill)
 
     def kernel(
         words: np.ndarray,
@@ -462,16 +502,20 @@ def first_pass_kernel(name: str, *, fused: bool = True) -> Kernel | None:
         small: int,
         threshold: float,
         out: np.ndarray,
-        add: bool = False,
+        base: np.ndarray | None = None,
+        finish: str = "store",
+        gamma: float = 1.0,
+        limit: int = 0,
     ) -> np.ndarray:
+        cells = _NO_BASE if base is None else base
+        if compiled:
+            doubt = _BUFFERS.doubt(len(words))
+            run = _fused_pass(fill, finish)
+            return doubt[: run(words, t, small, threshold, cells, out, gamma, limit, doubt)]
         x, ints, flags, doubt, index, tail, spare = _BUFFERS.get(len(words))
-        if compiled is not None:
-            return doubt[: compiled(words, t, small, threshold, out, add, doubt)]
         fill(words, t, x, ints, index, tail, spare)
-        target = ints if add else out  # ints is free once fill has run
-        found = _accept(words, x, small, threshold, target, flags, doubt)
-        if add:
-            np.add(out, ints, out=out)
+        found = _accept(words, x, small, threshold, ints, flags, doubt)  # ints is free again
+        _FINISH[finish](ints, cells, out, gamma, limit)
         return doubt[:found]
 
     return kernel
@@ -489,6 +533,13 @@ def _dequantize(cells: np.ndarray, gamma: float, limit: int, out: np.ndarray) ->
 def dequantize_kernel() -> Callable[[np.ndarray, float, int, np.ndarray], None] | None:
     """The compiled `_dequantize`, or None where numba does not import."""
     return None if _numba is None else _dequantize
+
+
+def finish_kernel(finish: str) -> Callable[..., None] | None:
+    """``finish(k, base, out, gamma, limit)``: the compiled finish named ``finish``
+    (`FINISHES`) over whole arrays, for the draws the later passes decide; None where numba
+    does not import."""
+    return None if _numba is None else _FINISH[finish]
 
 
 # --------------------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ from alm_opacus.mechanisms.exact import (
     fused_cell_sums,
     inflated_sensitivity,
     noisy_cells,
+    noisy_dequantized,
     scaled_cells,
     step_grid,
 )
@@ -207,9 +208,15 @@ class MechanismDPOptimizer(DPOptimizer):
         """The grid of an exact step at the current ``max_grad_norm`` (``None``: float steps)."""
         if not self.exact:
             return None
-        return step_grid(
-            max_grad_norm=self.max_grad_norm, norm=self.clipping_norm, dim=self.noise_dim
-        )
+        # kept for the clipping bound it was made for: a step reads it several times
+        key = (self.max_grad_norm, self.clipping_norm, self.noise_dim)
+        held = getattr(self, "_held_grid", None)
+        if held is None or held[0] != key:
+            grid = step_grid(
+                max_grad_norm=self.max_grad_norm, norm=self.clipping_norm, dim=self.noise_dim
+            )
+            held = self._held_grid = (key, grid)
+        return held[1]
 
     @property
     def noise_sensitivity(self) -> float:
@@ -370,6 +377,28 @@ class MechanismDPOptimizer(DPOptimizer):
         pairs = zip(parts, noise, strict=True)
         return [t.reshape(-1).to(torch.int64) + n.to(t.device) for t, n in pairs]
 
+    def noisy_step_grads(self) -> list[torch.Tensor]:
+        """Each parameter's noisy gradient γ·(cells + K), in its dtype and shape: bit for bit
+        `cells_to_grad` of `noisy_step_cells` of the ``summed_grad`` cells. On the CPU it is
+        one compiled pass from the keystream's words to the floats (`noisy_dequantized`)."""
+        grid = self.noise_grid
+        if grid is None:
+            raise ValueError("noisy_step_grads needs an exact optimizer (exact=True)")
+        parts = [p.summed_grad for p in self.params]
+        scale = self.noise_scale
+        if scale > 0.0 and all(t.device.type == "cpu" for t in [*parts, *self.params]):
+            grads = noisy_dequantized(
+                parts,
+                dtypes=[p.dtype for p in self.params],
+                mechanism=self.mechanism,
+                scale=scale,
+                grid=grid,
+                generator=self.generator,
+            )
+            return [g.view_as(p) for g, p in zip(grads, self.params, strict=True)]
+        pairs = zip(self.noisy_step_cells(parts), self.params, strict=True)
+        return [self.cells_to_grad(cells, p) for cells, p in pairs]
+
     def cells_to_grad(self, cells: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         """γ·cells in ``p``'s dtype, shaped as ``p`` (post-processing of the noisy cells)."""
         grid = self.noise_grid
@@ -398,15 +427,14 @@ class MechanismDPOptimizer(DPOptimizer):
     def add_noise(self) -> None:
         """Add i.i.d. mechanism noise of scale `noise_scale` to every coordinate of the
         clipped sum; the result goes to ``p.grad``. Exact steps sum the noise of every
-        parameter (one draw, `step_cell_noise`'s) into the int64 cells (`noisy_step_cells`)
-        and convert with `cells_to_grad`."""
+        parameter (one draw, `step_cell_noise`'s) into the int64 cells and convert them
+        (`noisy_step_grads`)."""
         for p in self.params:
             _check_processed_flag(p.summed_grad)
             self.check_summed(p.summed_grad)
         if self.exact:
-            noisy = self.noisy_step_cells([p.summed_grad for p in self.params])
-            for p, cells in zip(self.params, noisy, strict=True):
-                p.grad = self.cells_to_grad(cells, p)
+            for p, grad in zip(self.params, self.noisy_step_grads(), strict=True):
+                p.grad = grad
                 _mark_as_processed(p.summed_grad)
             return
         for p in self.params:
