@@ -27,8 +27,10 @@ comparison is certain. The law of K is therefore exactly the cell-integrated law
 the float library's last-bit behaviour.
 
 Composable primitives for DP-SGD (and a distributed optimizer): `step_grid`, `clip_to_cells`
-(integer per-example clipping), `discrete_noise` and `dequantize`; every sum is exact in
-int64, so summing across processes is exact too.
+(integer per-example clipping), `discrete_noise` and `dequantize`, and their fused forms
+`noisy_cells` (K summed into the cells as it is drawn) and `noisy_dequantized` (then converted
+to the gradients' floats in the same pass); every sum is exact in int64, so summing across
+processes is exact too.
 """
 
 from __future__ import annotations

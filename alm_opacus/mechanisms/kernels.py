@@ -6,7 +6,11 @@ The eager first pass (`alm_opacus.mechanisms.exact`) streams each chunk through 
 tensor operations; on a 2-core machine each costs about a millisecond per 10⁶ draws in
 memory traffic, and the Gaussian's float64 ``erfinv`` is scalar code in torch (~11 ns a
 draw). The loops here read each word once and write K or a doubt flag, and the Gaussian's
-central branch (85% of draws) is a rational function that vectorises.
+central branch (85% of draws) is a rational function that vectorises. They run as one
+compiled loop over tiles of 512 draws (`_fused_pass`), whose scratch stays in the L1 cache
+and which finishes each K as it is made (`FINISHES`): stored, summed into a cell, or summed
+and converted to the release's float, so that a DP-SGD step goes from keystream words to its
+noisy gradients in one pass.
 
 They compute the same quantities as the eager pass, within the same error bound: V is
 ``|float(w)|``·2⁻⁶³ (one rounding, as numpy's conversion), x = t·S⁻¹(V), j = rint(x), and the
