@@ -7,7 +7,7 @@ tensor operations; on a 2-core machine each costs about a millisecond per 10⁶ 
 memory traffic, and the Gaussian's float64 ``erfinv`` is scalar code in torch (~11 ns a
 draw). The loops here read each word once and write K or a doubt flag, and the Gaussian's
 central branch (85% of draws) is a rational function that vectorises. They run as one
-compiled loop over tiles of 512 draws (`_fused_pass`), whose scratch stays in the L1 cache
+compiled loop over tiles of 512 draws (`_fused`), whose scratch stays in the L1 cache
 and which finishes each K as it is made (`FINISHES`): stored, summed into a cell, or summed
 and converted to the release's float, so that a DP-SGD step goes from keystream words to its
 noisy gradients in one pass.
@@ -423,61 +423,68 @@ def _finish_dequantize(
 
 
 _FINISH = {"store": _finish_store, "sum": _finish_sum, "dequantize": _finish_dequantize}
+_FINISH_CODES = {"store": 0, "sum": 1, "dequantize": 2}
+#: The fills `_fused` calls, by its code for them: the built-in laws'.
+_FUSED_FILLS = {_x_logistic: 0, _x_laplace: 1, _gaussian_x: 2}
 
 
-def _is_compiled(fill: object) -> bool:
-    """Whether ``fill`` is a numba dispatcher, which a compiled loop can call."""
-    return _numba is not None and isinstance(fill, _numba.core.dispatcher.Dispatcher)
+@_jit
+def _fused(
+    law: int,
+    finish: int,
+    words: np.ndarray,
+    t: float,
+    small: int,
+    threshold: float,
+    base: np.ndarray,
+    out: np.ndarray,
+    gamma: float,
+    limit: int,
+    doubt: np.ndarray,
+) -> int:
+    """The first pass of a built-in law (``law``, `_FUSED_FILLS`) as one compiled loop over
+    tiles of `_TILE` draws, each tile's K finished (``finish``, `_FINISH_CODES`) as it is
+    made; returns the count of draws in doubt, whose indices go into ``doubt``.
 
-
-@functools.cache
-def _fused_pass(fill: Any, finish: str) -> Any:
-    """The first pass of the compiled ``fill`` as one compiled loop over tiles of `_TILE`
-    draws, each tile's K finished (`FINISHES`) as it is made: a closure, so that numba
-    compiles (and caches) one loop per law and finish, with both calls inlined.
-
-    Each tile runs ``fill`` and `_accept`, the very loops the chunked pass runs on a whole
-    chunk, only shorter: every draw goes through the same operations, so x, K and the draws
-    in doubt are the same bit for bit (``tests/mechanisms/test_mechanism_fused_noise.py``),
+    Each tile runs the law's fill and `_accept`, the very loops the chunked pass runs on a
+    whole chunk, only shorter: every draw goes through the same operations, so x, K and the
+    draws in doubt are the same bit for bit (``tests/mechanisms/test_mechanism_fused_noise.py``),
     while the scratch arrays stay in the L1 cache and nothing of the chunk's length is
-    written but ``out``.
+    written but ``out``. Law and finish are arguments, not closure cells: numba keys its disk
+    cache of a closure by its cells' pickles, which hold a per-process id for a dispatcher,
+    so a closure over the fill was compiled afresh in every process.
     """
-    end = _FINISH[finish]
-
-    @_jit
-    def fused(
-        words: np.ndarray,
-        t: float,
-        small: int,
-        threshold: float,
-        base: np.ndarray,
-        out: np.ndarray,
-        gamma: float,
-        limit: int,
-        doubt: np.ndarray,
-    ) -> int:
-        n = words.shape[0]
-        x = np.empty(_TILE, np.float64)
-        ints = np.empty(_TILE, np.int64)
-        flags = np.empty(_TILE, np.uint8)
-        local = np.empty(_TILE, np.int64)
-        index = np.empty(_TILE, np.int64)
-        tail = np.empty(_TILE, np.float64)
-        spare = np.empty(_TILE, np.float64)
-        cells = np.empty(_TILE, np.int64)
-        count = 0
-        for start in range(0, n, _TILE):
-            m = min(_TILE, n - start)
-            w = words[start : start + m]
-            fill(w, t, x[:m], ints[:m], index[:m], tail[:m], spare[:m])
-            found = _accept(w, x[:m], small, threshold, cells[:m], flags[:m], local[:m])
-            end(cells[:m], base[start : start + m], out[start : start + m], gamma, limit)
-            for i in range(found):
-                doubt[count + i] = start + local[i]
-            count += found
-        return count
-
-    return fused
+    n = words.shape[0]
+    x = np.empty(_TILE, np.float64)
+    ints = np.empty(_TILE, np.int64)
+    flags = np.empty(_TILE, np.uint8)
+    local = np.empty(_TILE, np.int64)
+    index = np.empty(_TILE, np.int64)
+    tail = np.empty(_TILE, np.float64)
+    spare = np.empty(_TILE, np.float64)
+    cells = np.empty(_TILE, np.int64)
+    count = 0
+    for start in range(0, n, _TILE):
+        m = min(_TILE, n - start)
+        w = words[start : start + m]
+        if law == 0:
+            _x_logistic(w, t, x[:m], ints[:m], index[:m], tail[:m], spare[:m])
+        elif law == 1:
+            _x_laplace(w, t, x[:m], ints[:m], index[:m], tail[:m], spare[:m])
+        else:
+            _gaussian_x(w, t, x[:m], ints[:m], index[:m], tail[:m], spare[:m])
+        found = _accept(w, x[:m], small, threshold, cells[:m], flags[:m], local[:m])
+        held, part = base[start : start + m], out[start : start + m]
+        if finish == 0:
+            _finish_store(cells[:m], held, part, gamma, limit)
+        elif finish == 1:
+            _finish_sum(cells[:m], held, part, gamma, limit)
+        else:
+            _finish_dequantize(cells[:m], held, part, gamma, limit)
+        for i in range(found):
+            doubt[count + i] = start + local[i]
+        count += found
+    return count
 
 
 def first_pass_kernel(name: str, *, fused: bool = True) -> Kernel | None:
@@ -490,15 +497,15 @@ def first_pass_kernel(name: str, *, fused: bool = True) -> Kernel | None:
     cells, and the grid step and clamp of ``"dequantize"``); the result lists the indices
     of the draws in doubt (a view of this thread's scratch, valid until its next call).
 
-    A law whose ``fill`` is compiled (the built-in ones) runs as one fused loop
-    (`_fused_pass`); another ``fill`` (a plugin's numpy code), or ``fused=False`` (the
-    reference the tests compare the fused loop with), runs ``fill`` over the whole chunk,
-    then `_accept`, then the finish. Both give the same K and draws in doubt, bit for bit.
+    A built-in law runs as one fused loop (`_fused`); another law's ``fill`` (a plugin's),
+    or ``fused=False`` (the reference the tests compare the fused loop with), runs over the
+    whole chunk, then `_accept`, then the finish. Both give the same K and draws in doubt,
+    bit for bit.
     """
     fill = FIRST_PASS_FILLS.get(name)
     if _numba is None or fill is None:
         return None
-    compiled = fused and _is_compiled(fill)
+    code = _FUSED_FILLS.get(fill) if fused else None
 
     def kernel(
         words: np.ndarray,
@@ -512,10 +519,22 @@ def first_pass_kernel(name: str, *, fused: bool = True) -> Kernel | None:
         limit: int = 0,
     ) -> np.ndarray:
         cells = _NO_BASE if base is None else base
-        if compiled:
+        if code is not None:
             doubt = _BUFFERS.doubt(len(words))
-            run = _fused_pass(fill, finish)
-            return doubt[: run(words, t, small, threshold, cells, out, gamma, limit, doubt)]
+            found = _fused(
+                code,
+                _FINISH_CODES[finish],
+                words,
+                t,
+                small,
+                threshold,
+                cells,
+                out,
+                gamma,
+                limit,
+                doubt,
+            )
+            return doubt[:found]
         x, ints, flags, doubt, index, tail, spare = _BUFFERS.get(len(words))
         fill(words, t, x, ints, index, tail, spare)
         found = _accept(words, x, small, threshold, ints, flags, doubt)  # ints is free again
