@@ -27,8 +27,10 @@ comparison is certain. The law of K is therefore exactly the cell-integrated law
 the float library's last-bit behaviour.
 
 Composable primitives for DP-SGD (and a distributed optimizer): `step_grid`, `clip_to_cells`
-(integer per-example clipping), `discrete_noise` and `dequantize`; every sum is exact in
-int64, so summing across processes is exact too.
+(integer per-example clipping), `discrete_noise` and `dequantize`, and their fused forms
+`noisy_cells` (K summed into the cells as it is drawn) and `noisy_dequantized` (then converted
+to the gradients' floats in the same pass); every sum is exact in int64, so summing across
+processes is exact too.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ from alm_opacus.mechanisms.grid import (
     quantize,
     step_grid,
 )
-from alm_opacus.mechanisms.kernels import first_pass_kernel
+from alm_opacus.mechanisms.kernels import finish_kernel, first_pass_kernel
 from alm_opacus.mechanisms.sampling import (
     NoiseGenerator,
     SecureGenerator,
@@ -99,6 +101,8 @@ __all__ = [
     "grid_for",
     "inflated_sensitivity",
     "is_narrow",
+    "noisy_cells",
+    "noisy_dequantized",
     "plan_release",
     "quantize",
     "release_dtype",
@@ -121,6 +125,9 @@ _SECOND_MARGIN = 2.0**-50
 #: Whether the first pass runs compiled where numba imports (tests switch it off to check the
 #: tensor path).
 _USE_KERNELS = True
+#: Whether a compiled law's first pass runs as one fused loop per tile (tests switch it off
+#: to compare it, bit for bit, with the chunked reference: `kernels.first_pass_kernel`).
+_FUSED = True
 #: The first pass leaves every draw with V < 2⁻ᵏ in doubt, so that its margin is one constant
 #: per call (see `discrete_noise`); k is chosen per call within these bounds.
 _SMALL_V_BITS = (4, 24)
@@ -154,14 +161,137 @@ def discrete_noise(
     dims = (shape,) if isinstance(shape, int) else tuple(shape)
     if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in dims):
         raise ValueError(f"shape={shape!r} is invalid: expected non-negative integers")
-    count = math.prod(dims)
+    out = torch.empty(math.prod(dims), dtype=torch.int64)
+    _draw_into([(None, out.numpy())], law=law, t=t, generator=generator, finish="store")
+    return out.reshape(dims)
+
+
+def noisy_cells(
+    cells: Sequence[torch.Tensor],
+    *,
+    mechanism: object,
+    scale: float,
+    grid: Grid,
+    generator: NoiseGenerator,
+) -> torch.Tensor:
+    """The integer ``cells``, flattened and concatenated, plus i.i.d. exact noise K: bit for
+    bit ``torch.cat(cells) + discrete_noise(total, ...)`` from the same generator state (the
+    same words, in the same order, make the same decisions), K summed into the cells as it
+    is drawn rather than stored in a tensor of its own.
+
+    Args:
+        cells: integer tensors (an exact DP-SGD step's clipped sums, one per parameter).
+        mechanism: an `AdditiveNoiseMechanism` or its registry name.
+        scale: the continuous noise scale (s, b or σ), > 0.
+        grid: the grid; the cells and K are in cells of γ.
+        generator: a `SecureGenerator` (default everywhere) or a seeded ``torch.Generator``.
+
+    Returns:
+        A new one-dimensional int64 tensor on the CPU (``cells`` are not modified).
+
+    Raises:
+        ValueError: on a bad scale, non-integer ``cells``, or a mechanism without a cell law.
+    """
+    law = cell_law(mechanism)
+    t = cells_per_scale(scale, grid)
+    bases = _integer_cells(cells)
+    out = torch.empty(sum(len(b) for b in bases), dtype=torch.int64)
+    segments, at = [], 0
+    for base in bases:
+        segments.append((base, out.numpy()[at : at + len(base)]))
+        at += len(base)
+    _draw_into(segments, law=law, t=t, generator=generator, finish="sum")
+    return out
+
+
+def noisy_dequantized(
+    cells: Sequence[torch.Tensor],
+    *,
+    dtypes: Sequence[torch.dtype],
+    mechanism: object,
+    scale: float,
+    grid: Grid,
+    generator: NoiseGenerator,
+) -> list[torch.Tensor]:
+    """γ·clamp(cells + K, ±limit) for each of ``cells``, in its dtype and shape, K i.i.d.
+    exact noise: bit for bit `dequantize` of `noisy_cells` (the same draws). Where the
+    first pass is compiled and every dtype is float32 or float64, one compiled pass per tile
+    goes from the keystream's words to the released floats, with no intermediate tensor.
+
+    Args:
+        cells: integer tensors (an exact DP-SGD step's clipped sums, one per parameter).
+        dtypes: the float dtype of each output (the parameters').
+        mechanism: an `AdditiveNoiseMechanism` or its registry name.
+        scale: the continuous noise scale (s, b or σ), > 0.
+        grid: the grid of the cells and of K.
+        generator: a `SecureGenerator` (default everywhere) or a seeded ``torch.Generator``.
+
+    Returns:
+        New float tensors on the CPU (``cells`` are not modified).
+
+    Raises:
+        ValueError: on a bad scale, non-integer ``cells``, dtypes not matching them one to
+            one, or a mechanism without a cell law.
+    """
+    if len(dtypes) != len(cells):
+        raise ValueError(
+            f"dtypes has {len(dtypes)} entries for {len(cells)} cell tensors: expected one each"
+        )
+    law = cell_law(mechanism)
+    kernel = first_pass_kernel(law.name, fused=_FUSED) if _USE_KERNELS else None
+    if kernel is None or any(d not in (torch.float32, torch.float64) for d in dtypes):
+        flat = noisy_cells(cells, mechanism=law.name, scale=scale, grid=grid, generator=generator)
+        pieces = flat.split([c.numel() for c in cells])
+        pairs = zip(pieces, cells, dtypes, strict=True)
+        return [dequantize(p, grid=grid, dtype=d).view(c.shape) for p, c, d in pairs]
+    t = cells_per_scale(scale, grid)
+    bases = _integer_cells(cells)
+    outs = [torch.empty(c.shape, dtype=d) for c, d in zip(cells, dtypes, strict=True)]
+    segments = [(b, o.view(-1).numpy()) for b, o in zip(bases, outs, strict=True)]
+    _draw_into(segments, law=law, t=t, generator=generator, finish="dequantize", grid=grid)
+    return outs
+
+
+def _integer_cells(cells: Sequence[torch.Tensor]) -> list[np.ndarray]:
+    """Each of ``cells`` as a flat int64 CPU array (a view where it already is one).
+
+    Raises:
+        ValueError: on a float, complex or bool tensor.
+    """
+    for c in cells:
+        if c.is_floating_point() or c.is_complex() or c.dtype == torch.bool:
+            raise ValueError(f"cells of dtype {c.dtype} are invalid: expected integer cells")
+    return [c.reshape(-1).to(device="cpu", dtype=torch.int64).numpy() for c in cells]
+
+
+#: One stretch of the draw: its base cells (None for plain K) and where its values go.
+_Segment = tuple[np.ndarray | None, np.ndarray]
+
+
+def _draw_into(
+    segments: Sequence[_Segment],
+    *,
+    law: CellLaw,
+    t: float,
+    generator: NoiseGenerator,
+    finish: str,
+    grid: Grid | None = None,
+) -> None:
+    """K at ``t`` cells per scale for every coordinate of ``segments``, one draw across all
+    of them in order, finished into each segment's output (`kernels.FINISHES`: ``"store"``
+    writes K, ``"sum"`` base + K, ``"dequantize"`` γ·clamp(base + K) on ``grid``, compiled
+    first pass only).
+
+    The words, the decisions and so K are the same whatever the finish: the first pass
+    turns each word into K where its cell is certain (0 and a note where it is not), and the
+    second pass decides the draws noted, all at once after the first pass, from more words.
+    """
+    count = sum(len(out) for _, out in segments)
     secure = isinstance(generator, SecureGenerator)
     # A seeded generator draws every word up front (its stream, hence a seeded run, is as
     # before); a secure one fills this thread's chunk buffer, so the words never leave the
     # cache.
     words = None if secure else uniform_words(count, generator=generator)
-    out = torch.empty(count, dtype=torch.int64)
-    pending: list[tuple[torch.Tensor, torch.Tensor]] = []
     # One pass per chunk through buffers reused across chunks (they stay in cache). V is the
     # word's 63 low bits over 2^63 (its sign bit is K's sign); |float(w)| is within one unit.
     # The first pass trusts a cell when x lies farther than m from both of its boundaries
@@ -175,10 +305,15 @@ def discrete_noise(
     low, high = _SMALL_V_BITS
     k = min(high, max(low, round((47 - math.log2(max(t, 1.0))) / 2)))
     threshold = 0.5 - t * _FIRST_MARGIN - 2.0**-40 - t * 2.0 ** (k - 48)
-    kernel = first_pass_kernel(law.name) if _USE_KERNELS else None
+    kernel = first_pass_kernel(law.name, fused=_FUSED) if _USE_KERNELS else None
+    if kernel is None and finish == "dequantize":
+        raise ValueError("the dequantize finish needs the compiled first pass")
+    gamma, limit = (grid.gamma, grid.limit) if grid is not None else (1.0, 0)
     v, j, signs, small, fine, keystream = _scratch()
     buffer = keystream if secure else None
-    cells = out.numpy()
+    # the draws in doubt, in the order drawn: segment, position in it, word
+    noted: list[tuple[int, np.ndarray, np.ndarray]] = []
+    segment, first = 0, 0  # the segment holding the next coordinate, and its first index
     for start in range(0, count, _CHUNK):
         stop = min(count, start + _CHUNK)
         n = stop - start
@@ -187,27 +322,56 @@ def discrete_noise(
             if buffer is not None
             else words[start:stop]  # type: ignore[index]
         )
-        if kernel is not None:  # the same pass, compiled (`alm_opacus.mechanisms.kernels`)
-            doubt = kernel(w.numpy(), t, 1 << (63 - k), threshold, cells[start:stop])
+        chunk = w.numpy()
+        at = start
+        while at < stop:  # each segment overlapping the chunk
+            while first + len(segments[segment][1]) <= at:
+                first += len(segments[segment][1])
+                segment += 1
+            base, out = segments[segment]
+            end = min(stop, first + len(out))
+            lo, hi = at - first, end - first
+            part = chunk[at - start : end - start]
+            held = None if base is None else base[lo:hi]
+            if kernel is not None:  # the same pass, compiled (`alm_opacus.mechanisms.kernels`)
+                doubt = kernel(
+                    part, t, 1 << (63 - k), threshold, out[lo:hi], held, finish, gamma, limit
+                )
+            else:
+                m = end - at
+                doubt = _eager_first_pass(
+                    law,
+                    t,
+                    k,
+                    threshold,
+                    torch.from_numpy(part),
+                    torch.from_numpy(out[lo:hi]),
+                    None if held is None else torch.from_numpy(held),
+                    (v[:m], j[:m], signs[:m], small[:m], fine[:m]),
+                )
+            if len(doubt):
+                noted.append((segment, doubt + lo, part[doubt]))  # copies: buffers are reused
+            at = end
+    if not noted:
+        return
+    drawn = np.concatenate([w for _, _, w in noted])
+    magnitude = _second_pass(law, t, torch.from_numpy(drawn), generator).numpy()
+    signed = np.where(drawn < 0, -magnitude, magnitude)
+    done = 0
+    for segment, index, w in noted:
+        base, out = segments[segment]
+        value = signed[done : done + len(w)]
+        done += len(w)
+        if base is None:
+            out[index] = value
+        elif finish == "sum":
+            out[index] = base[index] + value
         else:
-            doubt = _eager_first_pass(
-                law,
-                t,
-                k,
-                threshold,
-                w,
-                out[start:stop],
-                (v[:n], j[:n], signs[:n], small[:n], fine[:n]),
-            )
-        if len(doubt):
-            index = torch.from_numpy(doubt)
-            pending.append((index + start, w[index]))  # w[index] copies: the buffer is reused
-    if pending:
-        index = torch.cat([i for i, _ in pending])
-        drawn = torch.cat([w for _, w in pending])
-        magnitude = _second_pass(law, t, drawn, generator)
-        out[index] = torch.where(drawn < 0, -magnitude, magnitude)
-    return out.reshape(dims)
+            finished = np.empty(len(index), out.dtype)
+            apply = finish_kernel(finish)
+            assert apply is not None  # the dequantize finish runs compiled only
+            apply(value, base[index], finished, gamma, limit)
+            out[index] = finished
 
 
 #: Per-thread chunk buffers, kept between calls: allocating them afresh cost 6-7% of a 1M
@@ -240,10 +404,11 @@ def _eager_first_pass(
     threshold: float,
     words: torch.Tensor,
     out: torch.Tensor,
+    base: torch.Tensor | None,
     buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray, np.ndarray],
 ) -> np.ndarray:
-    """The first pass in tensor operations (where numba is missing): K into ``out`` and the
-    indices of the draws in doubt."""
+    """The first pass in tensor operations (where numba is missing): K into ``out`` (base +
+    K where ``base`` is given) and the indices of the draws in doubt."""
     vv, jj, sign, sm, ok = buffers
     _unit(words, vv).abs_()
     np.less(vv.numpy(), 2.0**-k, out=sm)  # numpy compares 4x faster
@@ -255,7 +420,10 @@ def _eager_first_pass(
     # K = ±j with w's sign: j ≥ 0, so OR-ing w's sign bit into j's float64 bits is copysign
     # (−0.0 converts to 0), at a third of copysign's cost
     jj.view(torch.int64).bitwise_or_(torch.bitwise_and(words, _SIGN_BIT, out=sign))
-    out.copy_(jj)
+    if base is None:
+        out.copy_(jj)
+    else:
+        torch.add(base, sign.copy_(jj), out=out)  # sign is free again
     return np.flatnonzero(np.logical_or(sm, np.logical_not(ok, out=ok), out=sm))
 
 

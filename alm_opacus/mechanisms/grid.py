@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from alm_opacus._validation import check_positive, check_sensitivity
+from alm_opacus.mechanisms.kernels import dequantize_kernel
 
 __all__ = [
     "INFLATION",
@@ -211,8 +212,22 @@ def quantize(value: torch.Tensor, *, grid: Grid) -> torch.Tensor:
     )
 
 
+#: Release dtypes `dequantize` writes in one compiled pass.
+_COMPILED_DTYPES = (torch.float32, torch.float64)
+
+
 def dequantize(cells: torch.Tensor, *, grid: Grid, dtype: torch.dtype) -> torch.Tensor:
     """γ·clamp(cells, ±limit) in ``dtype``: exact whenever ``grid`` was made for that dtype
-    (or a wider one); clamping is post-processing."""
+    (or a wider one); clamping is post-processing.
+
+    Each value is formed in float64 and rounded once to ``dtype``; int64 cells on the CPU
+    going to float32 or float64 take one compiled pass (`kernels.dequantize_kernel`), the
+    same arithmetic without the float64 intermediate tensor."""
+    kernel = dequantize_kernel() if dtype in _COMPILED_DTYPES else None
+    if kernel is not None and cells.dtype == torch.int64 and cells.device.type == "cpu":
+        out = torch.empty(cells.shape, dtype=dtype)
+        flat = cells.contiguous().reshape(-1)
+        kernel(flat.numpy(), grid.gamma, grid.limit, out.reshape(-1).numpy())
+        return out
     clamped = cells.clamp(-grid.limit, grid.limit).to(torch.float64)
     return clamped.mul_(grid.gamma).to(dtype)

@@ -6,7 +6,11 @@ The eager first pass (`alm_opacus.mechanisms.exact`) streams each chunk through 
 tensor operations; on a 2-core machine each costs about a millisecond per 10⁶ draws in
 memory traffic, and the Gaussian's float64 ``erfinv`` is scalar code in torch (~11 ns a
 draw). The loops here read each word once and write K or a doubt flag, and the Gaussian's
-central branch (85% of draws) is a rational function that vectorises.
+central branch (85% of draws) is a rational function that vectorises. They run as one
+compiled loop over tiles of 512 draws (`_fused`), whose scratch stays in the L1 cache
+and which finishes each K as it is made (`FINISHES`): stored, summed into a cell, or summed
+and converted to the release's float, so that a DP-SGD step goes from keystream words to its
+noisy gradients in one pass.
 
 They compute the same quantities as the eager pass, within the same error bound: V is
 ``|float(w)|``·2⁻⁶³ (one rounding, as numpy's conversion), x = t·S⁻¹(V), j = rint(x), and the
@@ -43,10 +47,13 @@ from alm_opacus.mechanisms.base import _load_noise_laws
 from alm_opacus.registry import Registry
 
 __all__ = [
+    "FINISHES",
     "FIRST_PASS_FILLS",
     "FirstPassFill",
     "cache_dir",
     "cell_sum_kernel",
+    "dequantize_kernel",
+    "finish_kernel",
     "first_pass_kernel",
     "gaussian_tail_inverse",
     "inverse_x",
@@ -324,11 +331,19 @@ class _Buffers(threading.local):
             )
         return tuple(a[:n] for a in self.arrays)
 
+    def doubt(self, n: int) -> np.ndarray:
+        """This thread's int64 array for the indices of up to ``n`` draws in doubt (one of
+        `get`'s arrays, whole: slicing all seven costs more than a small fused pass)."""
+        if n > self.size:
+            self.get(n)
+        return self.arrays[3]
+
 
 _BUFFERS = _Buffers()
-Kernel = Callable[[np.ndarray, float, int, float, np.ndarray], np.ndarray]
+Kernel = Callable[..., np.ndarray]
 
 
+@_jit
 def _x_logistic(
     words: np.ndarray,
     t: float,
@@ -342,6 +357,7 @@ def _x_logistic(
     _log_into(spare, ints, x, t)
 
 
+@_jit
 def _x_laplace(
     words: np.ndarray,
     t: float,
@@ -373,27 +389,180 @@ def inverse_x(name: str, words: np.ndarray, t: float) -> np.ndarray:
     return x
 
 
-def first_pass_kernel(name: str) -> Kernel | None:
+#: Draws per tile of the fused pass: its scratch arrays (8 bytes a draw each, the flags 1)
+#: stay in a 32 KiB L1 cache.
+_TILE = 512
+#: What the first pass makes of each K (0 for a draw in doubt), given ``base`` cells:
+#: ``"store"`` writes K, ``"sum"`` writes base + K (int64), ``"dequantize"`` writes
+#: γ·clamp(base + K, ±limit) formed in float64 and rounded once to ``out``'s float dtype.
+FINISHES = ("store", "sum", "dequantize")
+_NO_BASE = np.zeros(0, np.int64)
+
+
+@_jit_uncontracted
+def _finish_store(
+    k: np.ndarray, base: np.ndarray, out: np.ndarray, gamma: float, limit: int
+) -> None:
+    for i in range(k.shape[0]):
+        out[i] = k[i]
+
+
+@_jit_uncontracted
+def _finish_sum(k: np.ndarray, base: np.ndarray, out: np.ndarray, gamma: float, limit: int) -> None:
+    for i in range(k.shape[0]):
+        out[i] = base[i] + k[i]
+
+
+@_jit_uncontracted
+def _finish_dequantize(
+    k: np.ndarray, base: np.ndarray, out: np.ndarray, gamma: float, limit: int
+) -> None:
+    """γ·clamp(base + k) as `_dequantize` computes it (uncontracted: one rounding)."""
+    for i in range(k.shape[0]):
+        out[i] = float(min(max(base[i] + k[i], -limit), limit)) * gamma
+
+
+_FINISH = {"store": _finish_store, "sum": _finish_sum, "dequantize": _finish_dequantize}
+_FINISH_CODES = {"store": 0, "sum": 1, "dequantize": 2}
+#: The fills `_fused` calls, by its code for them: the built-in laws'.
+_FUSED_FILLS = {_x_logistic: 0, _x_laplace: 1, _gaussian_x: 2}
+
+
+@_jit
+def _fused(
+    law: int,
+    finish: int,
+    words: np.ndarray,
+    t: float,
+    small: int,
+    threshold: float,
+    base: np.ndarray,
+    out: np.ndarray,
+    gamma: float,
+    limit: int,
+    doubt: np.ndarray,
+) -> int:
+    """The first pass of a built-in law (``law``, `_FUSED_FILLS`) as one compiled loop over
+    tiles of `_TILE` draws, each tile's K finished (``finish``, `_FINISH_CODES`) as it is
+    made; returns the count of draws in doubt, whose indices go into ``doubt``.
+
+    Each tile runs the law's fill and `_accept`, the very loops the chunked pass runs on a
+    whole chunk, only shorter: every draw goes through the same operations, so x, K and the
+    draws in doubt are the same bit for bit (``tests/mechanisms/test_mechanism_fused_noise.py``),
+    while the scratch arrays stay in the L1 cache and nothing of the chunk's length is
+    written but ``out``. Law and finish are arguments, not closure cells: numba keys its disk
+    cache of a closure by its cells' pickles, which hold a per-process id for a dispatcher,
+    so a closure over the fill was compiled afresh in every process.
+    """
+    n = words.shape[0]
+    x = np.empty(_TILE, np.float64)
+    ints = np.empty(_TILE, np.int64)
+    flags = np.empty(_TILE, np.uint8)
+    local = np.empty(_TILE, np.int64)
+    index = np.empty(_TILE, np.int64)
+    tail = np.empty(_TILE, np.float64)
+    spare = np.empty(_TILE, np.float64)
+    cells = np.empty(_TILE, np.int64)
+    count = 0
+    for start in range(0, n, _TILE):
+        m = min(_TILE, n - start)
+        w = words[start : start + m]
+        if law == 0:
+            _x_logistic(w, t, x[:m], ints[:m], index[:m], tail[:m], spare[:m])
+        elif law == 1:
+            _x_laplace(w, t, x[:m], ints[:m], index[:m], tail[:m], spare[:m])
+        else:
+            _gaussian_x(w, t, x[:m], ints[:m], index[:m], tail[:m], spare[:m])
+        found = _accept(w, x[:m], small, threshold, cells[:m], flags[:m], local[:m])
+        held, part = base[start : start + m], out[start : start + m]
+        if finish == 0:
+            _finish_store(cells[:m], held, part, gamma, limit)
+        elif finish == 1:
+            _finish_sum(cells[:m], held, part, gamma, limit)
+        else:
+            _finish_dequantize(cells[:m], held, part, gamma, limit)
+        for i in range(found):
+            doubt[count + i] = start + local[i]
+        count += found
+    return count
+
+
+def first_pass_kernel(name: str, *, fused: bool = True) -> Kernel | None:
     """The compiled first pass of the cell law ``name``, or None (no numba, or no kernel).
 
-    ``kernel(words, t, small, threshold, out) -> doubt``: int64 ``words``; ``t`` cells per
-    scale; ``small`` = 2⁶³⁻ᵏ (words with V < 2⁻ᵏ are in doubt); the first pass's
-    ``threshold``; ``out`` (int64, the words' length) gets K, or 0 for a draw in doubt; the
-    result lists those draws' indices (a view of this thread's scratch, valid until its next
-    call).
+    ``kernel(words, t, small, threshold, out, base=None, finish="store", gamma=1.0,
+    limit=0) -> doubt``: int64 ``words``; ``t`` cells per scale; ``small`` = 2⁶³⁻ᵏ (words
+    with V < 2⁻ᵏ are in doubt); the first pass's ``threshold``; ``out`` (the words' length)
+    gets K, or 0 for a draw in doubt, as ``finish`` makes it (`FINISHES`: int64 ``base``
+    cells, and the grid step and clamp of ``"dequantize"``); the result lists the indices
+    of the draws in doubt (a view of this thread's scratch, valid until its next call).
+
+    A built-in law runs as one fused loop (`_fused`); another law's ``fill`` (a plugin's),
+    or ``fused=False`` (the reference the tests compare the fused loop with), runs over the
+    whole chunk, then `_accept`, then the finish. Both give the same K and draws in doubt,
+    bit for bit.
     """
     fill = FIRST_PASS_FILLS.get(name)
     if _numba is None or fill is None:
         return None
+    code = _FUSED_FILLS.get(fill) if fused else None
 
     def kernel(
-        words: np.ndarray, t: float, small: int, threshold: float, out: np.ndarray
+        words: np.ndarray,
+        t: float,
+        small: int,
+        threshold: float,
+        out: np.ndarray,
+        base: np.ndarray | None = None,
+        finish: str = "store",
+        gamma: float = 1.0,
+        limit: int = 0,
     ) -> np.ndarray:
+        cells = _NO_BASE if base is None else base
+        if code is not None:
+            doubt = _BUFFERS.doubt(len(words))
+            found = _fused(
+                code,
+                _FINISH_CODES[finish],
+                words,
+                t,
+                small,
+                threshold,
+                cells,
+                out,
+                gamma,
+                limit,
+                doubt,
+            )
+            return doubt[:found]
         x, ints, flags, doubt, index, tail, spare = _BUFFERS.get(len(words))
         fill(words, t, x, ints, index, tail, spare)
-        return doubt[: _accept(words, x, small, threshold, out, flags, doubt)]
+        found = _accept(words, x, small, threshold, ints, flags, doubt)  # ints is free again
+        _FINISH[finish](ints, cells, out, gamma, limit)
+        return doubt[:found]
 
     return kernel
+
+
+@_jit_uncontracted
+def _dequantize(cells: np.ndarray, gamma: float, limit: int, out: np.ndarray) -> None:
+    """out = γ·clamp(cells, ±limit), each product formed in float64 and rounded once to
+    ``out``'s dtype: what `alm_opacus.mechanisms.grid.dequantize` computes in four tensor
+    operations, in one pass."""
+    for i in range(cells.shape[0]):
+        out[i] = float(min(max(cells[i], -limit), limit)) * gamma
+
+
+def dequantize_kernel() -> Callable[[np.ndarray, float, int, np.ndarray], None] | None:
+    """The compiled `_dequantize`, or None where numba does not import."""
+    return None if _numba is None else _dequantize
+
+
+def finish_kernel(finish: str) -> Callable[..., None] | None:
+    """``finish(k, base, out, gamma, limit)``: the compiled finish named ``finish``
+    (`FINISHES`) over whole arrays, for the draws the later passes decide; None where numba
+    does not import."""
+    return None if _numba is None else _FINISH[finish]
 
 
 # --------------------------------------------------------------------------------------------

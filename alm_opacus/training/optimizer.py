@@ -52,6 +52,8 @@ from alm_opacus.mechanisms.exact import (
     enforce_radius,
     fused_cell_sums,
     inflated_sensitivity,
+    noisy_cells,
+    noisy_dequantized,
     scaled_cells,
     step_grid,
 )
@@ -206,9 +208,15 @@ class MechanismDPOptimizer(DPOptimizer):
         """The grid of an exact step at the current ``max_grad_norm`` (``None``: float steps)."""
         if not self.exact:
             return None
-        return step_grid(
-            max_grad_norm=self.max_grad_norm, norm=self.clipping_norm, dim=self.noise_dim
-        )
+        # kept for the clipping bound it was made for: a step reads it several times
+        key = (self.max_grad_norm, self.clipping_norm, self.noise_dim)
+        held = getattr(self, "_held_grid", None)
+        if held is None or held[0] != key:
+            grid = step_grid(
+                max_grad_norm=self.max_grad_norm, norm=self.clipping_norm, dim=self.noise_dim
+            )
+            held = self._held_grid = (key, grid)
+        return held[1]
 
     @property
     def noise_sensitivity(self) -> float:
@@ -349,12 +357,55 @@ class MechanismDPOptimizer(DPOptimizer):
         )
         return noise.to(device)
 
+    def noisy_step_cells(self, parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The clipped cells ``parts`` plus the step's exact noise, each flattened (int64, on
+        its part's device): bit for bit ``part + step_cell_noise(parts)[its coordinates]``
+        from the same generator state. Where every part is on the CPU the noise is summed
+        into a copy of the cells as it is drawn (`noisy_cells`), with no noise tensor of its
+        own; ``parts`` are never modified."""
+        grid = self.noise_grid
+        if grid is None:
+            raise ValueError("noisy_step_cells needs an exact optimizer (exact=True)")
+        sizes = [t.numel() for t in parts]
+        scale = self.noise_scale
+        if scale > 0.0 and all(t.device.type == "cpu" for t in parts):
+            noisy = noisy_cells(
+                parts, mechanism=self.mechanism, scale=scale, grid=grid, generator=self.generator
+            )
+            return list(noisy.split(sizes))
+        noise = self.step_cell_noise(parts).cpu().split(sizes)
+        pairs = zip(parts, noise, strict=True)
+        return [t.reshape(-1).to(torch.int64) + n.to(t.device) for t, n in pairs]
+
+    def noisy_step_grads(self) -> list[torch.Tensor]:
+        """Each parameter's noisy gradient γ·(cells + K), in its dtype and shape: bit for bit
+        `cells_to_grad` of `noisy_step_cells` of the ``summed_grad`` cells. On the CPU it is
+        one compiled pass from the keystream's words to the floats (`noisy_dequantized`)."""
+        grid = self.noise_grid
+        if grid is None:
+            raise ValueError("noisy_step_grads needs an exact optimizer (exact=True)")
+        parts = [p.summed_grad for p in self.params]
+        scale = self.noise_scale
+        if scale > 0.0 and all(t.device.type == "cpu" for t in [*parts, *self.params]):
+            grads = noisy_dequantized(
+                parts,
+                dtypes=[p.dtype for p in self.params],
+                mechanism=self.mechanism,
+                scale=scale,
+                grid=grid,
+                generator=self.generator,
+            )
+            return [g.view_as(p) for g, p in zip(grads, self.params, strict=True)]
+        pairs = zip(self.noisy_step_cells(parts), self.params, strict=True)
+        return [self.cells_to_grad(cells, p) for cells, p in pairs]
+
     def cells_to_grad(self, cells: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         """γ·cells in ``p``'s dtype, shaped as ``p`` (post-processing of the noisy cells)."""
         grid = self.noise_grid
         if grid is None:
             raise ValueError("cells_to_grad needs an exact optimizer (exact=True)")
-        return dequantize(cells, grid=grid, dtype=torch.float64).to(p.dtype).view_as(p)
+        # the value in float64 rounded once to p's dtype: what dequantize computes in any dtype
+        return dequantize(cells, grid=grid, dtype=p.dtype).view_as(p)
 
     def float_noise(self, summed: torch.Tensor) -> torch.Tensor:
         """Floating-point noise of scale `noise_scale` shaped as ``summed`` (``exact=False``)."""
@@ -375,21 +426,19 @@ class MechanismDPOptimizer(DPOptimizer):
 
     def add_noise(self) -> None:
         """Add i.i.d. mechanism noise of scale `noise_scale` to every coordinate of the
-        clipped sum; the result goes to ``p.grad``. Exact steps add `step_cell_noise` (one
-        draw for every parameter) to the int64 cells and convert with `cells_to_grad`."""
+        clipped sum; the result goes to ``p.grad``. Exact steps sum the noise of every
+        parameter (one draw, `step_cell_noise`'s) into the int64 cells and convert them
+        (`noisy_step_grads`)."""
         for p in self.params:
             _check_processed_flag(p.summed_grad)
             self.check_summed(p.summed_grad)
-        noise = self.step_cell_noise([p.summed_grad for p in self.params]) if self.exact else None
-        offset = 0
+        if self.exact:
+            for p, grad in zip(self.params, self.noisy_step_grads(), strict=True):
+                p.grad = grad
+                _mark_as_processed(p.summed_grad)
+            return
         for p in self.params:
-            summed = p.summed_grad
-            if noise is not None:
-                part = noise[offset : offset + summed.numel()].view_as(summed).to(summed.device)
-                offset += summed.numel()
-                p.grad = self.cells_to_grad(summed + part, p)
-            else:
-                p.grad = (summed + self.float_noise(summed)).view_as(p)
+            p.grad = (p.summed_grad + self.float_noise(p.summed_grad)).view_as(p)
             _mark_as_processed(p.summed_grad)
 
 
