@@ -12,14 +12,8 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_curve as sklearn_roc
 
-from alm_opacus.attacks.metrics import (
-    ROC_FPR_CUT,
-    ROC_GRID,
-    ROC_GRID_POINTS,
-    bound_roc,
-    roc_auc,
-    roc_curve,
-)
+from alm_opacus.attacks.metrics import roc_auc, roc_curve
+from alm_opacus.attacks.roc_bounds import ROC_FPR_CUT, ROC_GRID, ROC_GRID_POINTS, bound_roc
 from alm_opacus.report.results import ResultRow, read_results
 from alm_opacus.report.rocs import ROCS_FILE, RocLine, append_rocs, read_rocs, roc_map
 from alm_opacus.run import writer as writer_module

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from alm_opacus.mechanisms.clip_kernels import cell_sum_kernel, norm_tile_kernel
 from alm_opacus.mechanisms.grid import Grid
-from alm_opacus.mechanisms.kernels import cell_sum_kernel, norm_tile_kernel
 
 __all__ = ["clip_to_cells", "enforce_radius", "fused_cell_sums", "scaled_cells"]
 
@@ -120,7 +120,7 @@ _TILE = 8192
 #: divides `_TILE`, so a block never straddles two norm tiles.
 _KERNEL_WIDTH = 2048
 #: The batches the compiled cell sums take: its flush keeps 1 in reserve for any batch below
-#: 2²⁸ (`kernels._EXACT_SUM`).
+#: 2²⁸ (`clip_kernels._EXACT_SUM`).
 _MAX_BATCH = 2**28
 #: The clip bound is taken (1 − 2⁻²⁰) below C: it absorbs the float32 roundings of the
 #: per-example scale and of each product (≤ (1 + 2⁻²⁴)² in all) and of C itself.
@@ -201,7 +201,7 @@ def _norm_tiles(rows: torch.Tensor, *, norm: str) -> tuple[torch.Tensor, int]:
     """``(bounds, T)``: float64 upper bounds ``(batch, tiles)`` on the exact Σ|x| (L1) or Σx²
     (L2) of each row's tiles of T columns.
 
-    Each tile's sum is taken in float32 by the compiled `kernels.norm_tile_kernel`: of
+    Each tile's sum is taken in float32 by the compiled `clip_kernels.norm_tile_kernel`: of
     rounded squares (L2), of exact |x| (L1). A float32 overflow is handed back as
     non-finite. Whatever the summation order, a float32 sum of T non-negative terms is
     within γ_T of the exact sum.
@@ -230,7 +230,7 @@ def _tile_sums(
     """Σᵢ round(scaleᵢ·rowsᵢ) exactly, int64 (see `fused_cell_sums`): the cells are float32
     integers.
 
-    Compiled (`kernels._cell_sums`): one pass, a float32 accumulator per column block flushed
+    Compiled (`clip_kernels._cell_sums`): one pass, a float32 accumulator per column block flushed
     by the cells' bounds. A cell of tile t is at most sᵢ·Pᵢₜ·(1 + 2⁻²⁰) + ½, where Pᵢₜ
     bounds the tile's largest |x| (its L1 bound, or the square root of its squared L2 bound,
     from ``tiles``): fl(s·x) errs by 2⁻²⁴ relative and rounding adds ½.

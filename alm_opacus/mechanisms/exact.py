@@ -39,9 +39,7 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 
-import mpmath
 import numpy as np
 import torch
 
@@ -55,11 +53,17 @@ from alm_opacus.mechanisms.cell_laws import (
     CELL_LAWS,
     CellLaw,
     _erfc_interval,  # noqa: F401  (re-exported: the slow paths are tested through here)
-    _iv_precision,
+    _iv_precision,  # noqa: F401  (likewise)
     cell_delta,
     cell_law,
     cell_log_pmf,
     cell_pld,
+)
+from alm_opacus.mechanisms.exact_passes import (  # noqa: F401  (_decide, _fraction: tested here)
+    _decide,
+    _fraction,
+    eager_first_pass,
+    second_pass,
 )
 from alm_opacus.mechanisms.grid import (
     INFLATION,
@@ -112,11 +116,6 @@ __all__ = [
 
 #: Coordinates processed at once by the fast path (its buffers stay in cache).
 _CHUNK = 1 << 17
-_SIGN_BIT = -(1 << 63)
-#: Bound on the relative error of the float64 inverse tails, and an absolute floor in units
-#: of the scale (docs/mechanisms.md: measured ≤ 2⁻⁵⁰ against mpmath, tested ≤ 2⁻⁴⁸; 2× that).
-_REL_ERROR = 2.0**-47
-_ABS_ERROR = 2.0**-48
 #: The first pass's margin per unit of t (docs/mechanisms.md, "Exact sampling"); the second
 #: pass's bound on V's relative uncertainty. Tests widen them to send draws down the slower,
 #: exact paths.
@@ -339,7 +338,7 @@ def _draw_into(
                 )
             else:
                 m = end - at
-                doubt = _eager_first_pass(
+                doubt = eager_first_pass(
                     law,
                     t,
                     k,
@@ -355,7 +354,9 @@ def _draw_into(
     if not noted:
         return
     drawn = np.concatenate([w for _, _, w in noted])
-    magnitude = _second_pass(law, t, torch.from_numpy(drawn), generator).numpy()
+    magnitude = second_pass(
+        law, t, torch.from_numpy(drawn), generator, margin=_SECOND_MARGIN
+    ).numpy()
     signed = np.where(drawn < 0, -magnitude, magnitude)
     done = 0
     for segment, index, w in noted:
@@ -395,115 +396,6 @@ def _scratch() -> _Scratch:
         )
         _SCRATCH.buffers = got
     return got
-
-
-def _eager_first_pass(
-    law: CellLaw,
-    t: float,
-    k: int,
-    threshold: float,
-    words: torch.Tensor,
-    out: torch.Tensor,
-    base: torch.Tensor | None,
-    buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray, np.ndarray],
-) -> np.ndarray:
-    """The first pass in tensor operations (where numba is missing): K into ``out`` (base +
-    K where ``base`` is given) and the indices of the draws in doubt."""
-    vv, jj, sign, sm, ok = buffers
-    _unit(words, vv).abs_()
-    np.less(vv.numpy(), 2.0**-k, out=sm)  # numpy compares 4x faster
-    law.first_pass_(vv, t)
-    torch.round(vv, out=jj)
-    # NaN (an infinite inverse at V ≈ 0) is in doubt too: test "not below", never "above"
-    d = np.subtract(vv.numpy(), jj.numpy(), out=vv.numpy())
-    np.less(np.abs(d, out=d), threshold, out=ok)
-    # K = ±j with w's sign: j ≥ 0, so OR-ing w's sign bit into j's float64 bits is copysign
-    # (−0.0 converts to 0), at a third of copysign's cost
-    jj.view(torch.int64).bitwise_or_(torch.bitwise_and(words, _SIGN_BIT, out=sign))
-    if base is None:
-        out.copy_(jj)
-    else:
-        torch.add(base, sign.copy_(jj), out=out)  # sign is free again
-    return np.flatnonzero(np.logical_or(sm, np.logical_not(ok, out=ok), out=sm))
-
-
-def _unit(words: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``words``/2⁶³ into float64 ``out``: numpy converts the int64 words (one rounding, as a
-    copy would) and scales them by 2⁻⁶³ (exact) in one pass, faster than torch here."""
-    np.multiply(words.numpy(), 2.0**-63, out=out.numpy())
-    return out
-
-
-def _second_pass(
-    law: CellLaw, t: float, words: torch.Tensor, generator: NoiseGenerator
-) -> torch.Tensor:
-    """|K| for the draws the first pass left in doubt: 64 more bits of V each, a float
-    inversion with a per-draw bound, and interval arithmetic for what is still in doubt."""
-    more = uniform_words(len(words), generator=generator)
-    high = words ^ (words >> 63)  # the 63 magnitude bits: |w| − [w < 0]
-    low = more.to(torch.float64) + torch.where(more < 0, 2.0**64, 0.0)  # unsigned, rounded
-    v = (high.to(torch.float64) + low.mul_(2.0**-64)).mul_(2.0**-63)
-    x = law.inverse_tail_(v.clone()).mul_(t)
-    j = torch.round(x)
-    # V is known to relative 2^-51 (two roundings and the unseen bits) and the law's density
-    # is at least V/2 in V-space, so x moves by at most t·2^-50; plus the float error.
-    margin = x * _REL_ERROR + t * (_SECOND_MARGIN + _ABS_ERROR) + 2.0**-40
-    doubt = ~((x - j).abs() < 0.5 - margin) | (v < 2.0**-60)
-    magnitude = j.to(torch.int64)
-    for i in torch.nonzero(doubt).flatten().tolist():
-        value = (int(high[i]) << 64) | (int(more[i]) & ((1 << 64) - 1))
-        guess = float(j[i])  # infinite only if all 127 bits were 0 (probability 2^-127)
-        start = int(guess) if math.isfinite(guess) and guess >= 0 else 0
-        magnitude[i] = _decide(law, t, value, 127, start, generator)
-    return magnitude
-
-
-def _decide(
-    law: CellLaw, t: float, value: int, bits: int, guess: int, generator: NoiseGenerator
-) -> int:
-    """The exact cell j ≥ 0 with S((j + ½)/t) < V ≤ S((j − ½)/t), V ∈ [value, value + 1)/2^bits.
-
-    Interval arithmetic encloses each tail; while V's interval straddles an enclosure, 64 more
-    bits of V are drawn and the precision raised. V equals a boundary with probability 0, so
-    this ends with probability 1 (after one refinement in all but ~2⁻⁶⁰ of the calls).
-    """
-    j = guess
-    scale = Fraction(t)
-    prec = bits + 40
-    while True:
-        with _iv_precision(prec):
-            v_lo, v_hi = Fraction(value, 1 << bits), Fraction(value + 1, 1 << bits)
-            upper = _interval_tail(law, Fraction(2 * j - 1, 2) / scale) if j > 0 else None
-            lower = _interval_tail(law, Fraction(2 * j + 1, 2) / scale)
-            above = upper is None or v_hi <= upper[0]  # V < S((j - ½)/t)
-            below = v_lo >= lower[1]  # V > S((j + ½)/t)
-            if above and below:
-                return j
-            if v_hi <= lower[0]:
-                j += 1
-                continue
-            if upper is not None and v_lo >= upper[1]:
-                j -= 1
-                continue
-        word = int(uniform_words(1, generator=generator)[0]) & ((1 << 64) - 1)
-        value, bits, prec = (value << 64) | word, bits + 64, prec + 64
-
-
-def _interval_tail(law: CellLaw, u: Fraction) -> tuple[Fraction, Fraction]:
-    """[lo, hi] ∋ S(u) as exact fractions, from the law's interval enclosure."""
-    iv = mpmath.iv
-    point = iv.mpf(u.numerator) / iv.mpf(u.denominator)
-    lo, hi = law.tail_interval(point)._mpi_  # raw endpoints, no rounding
-    return _fraction(lo), _fraction(hi)
-
-
-def _fraction(raw: tuple[int, int, int, int]) -> Fraction:
-    """The exact value of a raw mpmath float (sign, mantissa, exponent, bit count)."""
-    sign, man, exp, _ = raw
-    if man == 0 and exp != 0:
-        raise ArithmeticError("interval enclosure is not finite")
-    value = Fraction(int(man)) * (Fraction(2) ** int(exp))
-    return -value if sign else value
 
 
 def exact_release(

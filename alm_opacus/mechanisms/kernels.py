@@ -33,17 +33,17 @@ example's factor, so the same holds for them.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import math
-import os
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from alm_opacus.mechanisms.base import _load_noise_laws
+from alm_opacus.mechanisms.jit import NUMBA as _numba
+from alm_opacus.mechanisms.jit import cache_dir
+from alm_opacus.mechanisms.jit import jit as _jit
+from alm_opacus.mechanisms.jit import jit_uncontracted as _jit_uncontracted
 from alm_opacus.registry import Registry
 
 __all__ = [
@@ -51,20 +51,13 @@ __all__ = [
     "FIRST_PASS_FILLS",
     "FirstPassFill",
     "cache_dir",
-    "cell_sum_kernel",
     "dequantize_kernel",
     "finish_kernel",
     "first_pass_kernel",
     "gaussian_tail_inverse",
     "inverse_x",
-    "norm_tile_kernel",
 ]
 
-_numba: Any
-try:
-    import numba as _numba
-except ImportError:  # pragma: no cover - the tensor path is tested by switching kernels off
-    _numba = None
 
 # AS 241 (PPND16) coefficients, lowest degree first; B, D and F have a leading 1.
 _A = (3.3871328727963666080e0, 1.3314166789178437745e2, 1.9715909503065514427e3,
@@ -100,76 +93,6 @@ _LN2_LO = 1.90821492927058770002e-10  # ln 2 − _LN2_HI (fdlibm)
 _ATANH = tuple(1.0 / (2 * k + 1) for k in range(11))
 #: |x| beyond which the rounding trick is not used (the draw is left in doubt).
 _LARGE = 2.0**50
-
-
-def cache_dir() -> str:
-    """Where the compiled kernels are cached: ``NUMBA_CACHE_DIR`` if the user set it, else
-    the per-user cache (``~/.cache/alm_opacus/numba`` on Linux, ``XDG_CACHE_HOME``
-    respected). Never the package directory: numba's own default (``cache=True``) writes
-    into the ``__pycache__`` next to the source whenever it is writable, i.e. into
-    site-packages or the repository."""
-    if _numba is None:  # pragma: no cover - nothing is compiled then
-        return ""
-    from numba.misc.appdirs import AppDirs
-
-    user = str(_numba.config.CACHE_DIR or "")
-    return user or os.path.join(AppDirs("alm_opacus", appauthor=False).user_cache_dir, "numba")
-
-
-@functools.cache
-def _cache_class() -> Any:
-    """numba's function cache with one locator, `cache_dir` (``cache=True`` would try the
-    source tree first)."""
-    from numba.core import caching
-
-    names = vars(caching)  # the locator lost its underscore in numba 0.6x
-    wide: Any = names.get("UserWideCacheLocator") or names["_UserWideCacheLocator"]
-    impl: Any = caching.CompileResultCacheImpl
-
-    class Locator(wide):
-        def __init__(self, py_func: Any, py_file: str) -> None:
-            super().__init__(py_func, py_file)
-            self._cache_path = os.path.join(cache_dir(), self.get_suitable_cache_subpath(py_file))
-
-    class Impl(impl):
-        _locator_classes = (Locator,)
-
-    class Cache(caching.FunctionCache):
-        _impl_class = Impl
-
-    return Cache
-
-
-def _cached(dispatcher: Any, function: Callable[..., Any]) -> Any:
-    """``dispatcher`` with an on-disk cache under `cache_dir`; uncached (compiled once per
-    process) if that directory cannot be written."""
-    with contextlib.suppress(RuntimeError):  # numba's "no locator available"
-        dispatcher._cache = _cache_class()(function)
-    return dispatcher
-
-
-def _jit_with(*, fastmath: frozenset[str]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A decorator: compiled on first call (and cached on disk, under `cache_dir`) with the
-    LLVM fast-math flags ``fastmath`` where numba imports; else the function as is."""
-
-    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
-        if _numba is None:
-            return function
-        flags = set(fastmath) or False
-        # not cache=True, whose locator would pick the source tree first (`cache_dir`)
-        options = {"nogil": True, "error_model": "numpy", "fastmath": flags}
-        return _cached(_numba.njit(**options)(function), function)
-
-    return decorate
-
-
-_jit = _jit_with(fastmath=frozenset({"contract"}))
-#: Without contraction: fl(s·g) must be rounded once, as torch rounds it (`_cell_sums`).
-_jit_uncontracted = _jit_with(fastmath=frozenset())
-#: Reassociation only (no nnan/ninf: a NaN or inf must reach the caller): a float32 sum of
-#: non-negative terms is within γ_T of the exact sum in any order, so the vectorised order
-#: keeps the bound (`_tile_loop`).
-_jit_reassociated = _jit_with(fastmath=frozenset({"reassoc"}))
 
 
 @_jit
@@ -563,106 +486,3 @@ def finish_kernel(finish: str) -> Callable[..., None] | None:
     (`FINISHES`) over whole arrays, for the draws the later passes decide; None where numba
     does not import."""
     return None if _numba is None else _FINISH[finish]
-
-
-# --------------------------------------------------------------------------------------------
-# Exact DP-SGD clipping: round and sum the cells of a batch in one pass
-# (`cell_clipping._tile_sums`).
-# --------------------------------------------------------------------------------------------
-
-_ZERO32 = np.float32(0.0)
-#: Bound on the magnitudes a float32 accumulator of integer cells may reach between flushes:
-#: every integer of magnitude ≤ 2²⁴ is a float32, and the float64 running bound errs by far
-#: less than the 1 kept in reserve for any batch below 2²⁸ (`cell_clipping.fused_cell_sums` checks).
-_EXACT_SUM = 2.0**24 - 1.0
-
-
-@_jit_uncontracted
-def _flush(acc: np.ndarray, block: np.ndarray) -> None:
-    for j in range(len(block)):
-        block[j] += acc[j]
-        acc[j] = _ZERO32
-
-
-@_jit_uncontracted
-def _cell_sums(
-    rows: np.ndarray, scale: np.ndarray, bounds: np.ndarray, tile: int, width: int, out: np.ndarray
-) -> None:
-    """out[j] += Σᵢ rint(scaleᵢ·rowsᵢⱼ), exactly: float32 rows and scale, float64 ``out``.
-
-    ``bounds[i, t]`` must bound |rint(scaleᵢ·rowsᵢⱼ)| for every column j of the ``tile``
-    columns numbered t. Each column block of ``width`` (within one tile) is summed in a
-    float32 accumulator, flushed into ``out`` before the bounds of the rows it holds could
-    sum past `_EXACT_SUM`: every partial sum is then an integer of magnitude < 2²⁴, so every
-    float32 addition is exact (a row whose bound alone passes it is added to an empty
-    accumulator, exactly, and flushed at once). ``np.rint`` rounds half to even, as
-    ``torch.round``; compiled without contraction, fl(s·x) is rounded once, as torch rounds
-    it. Inner loops index slices from 0 (no wraparound checks: LLVM vectorises them)."""
-    batch, length = rows.shape
-    acc = np.zeros(width, np.float32)
-    for start in range(0, length, width):
-        stop = min(length, start + width)
-        block = out[start:stop]
-        t = start // tile
-        held = 0.0
-        for i in range(batch):
-            largest = bounds[i, t]
-            if held > 0.0 and held + largest >= _EXACT_SUM:
-                _flush(acc, block)
-                held = 0.0
-            s = scale[i]
-            row = rows[i, start:stop]
-            for j in range(stop - start):
-                acc[j] += np.rint(row[j] * s)
-            held += largest
-            if held >= _EXACT_SUM:
-                _flush(acc, block)
-                held = 0.0
-        _flush(acc, block)
-
-
-def cell_sum_kernel() -> Callable[..., None] | None:
-    """The compiled cell sums (`_cell_sums`), or None where numba does not import."""
-    return None if _numba is None else _cell_sums
-
-
-@_jit_reassociated
-def _magnitude(x: np.float32) -> np.float32:
-    return abs(x)
-
-
-@_jit_reassociated
-def _square(x: np.float32) -> np.float32:
-    return x * x  # rounded once; an overflow is inf, handed back
-
-
-def _tile_loop(term: Callable[[np.float32], np.float32]) -> Callable[..., None]:
-    """The tile loop for one norm, ``term`` being |x| (L1) or x² (L2): a closure, so that
-    numba compiles (and caches, the closure's contents keyed) one loop per norm with the
-    term inlined, as if written out twice."""
-
-    @_jit_reassociated
-    def tiles(rows: np.ndarray, width: int, out: np.ndarray) -> None:
-        """out[i, t] = the float32 sum of term(rowsᵢⱼ) over the t-th tile of ``width``
-        columns (in any order: `_jit_reassociated`); float32 rows, float64 ``out``."""
-        batch, length = rows.shape
-        for i in range(batch):
-            for start in range(0, length, width):
-                tile = rows[i, start : min(length, start + width)]
-                acc = _ZERO32
-                for j in range(len(tile)):
-                    acc += term(tile[j])
-                out[i, start // width] = acc
-
-    return tiles
-
-
-_abs_tiles = _tile_loop(_magnitude)
-_square_tiles = _tile_loop(_square)
-_TILES = {"l1": _abs_tiles, "l2": _square_tiles}
-
-
-def norm_tile_kernel(norm: str) -> Callable[[np.ndarray, int, np.ndarray], None] | None:
-    """The compiled tile sums of |x| (``"l1"``) or of x² (``"l2"``), or None where numba
-    does not import."""
-    return None if _numba is None else _TILES[norm]

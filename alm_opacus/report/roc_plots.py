@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: The ROC curves of ``rocs.jsonl`` (:mod:`alm_opacus.report.rocs`): (method, ε, attack) ->
-#: (FPRs, TPRs), bounded (:func:`~alm_opacus.attacks.metrics.bound_roc`).
+#: (FPRs, TPRs), bounded (:func:`~alm_opacus.attacks.roc_bounds.bound_roc`).
 RocMap = Mapping[tuple[str, float, str], tuple[Sequence[float], Sequence[float]]]
 
 

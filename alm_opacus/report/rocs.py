@@ -1,7 +1,7 @@
 """``rocs.jsonl``: a run's ROC curves, one JSON line per cell, appended as each cell finishes.
 
 Each line holds one (method, epsilon, seed) cell's curves, one per attack (the first noise
-draw's), each bounded by :func:`~alm_opacus.attacks.metrics.bound_roc` inside the cell (every
+draw's), each bounded by :func:`~alm_opacus.attacks.roc_bounds.bound_roc` inside the cell (every
 vertex below FPR 1e-3, then a fixed log-spaced grid): a few thousand numbers per curve
 whatever the number of members. The driver appends the line, flushed and fsynced, *before* it
 rewrites ``results.csv`` with the cell's rows, so a cell of ``results.csv`` always has its line;

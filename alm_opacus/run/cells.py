@@ -37,7 +37,7 @@ class Cell:
 @dataclass
 class CellOutcome:
     """What one cell produced: its rows, the first draw's ROC curves (bounded after the rows'
-    metrics were computed on the full ones: ``attacks.metrics.bound_roc``), its chosen config,
+    metrics were computed on the full ones: ``attacks.roc_bounds.bound_roc``), its chosen config,
     one record per release (noise draw), and the per-example scores behind ``risk/`` (computed
     from the private data: the driver writes them under ``report.risk.RISK_FOLDER``).
 

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from alm_opacus.attacks import AttackResult, PreparedAttacks
-from alm_opacus.attacks.metrics import bound_roc
+from alm_opacus.attacks.roc_bounds import bound_roc
 from alm_opacus.data import to_float
 from alm_opacus.data.split import Split
 from alm_opacus.errors import InfeasibleRelease

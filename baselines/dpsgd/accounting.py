@@ -28,7 +28,7 @@ from alm_opacus.accounting import PipelineAccountant
 from alm_opacus.methods import InfeasibleRelease, MethodContext
 from alm_opacus.plugin import StaleCacheWarning, atomic_write_json, code_digest, content_digest
 from alm_opacus.training import noise_multiplier_for, training_mechanism
-from baselines.dpsgd.config import check_accountant, steps_per_epoch
+from baselines.dpsgd.config import DPSGDConfig, check_accountant, sample_rate_for, steps_per_epoch
 
 __all__ = [
     "GAUSSIAN",
@@ -36,6 +36,7 @@ __all__ = [
     "NoiseStep",
     "SigmaCache",
     "accountant_epsilon",
+    "calibrated_sigma",
     "checked_epsilon",
     "epochs_match_steps",
     "quiet_opacus",
@@ -380,3 +381,31 @@ def checked_epsilon(
             f"after {steps} steps; refusing to release"
         )
     return spent, steps
+
+
+def calibrated_sigma(
+    *,
+    n: int,
+    config: DPSGDConfig,
+    epsilon: float,
+    delta: float,
+    accountant: str,
+    mechanism: str,
+    dim: int,
+    sigmas: SigmaCache,
+) -> tuple[float, bool]:
+    """The noise multiplier :func:`~baselines.dpsgd.loop.fit_private` trains ``n`` rows with,
+    and whether it was known already: the accountant's search at Opacus's sample rate
+    ``1 / ceil(n / batch)`` for ``config.epochs`` of its Poisson loader (``dim``: the noised
+    coordinates). Anything that must train with the same sigma as a run of ``fit_private``
+    asks here.
+    """
+    return sigmas.noise_multiplier(
+        epsilon=epsilon,
+        delta=delta,
+        sample_rate=sample_rate_for(n=n, batch_size=config.batch_size),
+        epochs=config.epochs,
+        accountant=accountant,
+        mechanism=training_mechanism(mechanism).name,
+        dim=dim,
+    )

@@ -39,13 +39,13 @@ from baselines.dpsgd.accounting import (
     GAUSSIAN,
     NoiseStep,
     SigmaCache,
+    calibrated_sigma,
     checked_epsilon,
     quiet_opacus,
 )
 from baselines.dpsgd.config import (
     DPSGDConfig,
     check_accountant,
-    sample_rate_for,
 )
 
 __all__ = [
@@ -375,33 +375,6 @@ class OpacusRun:
             "noise_sensitivity": self.noise_sensitivity,
             "seconds": dict(self.seconds),
         }
-
-
-def calibrated_sigma(
-    *,
-    n: int,
-    config: DPSGDConfig,
-    epsilon: float,
-    delta: float,
-    accountant: str,
-    mechanism: str,
-    dim: int,
-    sigmas: SigmaCache,
-) -> tuple[float, bool]:
-    """The noise multiplier :func:`fit_private` trains ``n`` rows with, and whether it was
-    known already: the accountant's search at Opacus's sample rate ``1 / ceil(n / batch)``
-    for ``config.epochs`` of its Poisson loader (``dim``: the noised coordinates). Anything
-    that must train with the same sigma as a run of :func:`fit_private` asks here.
-    """
-    return sigmas.noise_multiplier(
-        epsilon=epsilon,
-        delta=delta,
-        sample_rate=sample_rate_for(n=n, batch_size=config.batch_size),
-        epochs=config.epochs,
-        accountant=accountant,
-        mechanism=training_mechanism(mechanism).name,
-        dim=dim,
-    )
 
 
 def fit_private(

@@ -19,7 +19,7 @@ from alm_opacus.mechanisms.exact import (
     scaled_cells,
     step_grid,
 )
-from alm_opacus.mechanisms.kernels import cell_sum_kernel
+from alm_opacus.mechanisms.clip_kernels import cell_sum_kernel
 
 if cell_sum_kernel() is None:  # pragma: no cover - numba is a dependency
     pytest.skip("numba does not import here", allow_module_level=True)
