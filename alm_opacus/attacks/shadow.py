@@ -33,11 +33,11 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 import torch
-from sklearn.ensemble import HistGradientBoostingClassifier
 from threadpoolctl import threadpool_limits
 from torch import Tensor
 from torch.nn import functional as F
@@ -48,6 +48,9 @@ from alm_opacus.attacks.metrics import roc_auc, roc_curve
 from alm_opacus.attacks.registry import Attack, AttackScores, TargetQuery, register_attack
 from alm_opacus.attacks.scores import logit_confidence, loss_score
 from alm_opacus.attacks.shadow_data import subseed
+
+if TYPE_CHECKING:
+    from sklearn.ensemble import HistGradientBoostingClassifier
 
 MlpParams = list[tuple[Tensor, Tensor]]
 Scorer = Callable[[FloatArray], FloatArray]
@@ -204,6 +207,10 @@ def fit_gbm(
     seed: int,
 ) -> list[Scorer]:
     """One gradient-boosting classifier per group (scikit-learn's defaults, seeded)."""
+    # imported here: scikit-learn's ensemble costs most of a second at every start of the CLI
+    # (a --resume with nothing to compute included), and only this attacker uses it
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
     del config
     scorers: list[Scorer] = []
     for pick in picks:
