@@ -13,13 +13,13 @@ import torch
 
 from alm_opacus.mechanisms import cell_clipping
 from alm_opacus.mechanisms.cell_clipping import _norm_bound, fused_cell_sums
+from alm_opacus.mechanisms.clip_kernels import cell_sum_kernel
 from alm_opacus.mechanisms.exact import (
     cell_radius,
     enforce_radius,
     scaled_cells,
     step_grid,
 )
-from alm_opacus.mechanisms.clip_kernels import cell_sum_kernel
 
 if cell_sum_kernel() is None:  # pragma: no cover - numba is a dependency
     pytest.skip("numba does not import here", allow_module_level=True)
