@@ -216,13 +216,13 @@ def _upper_bounds(
     the split-half bound's. The values are ``clopper_pearson``'s, element for element."""
     counts = np.asarray(successes, dtype=np.float64)
     n = int(trials)
-    if n != trials or n < 1 or np.any(counts != np.round(counts)):
+    whole = counts == np.round(counts)
+    if n != trials or n < 1 or not np.all(whole & (counts >= 0) & (counts <= n)):
+        # anything but counts 0..n of whole trials: computed directly (or refused, as there)
         _, upper = clopper_pearson(
             successes=counts, trials=trials, confidence=confidence, side="upper"
         )
         return np.asarray(upper, dtype=np.float64)
-    if np.any(counts < 0) or np.any(counts > n):  # the same error as clopper_pearson's
-        clopper_pearson(successes=counts, trials=n, confidence=confidence, side="upper")
     return _upper_table(n, float(confidence))[counts.astype(np.int64)]
 
 

@@ -53,18 +53,12 @@ from alm_opacus.mechanisms.cell_laws import (
     CELL_LAWS,
     CellLaw,
     _erfc_interval,  # noqa: F401  (re-exported: the slow paths are tested through here)
-    _iv_precision,  # noqa: F401  (likewise)
     cell_delta,
     cell_law,
     cell_log_pmf,
     cell_pld,
 )
-from alm_opacus.mechanisms.exact_passes import (  # noqa: F401  (_decide, _fraction: tested here)
-    _decide,
-    _fraction,
-    eager_first_pass,
-    second_pass,
-)
+from alm_opacus.mechanisms.exact_passes import eager_first_pass, second_pass
 from alm_opacus.mechanisms.grid import (
     INFLATION,
     Grid,

@@ -19,7 +19,6 @@ try:
     import numba as NUMBA
 except ImportError:  # pragma: no cover - the tensor path is tested by switching kernels off
     NUMBA = None
-_numba = NUMBA
 
 
 def cache_dir() -> str:
@@ -28,11 +27,11 @@ def cache_dir() -> str:
     respected). Never the package directory: numba's own default (``cache=True``) writes
     into the ``__pycache__`` next to the source whenever it is writable, i.e. into
     site-packages or the repository."""
-    if _numba is None:  # pragma: no cover - nothing is compiled then
+    if NUMBA is None:  # pragma: no cover - nothing is compiled then
         return ""
     from numba.misc.appdirs import AppDirs
 
-    user = str(_numba.config.CACHE_DIR or "")
+    user = str(NUMBA.config.CACHE_DIR or "")
     return user or os.path.join(AppDirs("alm_opacus", appauthor=False).user_cache_dir, "numba")
 
 
@@ -73,12 +72,12 @@ def _jit_with(*, fastmath: frozenset[str]) -> Callable[[Callable[..., Any]], Cal
     LLVM fast-math flags ``fastmath`` where numba imports; else the function as is."""
 
     def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
-        if _numba is None:
+        if NUMBA is None:
             return function
         flags = set(fastmath) or False
         # not cache=True, whose locator would pick the source tree first (`cache_dir`)
         options = {"nogil": True, "error_model": "numpy", "fastmath": flags}
-        return _cached(_numba.njit(**options)(function), function)
+        return _cached(NUMBA.njit(**options)(function), function)
 
     return decorate
 
