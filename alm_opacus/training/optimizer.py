@@ -273,14 +273,21 @@ class MechanismDPOptimizer(DPOptimizer):
     def _accumulate_fused(self, grad_samples: list[torch.Tensor], grid: Grid) -> bool:
         """The exact step's clipping in float32 tiles (`fused_cell_sums`: a rigorous norm
         bound replaces the check of each rounded example); ``False`` where it does not apply
-        (float64 or GPU gradients, a non-finite gradient, an int range it cannot cover), and
-        then nothing was accumulated."""
+        (GPU gradients, a non-finite gradient, an int range it cannot cover), and then nothing
+        was accumulated.
+
+        Float64 gradients are rounded to float32 first. Privacy is unchanged: the proof bounds
+        the cells of whatever vector is clipped, and fl32(g) is a function of the example as g
+        is. Nor is utility: fl32 moves the clipped gradient by ≤ 2⁻²⁴·C in its norm, which
+        is ≤ 2⁻¹⁷·w(d) cells on a step grid (C/γ < 2⁷·w(d), `step_grid`), against the up to
+        w(d)/2 cells by which rounding to cells moves it.
+        """
         if len(grad_samples[0]) == 0:  # an empty Poisson batch: the float64 path sums zeros
             return False
         radius = cell_radius(
             max_grad_norm=self.max_grad_norm, norm=self.clipping_norm, dim=self.noise_dim, grid=grid
         )
-        rows = [g.reshape(len(g), -1) for g in grad_samples]
+        rows = [g.reshape(len(g), -1).to(torch.float32) for g in grad_samples]
         sums = fused_cell_sums(
             rows,
             budgets=self.max_grad_norms,

@@ -123,3 +123,57 @@ def test_offline_lira_needs_and_checks_its_candidates() -> None:
     )
     with pytest.raises(ValueError, match="lira-offline was prepared for other candidates"):
         prepared.attack(target)
+
+
+def test_pool_lira_predicts_its_references_once_per_set_of_rows(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Every cell asks about the same rows: the references' Gaussians are computed once, the
+    scores equal a fresh attack's, and other rows (or labels) are predicted afresh."""
+    from alm_opacus.attacks.shadow_data import HeadBank
+
+    ds = load_dataset("digits")
+    x = torch.from_numpy(ds.images[:300].reshape(300, -1)).double()
+    y = torch.from_numpy(ds.labels[:300])
+    knowledge = AttackerKnowledge(
+        features=x[:100],
+        labels=y[:100],
+        num_classes=10,
+        train_size=20,
+        trainer=recipe_trainer(config=RECIPE, num_classes=10),
+    )
+    config = AttackConfig(num_reference=4, num_shadow=4)
+    calls: list[int] = []
+    predict = HeadBank.predict
+
+    def counting(self: HeadBank, features: torch.Tensor) -> np.ndarray:
+        calls.append(int(features.shape[0]))
+        return predict(self, features)
+
+    monkeypatch.setattr(HeadBank, "predict", counting)
+
+    def prepared() -> object:
+        return prepare_attacks(
+            names=["lira-offline-pool"], knowledge=knowledge, config=config, seed=0
+        )
+
+    def target(rows: slice, labels: torch.Tensor | None = None) -> AttackTarget:
+        g = torch.Generator().manual_seed(rows.start)
+        return AttackTarget(
+            predict=lambda f: torch.softmax(torch.randn(f.shape[0], 10, generator=g), -1).double(),
+            features=x[rows],
+            labels=y[rows] if labels is None else labels,
+            is_member=np.r_[np.ones(20, bool), np.zeros(20, bool)],
+            num_classes=10,
+        )
+
+    once = prepared()
+    first = once.attack(target(slice(200, 240)))  # type: ignore[attr-defined]
+    again = once.attack(target(slice(200, 240)))  # type: ignore[attr-defined]
+    assert len(calls) == 1
+    assert [r.mia_auc for r in again] == [r.mia_auc for r in first]
+    fresh = prepared().attack(target(slice(200, 240)))  # type: ignore[attr-defined]
+    assert [r.mia_auc for r in fresh] == [r.mia_auc for r in first]
+    assert len(calls) == 2
+    once.attack(target(slice(240, 280)))  # type: ignore[attr-defined]
+    assert len(calls) == 3
+    once.attack(target(slice(240, 280), labels=(y[240:280] + 1) % 10))  # type: ignore[attr-defined]
+    assert len(calls) == 4

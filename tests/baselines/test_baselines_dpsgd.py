@@ -163,6 +163,31 @@ def test_batched_reimplementation_matches_opacus_without_noise(small):
         torch.testing.assert_close(ours["fc.bias"][b], model.fc.bias.detach(), rtol=0, atol=1e-12)
 
 
+def test_the_attackers_float32_shadows_follow_the_float64_run(small):
+    # The shadows train in float32 (SHADOW_DTYPE): without noise and with every row in every
+    # batch (q = 1; otherwise the float32 noise draws move the generator differently), the
+    # float64 run's heads to float32 rounding, and the trainer predicts float32 probabilities.
+    from baselines.dpsgd.batched import SHADOW_DTYPE, dpsgd_shadow_trainer
+
+    x, y = small
+    config = DPSGDConfig(lr=2.0, max_grad_norm=0.3, epochs=5, batch_size=len(y))
+    masks = torch.zeros(3, len(y), dtype=torch.bool)
+    masks[:, : len(y) // 2] = True
+    kwargs = dict(masks=masks, num_classes=10, head=HEAD, config=config, sigma=0.0, seed=3)
+    wide = dpsgd_linear_heads(x, y, **kwargs)
+    narrow = dpsgd_linear_heads(x, y, dtype=torch.float32, **kwargs)
+    assert torch.float32 == SHADOW_DTYPE and narrow["fc.weight"].dtype == torch.float32
+    for k in wide:
+        torch.testing.assert_close(narrow[k].double(), wide[k], rtol=0, atol=1e-4)
+    assert not torch.equal(narrow["fc.weight"].double(), wide["fc.weight"])  # not a no-op
+    trainer = dpsgd_shadow_trainer(
+        head=HEAD, num_classes=10, config=config, sigma=1.0, sample_rate=0.1
+    )
+    proba = trainer(x, y, masks, 0)(x[:7])
+    assert proba.shape == (3, 7, 10) and proba.dtype == torch.float32
+    torch.testing.assert_close(proba.sum(-1), torch.ones(3, 7), rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("rate", [0.05, 0.3])
 def test_shadow_batches_are_poisson_samples(rate: float) -> None:
     # The attacker's DP-SGD takes each row of a head's data with probability q, independently

@@ -293,3 +293,43 @@ def test_bad_input_is_refused_with_the_value(kwargs: dict[str, object], match: s
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         MechanismDPOptimizer(torch.optim.SGD(_model().parameters(), lr=0.1), **args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_a_float64_exact_step_clips_in_the_fused_float32_pass(mechanism: str) -> None:
+    """Float64 gradients are rounded to float32 and clipped by `fused_cell_sums` (the
+    compiled pass), not the float64 fallback: the sums equal that pass on the rounded rows,
+    and they are within the rounding of the float64 path's sums."""
+    from alm_opacus.mechanisms.cell_clipping import fused_cell_sums
+    from alm_opacus.mechanisms.grid import cell_radius
+
+    module = GradSampleModule(_model())
+    _grad_samples(module)
+    saved = [p.grad_sample.clone() for p in module.parameters()]
+    assert all(g.dtype == torch.float64 for g in saved)
+    opt = _optimizer(module, mechanism, clip=0.5)
+    grid = opt.noise_grid
+    assert grid is not None
+    opt.clip_and_accumulate()
+    ours = [p.summed_grad.clone() for p in module.parameters()]
+    radius = cell_radius(max_grad_norm=0.5, norm=NORM_OF[mechanism], dim=opt.noise_dim, grid=grid)
+    expected = fused_cell_sums(
+        [g.reshape(len(g), -1).float() for g in saved],
+        budgets=None,
+        max_grad_norm=0.5,
+        norm=NORM_OF[mechanism],
+        grid=grid,
+        radius=radius,
+    )
+    assert expected is not None  # the compiled pass applies (numba is a dependency)
+    for o, e in zip(ours, expected, strict=True):
+        assert torch.equal(o.reshape(-1), e)
+    # the float64 fallback on the same gradients: each example moves by < 1 cell per
+    # coordinate between the two (both round a clipped value to cells; the factors differ
+    # by float error only), so the 16-example sums differ by at most 16 cells each
+    for p, g in zip(module.parameters(), saved, strict=True):
+        p.summed_grad, p.grad_sample = None, g
+    norms = per_sample_norms(saved, norm=NORM_OF[mechanism])
+    opt._accumulate_cells([clip_factors(norms, max_grad_norm=0.5)] * len(saved), grid)
+    for o, p in zip(ours, module.parameters(), strict=True):
+        assert int((o - p.summed_grad).abs().max()) <= 16
