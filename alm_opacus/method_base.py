@@ -183,6 +183,9 @@ class MethodContext:
         encoder: the encoder pre-trained on public data (frozen; a method that fine-tunes it
             must copy it), given only when a method with ``inputs = "images"`` runs.
         cache_dir: where a method may cache per-config work on disk.
+        public_cache_dir: where a method may cache work that reads no member's data (e.g. a
+            noise multiplier found from ε, δ and the sampling rate), shared by every run:
+            the harness gives the encoder's cache folder. ``None``: use ``cache_dir``.
         progress: whether to show progress bars.
         dataset: the dataset's registry name.
         schedule: the dataset's DP-SGD schedule ``(epochs, expected batch size)``.
@@ -200,6 +203,7 @@ class MethodContext:
     public_images: Tensor | None = None
     encoder: nn.Module | None = None
     cache_dir: Path | None = None
+    public_cache_dir: Path | None = None
     progress: bool = False
     dataset: str | None = None
     schedule: tuple[int, int] | None = None

@@ -162,6 +162,7 @@ class RunInputs:
             public_images=data.inputs("images", "public") if images else None,
             encoder=data.encoder if images else None,
             cache_dir=config.cache_path,
+            public_cache_dir=config.encoder_cache_path,
             progress=config.progress if progress is None else progress,
             dataset=config.dataset,
             schedule=config.spec.dpsgd.as_tuple(),

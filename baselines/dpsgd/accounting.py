@@ -97,8 +97,11 @@ class SigmaCache:
 
     @classmethod
     def of(cls, context: MethodContext) -> SigmaCache:
-        """The run's cache (one per run and cache folder, held in ``context.memo``)."""
-        folder = None if context.cache_dir is None else str(context.cache_dir)
+        """The run's cache (one per run and cache folder, held in ``context.memo``), in the
+        public cache folder where there is one: a multiplier depends on ε, δ, the sampling
+        rate, the steps and the mechanism only, never on a member's data."""
+        where = context.public_cache_dir or context.cache_dir
+        folder = None if where is None else str(where)
         return context.memo.get(("dpsgd-sigmas", folder), lambda: cls(folder))
 
     def __len__(self) -> int:

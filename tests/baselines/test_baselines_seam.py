@@ -59,6 +59,22 @@ def test_sigma_cache_file_is_shared_across_runs(tmp_path):
     assert SigmaCache(tmp_path).cached(**key) is None
 
 
+def test_sigmas_live_in_the_public_cache_shared_by_runs(tmp_path, make_context) -> None:  # type: ignore[no-untyped-def]
+    # A multiplier reads no member's data: runs with their own members' caches share it
+    # through the public cache folder (the encoder's); without one, the members' cache.
+    key = dict(epsilon=2.0, delta=1e-5, sample_rate=1 / 3, epochs=2, accountant="rdp")
+    public = tmp_path / "public"
+    first = make_context(cache_dir=tmp_path / "a", public_cache_dir=public)
+    sigma, known = SigmaCache.of(first).noise_multiplier(**key)
+    assert not known and (public / SIGMA_CACHE_FILE).exists()
+    assert not (tmp_path / "a" / SIGMA_CACHE_FILE).exists()
+    second = make_context(cache_dir=tmp_path / "b", public_cache_dir=public)
+    assert SigmaCache.of(second).noise_multiplier(**key) == (sigma, True)
+    alone = make_context(cache_dir=tmp_path / "c")
+    assert SigmaCache.of(alone).noise_multiplier(**key) == (sigma, False)
+    assert (tmp_path / "c" / SIGMA_CACHE_FILE).exists()
+
+
 @pytest.mark.parametrize(
     ("tamper", "why"),
     [
