@@ -129,6 +129,7 @@ def train_lu_nets(
     num_classes: int,
     config: LuConfig,
     seed: int,
+    dtype: torch.dtype = torch.float64,
 ) -> Params:
     """Train ``B = len(masks)`` bias-free sigmoid networks on the convexified loss at once.
 
@@ -144,6 +145,8 @@ def train_lu_nets(
         num_classes: ``C``.
         config: the recipe.
         seed: seeds the initialisation (shared by the heads).
+        dtype: the arithmetic; the weights are returned in float64 either way. The released
+            network trains in float64; the adaptive attacker's shadows in float32.
 
     Returns:
         ``{"fc1.weight": (B, H, d), "fc2.weight": (B, C, H)}``, float64.
@@ -155,12 +158,12 @@ def train_lu_nets(
     if masks.ndim != 2 or masks.shape[1] != features.shape[0] or not bool(masks.any(1).all()):
         raise ValueError(f"masks must be (B, {features.shape[0]}) with no empty row")
     n_heads, d, hdim = masks.shape[0], features.shape[1], config.hidden
-    device, dt = features.device, torch.float64
+    device, dt = features.device, dtype
     x = clip_features(features.to(dt), config.clip_radius)
     m = masks.to(device=device, dtype=torch.bool)
     g = torch.Generator().manual_seed(int(seed))
-    w1 = uniform_init((hdim, d), fan_in=d, generator=g, dtype=dt)
-    w2 = uniform_init((num_classes, hdim), fan_in=hdim, generator=g, dtype=dt)
+    w1 = uniform_init((hdim, d), fan_in=d, generator=g, dtype=torch.float64).to(dt)
+    w2 = uniform_init((num_classes, hdim), fan_in=hdim, generator=g, dtype=torch.float64).to(dt)
     params = {
         "fc1.weight": w1.to(device).unsqueeze(0).repeat(n_heads, 1, 1).requires_grad_(True),
         "fc2.weight": w2.to(device).unsqueeze(0).repeat(n_heads, 1, 1).requires_grad_(True),
@@ -173,7 +176,7 @@ def train_lu_nets(
         m = torch.ones_like(rows, dtype=torch.bool)
     with single_thread():
         _adam_on_the_ball(params, x, targets, m, config=config, radius=config.radius(num_classes))
-    return {k: v.detach() for k, v in params.items()}
+    return {k: v.detach().to(torch.float64) for k, v in params.items()}
 
 
 def _adam_on_the_ball(

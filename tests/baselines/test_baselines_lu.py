@@ -445,3 +445,21 @@ def test_closed_form_gradient_equals_autograd() -> None:
         g1, g2 = _gradients(w1, w2, x, onehot, masks, config=config)
     assert torch.allclose(g1, w1.grad, rtol=1e-10, atol=1e-12)
     assert torch.allclose(g2, w2.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_float32_shadow_nets_follow_the_float64_nets() -> None:
+    # The adaptive attacker's shadows train in float32: the same initialisation and the same
+    # full-batch Adam, so the weights agree with the float64 run to float32 rounding
+    # (measured ~1e-6 on 700 rows), and come back as float64 like the released net's.
+    g = torch.Generator().manual_seed(0)
+    x = torch.nn.functional.normalize(torch.randn(120, 16, generator=g, dtype=torch.float64), dim=1)
+    y = torch.randint(0, 10, (120,), generator=g)
+    masks = torch.zeros(3, 120, dtype=torch.bool)
+    masks[:, :60] = True
+    kwargs = dict(masks=masks, num_classes=10, config=lu.LuConfig(), seed=0)
+    wide = lu.train_lu_nets(x, y, **kwargs)
+    narrow = lu.train_lu_nets(x, y, dtype=torch.float32, **kwargs)
+    for k in wide:
+        assert narrow[k].dtype == torch.float64
+        torch.testing.assert_close(narrow[k], wide[k], rtol=0, atol=1e-4)
+        assert not torch.equal(narrow[k], wide[k])  # float32 arithmetic did run
