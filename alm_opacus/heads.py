@@ -214,9 +214,14 @@ _LOGITS: dict[str, Callable[[Params, Tensor], Tensor]] = {
 }
 
 
-def batched_logits(params: Params, features: Tensor, *, config: HeadConfig) -> Tensor:
-    """Logits of a batch of heads: ``params`` have a leading head dim ``B``; returns (B, n, C)."""
-    x = clip_features(features.to(config.torch_dtype), config.clip_radius)
+def batched_logits(
+    params: Params, features: Tensor, *, config: HeadConfig, dtype: torch.dtype | None = None
+) -> Tensor:
+    """Logits of a batch of heads: ``params`` have a leading head dim ``B``; returns (B, n, C).
+
+    ``dtype``: the features' dtype, which must be the parameters' (default: the recipe's).
+    """
+    x = clip_features(features.to(dtype or config.torch_dtype), config.clip_radius)
     return _LOGITS[config.kind](params, x)
 
 

@@ -265,7 +265,9 @@ def test_alm_method_at_epsilon_1(small, pixel_features, source: str, expected: s
     assert not torch.equal(_flat(release.module), _flat(other.module))
 
 
-def test_adaptive_shadow_trainer_adds_the_released_noise_scale(small, pixel_features) -> None:  # type: ignore[no-untyped-def]
+def test_adaptive_shadow_trainer_adds_the_released_noise_scale(
+    small, pixel_features, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     x, y = small
     context = _context(pixel_features)
     method = create_method("laplace", options={"sensitivity": "sampled", "m": 8})
@@ -285,6 +287,29 @@ def test_adaptive_shadow_trainer_adds_the_released_noise_scale(small, pixel_feat
     # At epsilon=0.01 the noise swamps the weights: shadow predictions move far from plain ones.
     assert float((proba - plain).abs().mean()) > 0.05
     assert np.isfinite(proba.numpy()).all()
+    # The shadows predict in float32 (their probabilities are handed on in float32): the
+    # same noisy heads in float64 give the same probabilities to float32 rounding.
+    assert proba.dtype == torch.float32
+    moderate = method.release(
+        prepared,
+        ReleaseRequest(
+            features=x, labels=y, epsilon=10.0, delta=0.0, seed=0, draw=0, context=context
+        ),
+    )
+    assert moderate.attacker is not None
+    import alm_opacus.posttraining.method as posthoc
+
+    wide: list[torch.Tensor] = []
+    logits = posthoc.batched_logits
+
+    def spy(params, features, *, config, dtype=None):  # type: ignore[no-untyped-def]
+        as64 = {k: v.double() for k, v in params.items()}
+        wide.append(torch.softmax(logits(as64, features, config=config), -1))
+        return logits(params, features, config=config, dtype=dtype)
+
+    monkeypatch.setattr(posthoc, "batched_logits", spy)
+    narrow = moderate.attacker()(x, y, masks, 0)(x)
+    torch.testing.assert_close(narrow.double(), wide[0], rtol=0, atol=1e-5)
 
 
 def test_prepared_head_and_sensitivity_are_cached_on_disk(
