@@ -93,7 +93,8 @@ def test_full_strength_offline_lira_matches_an_independent_one() -> None:
     assert independent > ours["lira-offline-pool"] + 0.05
 
 
-def test_offline_lira_needs_and_checks_its_candidates() -> None:
+def _digits_pool(**fields: object) -> tuple[torch.Tensor, torch.Tensor, AttackerKnowledge]:
+    """300 digits as pixels; the attacker's pool is the first 100."""
     ds = load_dataset("digits")
     x = torch.from_numpy(ds.images[:300].reshape(300, -1)).double()
     y = torch.from_numpy(ds.labels[:300])
@@ -102,7 +103,13 @@ def test_offline_lira_needs_and_checks_its_candidates() -> None:
         labels=y[:100],
         num_classes=10,
         trainer=recipe_trainer(config=RECIPE, num_classes=10),
+        **fields,  # type: ignore[arg-type]
     )
+    return x, y, knowledge
+
+
+def test_offline_lira_needs_and_checks_its_candidates() -> None:
+    x, y, knowledge = _digits_pool()
     config = AttackConfig(num_reference=4, num_shadow=4)
     with pytest.raises(ValueError, match="lira-offline"):
         prepare_attacks(names=["lira-offline"], knowledge=knowledge, config=config, seed=0)
@@ -130,16 +137,7 @@ def test_pool_lira_predicts_its_references_once_per_set_of_rows(monkeypatch) -> 
     scores equal a fresh attack's, and other rows (or labels) are predicted afresh."""
     from alm_opacus.attacks.shadow_data import HeadBank
 
-    ds = load_dataset("digits")
-    x = torch.from_numpy(ds.images[:300].reshape(300, -1)).double()
-    y = torch.from_numpy(ds.labels[:300])
-    knowledge = AttackerKnowledge(
-        features=x[:100],
-        labels=y[:100],
-        num_classes=10,
-        train_size=20,
-        trainer=recipe_trainer(config=RECIPE, num_classes=10),
-    )
+    x, y, knowledge = _digits_pool(train_size=20)
     config = AttackConfig(num_reference=4, num_shadow=4)
     calls: list[int] = []
     predict = HeadBank.predict
