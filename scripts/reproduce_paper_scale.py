@@ -36,8 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import reproduce  # reproduce.py registers itself under this name when run as a script
-from reproduce import FAILS, POST, ROOT, Claim, Interval, Run, Runs
+import reproduce_claims as rc
+from reproduce_claims import FAILS, POST, ROOT, Claim, Interval, Run, Runs
 
 __all__ = [
     "BLOCK",
@@ -70,6 +70,7 @@ DEFAULT_M = 500
 #: What the block's numbers depend on besides scripts/reproduce.py.
 DEPS = (
     "alm_opacus",
+    "scripts/reproduce_claims.py",
     "scripts/reproduce_paper_scale.py",
     "scripts/compare.py",
     "scripts/bench_scale.py",
@@ -281,7 +282,7 @@ def commands(
     """Each setting's compare.py command, by setting name, into ``folder / name``."""
     grid = ["--epsilons", ",".join(f"{e:g}" for e in epsilons)]
     return {
-        s.name: reproduce._compare_command(
+        s.name: rc._compare_command(
             f"features:{features}",
             seed,
             folder / s.name,
@@ -301,12 +302,12 @@ def run_settings(
     run_one: Callable[[list[str], Path], float] | None = None,
 ) -> dict[str, float]:
     """Run (or finish) each setting's command into ``folder / name``; a finished one (its
-    ``done`` marker) is skipped, an interrupted one resumes (``reproduce._run_one``).
+    ``done`` marker) is skipped, an interrupted one resumes (``reproduce_claims._run_one``).
 
     Returns:
         the seconds each setting spent in this call (0 for one already done).
     """
-    runner = run_one or reproduce._run_one
+    runner = run_one or rc._run_one
     with ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
         futures = {name: pool.submit(runner, cmd, folder / name) for name, cmd in jobs.items()}
         return {name: future.result() for name, future in futures.items()}
@@ -442,7 +443,7 @@ def remedy_figure1(runs: Runs, claim: Claim) -> str:
             f"ALM's noise std is {_span(than)} times Laplace's where they "
             f"differ (ε = {', '.join(f'{e:g}' for e in differ)}): equal losses need equal noise"
         )
-    live = [e for e in shared if _loss(runs, "alm", e).mean < reproduce.AT_CHANCE_LOSS]
+    live = [e for e in shared if _loss(runs, "alm", e).mean < rc.AT_CHANCE_LOSS]
     not_worse = [
         e for e in live if not runs.difference("gaussian", "alm", e, "utility_loss").low > 0
     ]
@@ -509,10 +510,10 @@ class Verdict:
 
 
 def verdicts(found: dict[str, Runs]) -> list[Verdict]:
-    """Every ALM claim of ``reproduce.CLAIMS`` under each setting, with its remedy."""
+    """Every ALM claim of ``reproduce_claims.CLAIMS`` under each setting, with its remedy."""
     out = []
     for name, runs in found.items():
-        for make in reproduce.CLAIMS:
+        for make in rc.CLAIMS:
             claim = make(runs)
             if claim.paper != "ALM":
                 continue
@@ -564,11 +565,11 @@ def render(
         f"Measured cost ({machine}; CPU-bound, a busier machine takes longer):",
         "",
         *[
-            f"- `{name}` ({by_name[name].what}): {reproduce._duration(seconds.get(name, math.nan))}"
+            f"- `{name}` ({by_name[name].what}): {rc._duration(seconds.get(name, math.nan))}"
             for name in found
         ],
-        f"- the features file: {reproduce._duration(seconds.get('features', 0.0))}",
-        f"- total: {reproduce._duration(total)}",
+        f"- the features file: {rc._duration(seconds.get('features', 0.0))}",
+        f"- total: {rc._duration(total)}",
         "",
         "**Sensitivities** the noise is calibrated to (ALM and Laplace: L1; the Gaussian: L2), "
         "beside the ALM paper's Table 1 (CIFAR-10, |d| = "
@@ -653,7 +654,7 @@ def main(args: argparse.Namespace, *, folder: Path) -> int:
             seconds[name] = seconds.get(name, 0.0) + spent
     found = {name: Runs([Run(folder / name)]) for name in jobs}
     found_verdicts = verdicts(found)
-    machine = str(record.get("machine", reproduce.machine()))
+    machine = str(record.get("machine", rc.machine()))
     atomic_write_json(
         record_path,
         {
@@ -702,7 +703,7 @@ def _write_doc(
         classes=classes,
     )
     write_block(
-        reproduce.DOC,
+        rc.DOC,
         name=BLOCK,
         script=str(ROOT / "scripts" / "reproduce.py"),
         deps=DEPS,
@@ -722,4 +723,4 @@ def _write_doc(
             "--update-docs",
         ],
     )
-    print(f"written: {reproduce.DOC}")
+    print(f"written: {rc.DOC}")

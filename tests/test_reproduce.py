@@ -25,20 +25,28 @@ def reproduce() -> ModuleType:
     spec = importlib.util.spec_from_file_location("reproduce", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["reproduce"] = module  # dataclasses resolve their module by name
+    sys.modules["reproduce"] = module
     spec.loader.exec_module(module)
     return module
 
 
-def test_combined_interval_is_the_wider_of_within_and_between(reproduce: ModuleType) -> None:
+@pytest.fixture(scope="module")
+def claims(reproduce: ModuleType) -> ModuleType:
+    """The claims and run types (scripts/reproduce_claims.py), as reproduce.py imports them."""
+    return sys.modules["reproduce_claims"]
+
+
+def test_combined_interval_is_the_wider_of_within_and_between(
+    reproduce: ModuleType, claims: ModuleType
+) -> None:
     values, halves = [0.60, 0.64, 0.70], [0.01, 0.01, 0.01]
-    got = reproduce.combine(values, halves)
+    got = claims.combine(values, halves)
     mean = sum(values) / 3
     t = stats.t.interval(0.95, df=2, loc=mean, scale=stats.sem(values))  # independent
     assert (got.low, got.high) == pytest.approx(t)
-    wide = reproduce.combine(values, [0.5, 0.5, 0.5])  # within-run noise dominates
+    wide = claims.combine(values, [0.5, 0.5, 0.5])  # within-run noise dominates
     assert wide.high - wide.mean == pytest.approx(0.5 / math.sqrt(3))
-    one = reproduce.combine([0.6], [0.05])
+    one = claims.combine([0.6], [0.05])
     assert (one.low, one.high) == pytest.approx((0.55, 0.65))
 
 
@@ -87,22 +95,22 @@ def _run(folder: Path, seed: int, shift: float) -> Path:
 
 
 def test_verdicts_and_reasons_move_only_with_their_interval_tests(
-    reproduce: ModuleType, tmp_path: Path
+    reproduce: ModuleType, tmp_path: Path, claims: ModuleType
 ) -> None:
     """Shifting every point estimate by 0.004 (well inside each interval) changes numbers but
     neither a verdict nor its sentence."""
     found = {}
     for name, shift in (("a", 0.0), ("b", 0.004)):
-        runs = reproduce.Runs(
-            [reproduce.Run(_run(tmp_path / name / f"s{s}", s, shift * (s + 1))) for s in (0, 1, 2)]
+        runs = claims.Runs(
+            [claims.Run(_run(tmp_path / name / f"s{s}", s, shift * (s + 1))) for s in (0, 1, 2)]
         )
-        found[name] = [(c.verdict, c.why) for c in (make(runs) for make in reproduce.CLAIMS)]
+        found[name] = [(c.verdict, c.why) for c in (make(runs) for make in claims.CLAIMS)]
     assert found["a"] == found["b"]
     verdicts = dict(
-        zip([m.__name__ for m in reproduce.CLAIMS], [v for v, _ in found["a"]], strict=True)
+        zip([m.__name__ for m in claims.CLAIMS], [v for v, _ in found["a"]], strict=True)
     )
-    assert verdicts["unprotected_vulnerable"] == reproduce.HOLDS  # 0.66 meets [0.61, 0.71]
-    assert verdicts["figure1"] == reproduce.FAILS  # the Gaussian loses less, not more
+    assert verdicts["unprotected_vulnerable"] == claims.HOLDS  # 0.66 meets [0.61, 0.71]
+    assert verdicts["figure1"] == claims.FAILS  # the Gaussian loses less, not more
 
 
 def _verdicts(folder: Path) -> list[tuple[str, str, str]]:
@@ -112,7 +120,7 @@ def _verdicts(folder: Path) -> list[tuple[str, str, str]]:
 
 @pytest.mark.slow
 def test_a_rerun_agrees_and_leaves_the_docs_alone(
-    reproduce: ModuleType, tmp_path: Path, shared_cache: Path
+    reproduce: ModuleType, tmp_path: Path, shared_cache: Path, claims: ModuleType
 ) -> None:
     docs = (ROOT / "docs" / "results.md").read_bytes()
     args = [
@@ -128,7 +136,7 @@ def test_a_rerun_agrees_and_leaves_the_docs_alone(
     for name in ("first", "second"):
         assert reproduce.main([*args, "--out", str(tmp_path / name)]) == 0
     first, second = _verdicts(tmp_path / "first"), _verdicts(tmp_path / "second")
-    assert first == second and len(first) == len(reproduce.CLAIMS) + 1
+    assert first == second and len(first) == len(claims.CLAIMS) + 1
     with (
         open(tmp_path / "first" / "digits-split0" / "results.csv", newline="") as a,
         open(tmp_path / "second" / "digits-split0" / "results.csv", newline="") as b,

@@ -26,9 +26,15 @@ def reproduce() -> ModuleType:
     spec = importlib.util.spec_from_file_location("reproduce", ROOT / "scripts" / "reproduce.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["reproduce"] = module  # the paper-scale module imports it by this name
+    sys.modules["reproduce"] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def claims(reproduce: ModuleType) -> ModuleType:
+    """The claims and run types (scripts/reproduce_claims.py), as reproduce.py imports them."""
+    return sys.modules["reproduce_claims"]
 
 
 @pytest.fixture(scope="module")
@@ -200,13 +206,13 @@ def _by_claim(verdicts: list) -> dict[str, object]:  # type: ignore[type-arg]
 
 
 def test_failing_claims_say_what_would_make_them_hold_measured(
-    paper: ModuleType, reproduce: ModuleType, tmp_path: Path
+    paper: ModuleType, reproduce: ModuleType, tmp_path: Path, claims: ModuleType
 ) -> None:
-    runs = reproduce.Runs([reproduce.Run(_failing(tmp_path / "run"))])
+    runs = claims.Runs([claims.Run(_failing(tmp_path / "run"))])
     found = paper.verdicts({"sampled": runs})
     assert [v.setting for v in found] == ["sampled"] * 5  # the ALM claims only, no Lu
     v = _by_claim(found)
-    assert {k: x.claim.verdict for k, x in v.items()} == dict.fromkeys(v, reproduce.FAILS)
+    assert {k: x.claim.verdict for k, x in v.items()} == dict.fromkeys(v, claims.FAILS)
     # near chance only at epsilon <= 10, where the loss is 0.3
     assert (
         "reaches 0.55 only at ε ≤ 10, where the utility loss is 0.300 [" in v["near_chance"].remedy
@@ -226,10 +232,10 @@ def test_failing_claims_say_what_would_make_them_hold_measured(
 
 
 def test_figure1_remedies_name_the_noise_each_mechanism_adds(
-    paper: ModuleType, reproduce: ModuleType, tmp_path: Path
+    paper: ModuleType, reproduce: ModuleType, tmp_path: Path, claims: ModuleType
 ) -> None:
     folder = _failing(tmp_path / "run", gaussian_std=2.0, laplace_at_10=0.5)
-    runs = reproduce.Runs([reproduce.Run(folder)])
+    runs = claims.Runs([claims.Run(folder)])
     remedy = _by_claim(paper.verdicts({"sampled": runs}))["figure1"].remedy
     # ALM's logistic noise has std pi/sqrt(3) = 1.81 times its scale, Laplace's here 1 times
     assert remedy.startswith("ALM's noise std is 1.81 times Laplace's where they differ (ε = 10)")
@@ -238,22 +244,22 @@ def test_figure1_remedies_name_the_noise_each_mechanism_adds(
 
 
 def test_holding_claims_have_no_remedy(
-    paper: ModuleType, reproduce: ModuleType, tmp_path: Path
+    paper: ModuleType, reproduce: ModuleType, tmp_path: Path, claims: ModuleType
 ) -> None:
-    runs = reproduce.Runs([reproduce.Run(_holding(tmp_path / "run"))])
+    runs = claims.Runs([claims.Run(_holding(tmp_path / "run"))])
     v = _by_claim(paper.verdicts({"analytic": runs}))
     for key in ("unprotected", "near_chance", "cheap"):
-        assert (v[key].claim.verdict, v[key].remedy) == (reproduce.HOLDS, "")
+        assert (v[key].claim.verdict, v[key].remedy) == (claims.HOLDS, "")
 
 
 def test_the_sensitivity_table_stands_beside_the_papers(
-    paper: ModuleType, reproduce: ModuleType, tmp_path: Path
+    paper: ModuleType, reproduce: ModuleType, tmp_path: Path, claims: ModuleType
 ) -> None:
-    run = reproduce.Run(_failing(tmp_path / "run"))
+    run = claims.Run(_failing(tmp_path / "run"))
     assert paper.sensitivities(run) == paper.Sensitivities(
         l1=10.0, l2=2.0, guarantee="random-dp", source="sampled"
     )
-    found = {"sampled": reproduce.Runs([run])}
+    found = {"sampled": claims.Runs([run])}
     text = paper.render(
         members=N,
         seed=0,
@@ -279,7 +285,11 @@ def test_the_sensitivity_table_stands_beside_the_papers(
 
 
 def test_main_runs_every_setting_and_records_times_and_verdicts(
-    paper: ModuleType, reproduce: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    paper: ModuleType,
+    reproduce: ModuleType,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    claims: ModuleType,
 ) -> None:
     calls: list[str] = []
 
@@ -289,7 +299,7 @@ def test_main_runs_every_setting_and_records_times_and_verdicts(
         _failing(out)
         return 2.5
 
-    monkeypatch.setattr(reproduce, "_run_one", fake_run)
+    monkeypatch.setattr(claims, "_run_one", fake_run)
     out = tmp_path / "paper"
     assert reproduce.main(["--paper-scale", "--paper-members", "100", "--out", str(out)]) == 0
     assert calls == [s.name for s in paper.SETTINGS]
@@ -373,7 +383,7 @@ def test_defaults_are_the_papers_scale(
 
 
 def test_update_docs_rewrites_the_results_block_and_keeps_the_paper_scale_section(
-    reproduce: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    reproduce: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, claims: ModuleType
 ) -> None:
     doc = tmp_path / "results.md"
     doc.write_text(
@@ -381,8 +391,8 @@ def test_update_docs_rewrites_the_results_block_and_keeps_the_paper_scale_sectio
         "old\n<!-- end generated results -->\n\n## kept prose\n\n"
         "<!-- generated results-paper-scale -->\n<!-- end generated results-paper-scale -->\n"
     )
-    monkeypatch.setattr(reproduce, "DOC", doc)
-    monkeypatch.setattr(reproduce, "_run_one", lambda command, out: _holding(out) and 1.0)
+    monkeypatch.setattr(claims, "DOC", doc)
+    monkeypatch.setattr(claims, "_run_one", lambda command, out: _holding(out) and 1.0)
     argv = ["--datasets", "digits", "--split-seeds", "0", "--update-docs"]
     assert reproduce.main([*argv, "--out", str(tmp_path / "runs")]) == 0
     text = doc.read_text()
