@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import shutil
 import sys
 import time
@@ -123,6 +124,21 @@ def render_epsilon(rows: list[dict[str, Any]], seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+@contextlib.contextmanager
+def _own_public_cache(folder: Path) -> Iterator[None]:
+    """The runs' public cache (encoder, σ) in ``folder``, never the user's shared one: a σ
+    searched under a patched accounting must not outlive this script there."""
+    before = os.environ.get("ALM_OPACUS_ENCODER_CACHE")
+    os.environ["ALM_OPACUS_ENCODER_CACHE"] = str(folder)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("ALM_OPACUS_ENCODER_CACHE", None)
+        else:
+            os.environ["ALM_OPACUS_ENCODER_CACHE"] = before
+
+
 def harness_rows(
     *, dataset: str, epsilons: Sequence[float], out: Path, cache: Path
 ) -> list[dict[str, Any]]:
@@ -133,8 +149,12 @@ def harness_rows(
 
     harness.load_plugins()
     rows = []
+    public = cache / "public"
     for variant in ("before", "after"):
-        (cache / SIGMA_CACHE_FILE).unlink(missing_ok=True)  # σ depends on the accounting
+        # σ depends on the accounting, which `accounting` patches and the σ cache's key does
+        # not record: each variant searches σ afresh (the σ cache is in the public cache)
+        for folder in (cache, public):
+            (folder / SIGMA_CACHE_FILE).unlink(missing_ok=True)
         folder = out / variant
         shutil.rmtree(folder, ignore_errors=True)
         config = RunConfig(
@@ -146,7 +166,7 @@ def harness_rows(
             progress=False,
         )
         start = time.perf_counter()
-        with accounting(variant):
+        with _own_public_cache(public), accounting(variant):
             result = harness.run(config)
         seconds = time.perf_counter() - start
         for epsilon in epsilons:
