@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from alm_opacus.accounting import PipelineAccountant, find_noise_multiplier
 from alm_opacus.accounting.subsampled import (
@@ -124,21 +125,6 @@ def render_epsilon(rows: list[dict[str, Any]], seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-@contextlib.contextmanager
-def _own_public_cache(folder: Path) -> Iterator[None]:
-    """The runs' public cache (encoder, σ) in ``folder``, never the user's shared one: a σ
-    searched under a patched accounting must not outlive this script there."""
-    before = os.environ.get("ALM_OPACUS_ENCODER_CACHE")
-    os.environ["ALM_OPACUS_ENCODER_CACHE"] = str(folder)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("ALM_OPACUS_ENCODER_CACHE", None)
-        else:
-            os.environ["ALM_OPACUS_ENCODER_CACHE"] = before
-
-
 def harness_rows(
     *, dataset: str, epsilons: Sequence[float], out: Path, cache: Path
 ) -> list[dict[str, Any]]:
@@ -149,12 +135,14 @@ def harness_rows(
 
     harness.load_plugins()
     rows = []
+    # The runs' public cache (encoder, σ) is this script's own, never the user's shared one:
+    # a σ searched under a patched accounting must not outlive the script there.
     public = cache / "public"
     for variant in ("before", "after"):
         # σ depends on the accounting, which `accounting` patches and the σ cache's key does
         # not record: each variant searches σ afresh (the σ cache is in the public cache)
-        for folder in (cache, public):
-            (folder / SIGMA_CACHE_FILE).unlink(missing_ok=True)
+        for stale in (cache / SIGMA_CACHE_FILE, public / SIGMA_CACHE_FILE):
+            stale.unlink(missing_ok=True)
         folder = out / variant
         shutil.rmtree(folder, ignore_errors=True)
         config = RunConfig(
@@ -166,7 +154,8 @@ def harness_rows(
             progress=False,
         )
         start = time.perf_counter()
-        with _own_public_cache(public), accounting(variant):
+        own_cache = mock.patch.dict(os.environ, {"ALM_OPACUS_ENCODER_CACHE": str(public)})
+        with own_cache, accounting(variant):
             result = harness.run(config)
         seconds = time.perf_counter() - start
         for epsilon in epsilons:
