@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import kornia.augmentation as K
 from torch import nn
 
 from alm_opacus.registry import Registry
@@ -25,7 +24,13 @@ def register_augmentation(
     return AUGMENTATIONS.register(name, force=force)
 
 
+# kornia is imported by the factories: every run checks the names, only pre-training builds
+# the pipelines, and kornia's import is about 0.2 s of each start.
+
+
 def _handwritten() -> nn.Module:
+    import kornia.augmentation as K
+
     # No flips and mild rotation: a mirrored 2 or a rotated 6 is another digit. Translation,
     # scale and shear are fractions of the image, so one recipe suits 8x8 and 28x28.
     return nn.Sequential(
@@ -36,6 +41,8 @@ def _handwritten() -> nn.Module:
 
 
 def _natural(size: int) -> nn.Module:
+    import kornia.augmentation as K
+
     # SimCLR's recipe (Chen et al. 2020, Appendix A): crop, flip, colour jitter, greyscale.
     return nn.Sequential(
         K.RandomResizedCrop((size, size), scale=(0.2, 1.0)),
