@@ -300,3 +300,29 @@ def test_a_killed_cell_resumes_to_the_straight_runs_curves(
     assert (out / ROCS_FILE).read_bytes() == (straight / ROCS_FILE).read_bytes()
     assert read_results(out / "results.csv") == read_results(straight / "results.csv")
     assert resumed.rocs == _writer(straight, resume=True).rocs
+
+
+def test_a_finished_runs_resume_reads_no_curves_and_draws_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "run"
+    w = _writer(out)
+    for epsilon in (1.0, 2.0, 4.0):
+        w.add(_outcome(epsilon))
+    w.finish(force=False)
+    drawn = {p: p.stat().st_mtime_ns for p in (out / "plots").iterdir()}
+    assert drawn and (out / "report.html").exists()
+
+    def unread(*args: object, **kwargs: object) -> None:
+        raise AssertionError("read although nothing is drawn or added")
+
+    # a resume that computes nothing: the curves and risk files stay unread, nothing redrawn
+    monkeypatch.setattr(writer_module, "read_rocs", unread)
+    monkeypatch.setattr(writer_module, "load_risk", unread)
+    resumed = _writer(out, resume=True)
+    resumed.finish(force=False)
+    assert {p: p.stat().st_mtime_ns for p in (out / "plots").iterdir()} == drawn
+    monkeypatch.undo()
+    # ... and they are there, as written, when a cell or a figure needs them
+    assert resumed.rocs == w.rocs
+    check_manifest(out)

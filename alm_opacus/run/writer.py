@@ -13,12 +13,11 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from alm_opacus.io import atomic_write_json, atomic_write_text
 from alm_opacus.report.draws import DRAWS_FILE, DrawRecord, read_draws, write_draws
 from alm_opacus.report.html import REPORT_FILE, RunFacts, write_report
-from alm_opacus.report.plots import FIGURES, write_plots
 from alm_opacus.report.results import (
     BASELINE,
     ResultRow,
@@ -27,7 +26,6 @@ from alm_opacus.report.results import (
     write_results,
 )
 from alm_opacus.report.risk import RISK_FOLDER, CellScores, load_risk, write_risk
-from alm_opacus.report.risk_plots import RISK_PLOTS, ImageSource, one_seed, write_risk_plots
 from alm_opacus.report.rocs import (
     LEGACY_ROCS_FILE,
     ROCS_FILE,
@@ -49,6 +47,9 @@ from alm_opacus.run.manifest import (
     write_manifest,
 )
 from alm_opacus.run.plan import RunPlan
+
+if TYPE_CHECKING:
+    from alm_opacus.report.risk_plots import ImageSource
 
 __all__ = ["RunWriter"]
 
@@ -110,17 +111,19 @@ class RunWriter:
         self.hparams = dict(hparams or {})
         self.references = frozenset(references)
         self.rows: list[ResultRow] = []
-        self.rocs: RocMap = {}
+        self._rocs: RocMap = {}
         #: the kept lines of rocs.jsonl, when a resume dropped some (rewritten at the first write)
         self._rocs_kept: bytes | None = None
         self.chosen: list[dict[str, Any]] = []
         self.draws: list[DrawRecord] = []
-        #: per-example scores by cell key (private: written under risk.RISK_FOLDER)
-        self.scores: dict[tuple[str, str, int], CellScores] = {}
+        self._scores: dict[tuple[str, str, int], CellScores] = {}
         self.settings = dict(settings)
         self.facts = RunFacts.from_settings(self.settings) if facts is None else facts
         self.manifest = Manifest()
+        self._previous_curves = False  # rocs.jsonl and the risk files still to be read
         if resume:
+            if (self.out / LEGACY_ROCS_FILE).exists():
+                raise ValueError(f"--resume: {legacy_refusal(self.out)}")
             self._load_previous()
         self.done = {row.cell() for row in self.rows}
         self.images = images
@@ -156,17 +159,12 @@ class RunWriter:
                 self.rows = read_results(path)
             except (OSError, ValueError) as exc:
                 raise ValueError(f"--resume: {exc}; use --overwrite to start again") from exc
-        self._load_rocs()
         if (self.out / DRAWS_FILE).exists():
             self.draws = read_draws(self.out / DRAWS_FILE)
-        cells = {(r.method, r.epsilon) for r in self.rows if r.status == "ok"}
-        try:
-            for table in load_risk(self.out, cells).values():
-                for seed in table.seeds:
-                    cell = table.cell(seed)
-                    self.scores[cell_key(cell.method, cell.epsilon, seed)] = cell
-        except ValueError as exc:
-            raise ValueError(f"--resume: {exc}; use --overwrite to start again") from exc
+        # The curves and the per-member scores are read when first needed (a cell to add, or
+        # figures to draw): a resume of a finished run needs neither, and the manifest's
+        # digests have already vouched for both files.
+        self._previous_curves = True
         config = self.out / "config.json"
         previous = json.loads(config.read_text()) if config.exists() else {}
         self.chosen = list(previous.get("chosen_configs", []))
@@ -182,17 +180,42 @@ class RunWriter:
         else:
             self.settings.pop("methods_kept", None)
 
+    @property
+    def rocs(self) -> RocMap:
+        """Every cell's ROC curves, the resumed ones included."""
+        self._load_curves()
+        return self._rocs
+
+    @property
+    def scores(self) -> dict[tuple[str, str, int], CellScores]:
+        """Per-example scores by cell key (private: written under ``risk.RISK_FOLDER``)."""
+        self._load_curves()
+        return self._scores
+
+    def _load_curves(self) -> None:
+        """Once, on a resume: the previous run's curves (the lines of ``rocs.jsonl`` whose
+        cells ``results.csv`` holds; the others are dropped from the file at the first
+        write) and its per-member scores."""
+        if not self._previous_curves:
+            return
+        self._previous_curves = False
+        self._load_rocs()
+        cells = {(r.method, r.epsilon) for r in self.rows if r.status == "ok"}
+        try:
+            for table in load_risk(self.out, cells).values():
+                for seed in table.seeds:
+                    cell = table.cell(seed)
+                    self._scores[cell_key(cell.method, cell.epsilon, seed)] = cell
+        except ValueError as exc:
+            raise ValueError(f"--resume: {exc}; use --overwrite to start again") from exc
+
     def _load_rocs(self) -> None:
-        """The previous run's curves: the lines of ``rocs.jsonl`` whose cells ``results.csv``
-        holds (others are dropped from the file at the first write)."""
-        if (self.out / LEGACY_ROCS_FILE).exists():
-            raise ValueError(f"--resume: {legacy_refusal(self.out)}")
         path = self.out / ROCS_FILE
         try:
             found = read_rocs(path, cells={row.cell() for row in self.rows})
         except ValueError as exc:
             raise ValueError(f"--resume: {exc}; use --overwrite to start again") from exc
-        self.rocs = roc_map(found.lines)
+        self._rocs = roc_map(found.lines)
         if found.dropped:
             self._rocs_kept = found.kept
 
@@ -200,6 +223,7 @@ class RunWriter:
         """Record one finished cell: append its ROC curves to ``rocs.jsonl`` (fsynced), then
         rewrite results, config, the releases' records, the cell's risk file and
         TensorBoard."""
+        self._load_curves()  # first: it finds the stale lines `_start_writing` drops
         self._start_writing()
         self._writing(_CELL_FILES)
         written = [self.out / "results.csv"]
@@ -244,8 +268,14 @@ class RunWriter:
         self._writing(_FINAL_FILES)
         self._write_config()
         self._record([self.out / "config.json"])
-        done = [self.out / "plots" / f"{FIGURES[0]}.png", self.out / REPORT_FILE]
+        # plots/ is replaced whole (`replace_folder`): if it is there, it is complete
+        done = [self.out / "plots", self.out / REPORT_FILE]
         if force or not all(p.exists() for p in done):
+            # Here, not at the top: matplotlib's import (0.3-0.6 s) is needed only to draw,
+            # which a resume of a finished run never does.
+            from alm_opacus.report.plots import write_plots
+            from alm_opacus.report.risk_plots import RISK_PLOTS, one_seed, write_risk_plots
+
             facts = self.facts
             plots = write_plots(
                 self.rows,
