@@ -37,7 +37,7 @@ from alm_opacus._validation import (
     default_delta,
 )
 from alm_opacus.accounting.subsampled import StepProfile
-from alm_opacus.attacks import Attack, AttackConfig, register_attack
+from alm_opacus.attacks import SHADOW_DTYPE, Attack, AttackConfig, register_attack
 from alm_opacus.claims import ClaimRule
 from alm_opacus.data import DatasetSpec, register_dataset, register_dataset_spec
 from alm_opacus.heads import (
@@ -82,6 +82,7 @@ from alm_opacus.registry import Registry, UnknownName, load_entry_points
 
 __all__ = [
     "FLOAT_NOTE",
+    "SHADOW_DTYPE",
     "AdditiveNoiseMechanism",
     "Attack",
     "AttackConfig",

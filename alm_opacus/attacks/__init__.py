@@ -15,6 +15,7 @@ from __future__ import annotations
 from alm_opacus.attacks.aggregate import aggregate_results, best_attack, pool_epsilon_bounds
 from alm_opacus.attacks.base import (
     OPT_IN_ATTACKS,
+    SHADOW_DTYPE,
     AttackConfig,
     AttackerKnowledge,
     AttackKind,
@@ -77,6 +78,7 @@ __all__ = [
     "METRIC_COLUMNS",
     "OPT_IN_ATTACKS",
     "PLUGIN_GROUP",
+    "SHADOW_DTYPE",
     "TPR_FPR_LEVELS",
     "AggregateResult",
     "Attack",

@@ -32,6 +32,14 @@ Head ``b`` is trained on the rows where ``masks[b]`` is true, with the victim's 
 for the adaptive attacker, the victim's protection applied to its weights.
 """
 
+#: The dtype the attackers' shadow and reference models compute in (a victim's own release
+#: stays float64). Float32 halves the memory traffic and doubles the arithmetic per cycle of
+#: the banks that dominate an attacked cell (DP-SGD heads, Lu's nets, post-training
+#: predictions); its relative rounding (6e-8 per operation, ~1e-6 on the weights) is far below
+#: the spread the attacks model: the noise each protection adds (sigma * C per coordinate and
+#: step for DP-SGD, the released noise for post-training).
+SHADOW_DTYPE = torch.float32
+
 BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float64]
 

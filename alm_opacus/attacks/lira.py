@@ -181,7 +181,6 @@ class LiraOfflinePoolAttack(Attack):
         memo = self._reference
         if (
             memo is not None
-            and memo[0].shape == query.features.shape
             and np.array_equal(memo[1], query.labels)
             and torch.equal(memo[0], query.features)
         ):

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from alm_opacus._hashing import code_digest, derive_seed, tensor_digest
-from alm_opacus.attacks.base import ShadowTrainer
+from alm_opacus.attacks.base import SHADOW_DTYPE, ShadowTrainer
 from alm_opacus.heads import Head, HeadConfig, batched_logits, train_heads, warm_start
 from alm_opacus.io import cached
 from alm_opacus.mechanisms import create_mechanism, make_generator
@@ -272,7 +272,7 @@ class PostTrainingMethod(Method[PostTrainingOptions, PreparedHead]):
 
             def predict(x: Tensor) -> Tensor:
                 with torch.no_grad():
-                    logits = batched_logits(noisy, x, config=config, dtype=torch.float32)
+                    logits = batched_logits(noisy, x, config=config, dtype=SHADOW_DTYPE)
                     return torch.softmax(logits, -1)
 
             return predict

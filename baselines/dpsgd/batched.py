@@ -18,7 +18,7 @@ from torch.nn import functional as F
 
 from alm_opacus.mechanisms import AdditiveNoiseMechanism
 from alm_opacus.methods import Predict, ShadowTrainer
-from alm_opacus.plugin import HeadConfig, Params, clip_features
+from alm_opacus.plugin import SHADOW_DTYPE, HeadConfig, Params, clip_features
 from alm_opacus.training import training_mechanism
 from alm_opacus.training.optimizer import CLIP_NORM_ORDERS
 from baselines._common import derive_seed, single_thread
@@ -26,12 +26,6 @@ from baselines.dpsgd.config import DPSGDConfig, sample_rate_for, steps_per_epoch
 from baselines.dpsgd.head import init_params
 
 __all__ = ["dpsgd_linear_heads", "dpsgd_shadow_trainer"]
-
-#: The attacker's shadow heads train in float32: half the memory traffic of float64 and twice
-#: the arithmetic per cycle, which halves the bank's time (the cost of every DP-SGD cell at 10^4
-#: members). Float32's relative rounding (6e-8 per operation) is far below the spread the
-#: attack models: the noise that DP-SGD adds to every step, sigma * C per coordinate.
-SHADOW_DTYPE = torch.float32
 
 
 def _check_masks(masks: Tensor, n: int) -> int:

@@ -167,7 +167,8 @@ def test_the_attackers_float32_shadows_follow_the_float64_run(small):
     # The shadows train in float32 (SHADOW_DTYPE): without noise and with every row in every
     # batch (q = 1; otherwise the float32 noise draws move the generator differently), the
     # float64 run's heads to float32 rounding, and the trainer predicts float32 probabilities.
-    from baselines.dpsgd.batched import SHADOW_DTYPE, dpsgd_shadow_trainer
+    from alm_opacus.plugin import SHADOW_DTYPE
+    from baselines.dpsgd.batched import dpsgd_shadow_trainer
 
     x, y = small
     config = DPSGDConfig(lr=2.0, max_grad_norm=0.3, epochs=5, batch_size=len(y))
