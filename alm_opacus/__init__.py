@@ -9,10 +9,9 @@ registers the ``alm_pld`` accountant into Opacus's registry, as soon as Opacus i
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from alm_opacus._lazy import after_import
+from alm_opacus._lazy import after_import, lazy_exports
 from alm_opacus.registry import declare_builtins
 
 if TYPE_CHECKING:
@@ -66,21 +65,10 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'alm_opacus' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
-
-
-# Importing alm_opacus.accounting registers "alm_pld" in Opacus: do it once Opacus is loaded.
-after_import("opacus", "alm_opacus.accounting")
+# Importing alm_opacus.accounting.accountant registers "alm_pld" in Opacus: once Opacus loads.
+after_import("opacus", "alm_opacus.accounting.accountant")
 # The built-in noise laws register as plugins do, through their entry point group: a lookup
 # in `alm_opacus.mechanisms` or `alm_opacus.accounting` then loads them without naming the
 # module above it that assembles them.

@@ -9,13 +9,12 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from alm_opacus._validation import check_sensitivity
-from alm_opacus.accounting import PipelineAccountant
 from alm_opacus.errors import InfeasibleRelease
 from alm_opacus.mechanisms import (
     AdditiveNoiseMechanism,
@@ -42,6 +41,9 @@ from alm_opacus.statement import (
     SensitivityInfo,
     SensitivitySource,
 )
+
+if TYPE_CHECKING:
+    from alm_opacus.accounting import PipelineAccountant
 
 __all__ = [
     "NEIGHBOURING",

@@ -47,15 +47,19 @@ import math
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from alm_opacus.accounting import ADD_REMOVE, REPLACE_ONE, PipelineAccountant, to_replace_one
+from alm_opacus import accounting
+from alm_opacus.accounting import ADD_REMOVE, REPLACE_ONE, to_replace_one
 from alm_opacus.mechanisms import GaussianMechanism, create_mechanism
 from alm_opacus.mechanisms.analysis import gaussian_epsilon
 from alm_opacus.statement import Guarantee, PrivacyStatement
+
+if TYPE_CHECKING:  # at run time `accounting` imports it (and Opacus) on first use
+    from alm_opacus.accounting import PipelineAccountant
 
 __all__ = [
     "KEY_DTYPES",
@@ -207,7 +211,7 @@ def _one_relation(
 def _pld_epsilon(records: Sequence[LedgerRecord], delta: float, relation: str) -> float:
     """The ``alm_pld`` accountant's ε at ``delta`` over ``records``; ``inf`` if it has no
     privacy-loss distribution for one of them."""
-    accountant = PipelineAccountant()
+    accountant = accounting.PipelineAccountant()
     try:
         for r in records:
             if r.scale is None or r.sensitivity is None:
@@ -381,7 +385,7 @@ class _Running:
         # The records' PLDs under their one relation; None once the tight ε can no longer
         # be used (a record without a PLD, a second relation, or a kind weaker than
         # approximate DP: each stays among the records, so it is never needed again).
-        self._accountant: PipelineAccountant | None = PipelineAccountant()
+        self._accountant: PipelineAccountant | None = accounting.PipelineAccountant()
         for r in records:
             self.records.append(r)
             self._keep(r)

@@ -1,16 +1,19 @@
-"""DP-SGD calibration: the noise multiplier for a budget, and an L2 clip on the L1 scale."""
+"""DP-SGD calibration: the noise multiplier for a budget, and an L2 clip on the L1 scale.
+
+Opacus and the accountant are imported by the search that needs them, so that importing this
+module (a plugin's registration, a run's plan) does not pay Opacus's import.
+"""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from opacus.accountants.utils import get_noise_multiplier
 from torch import nn
 
+from alm_opacus import accounting
 from alm_opacus._validation import check_delta, check_epsilon
-from alm_opacus.accounting import PipelineAccountant, find_noise_multiplier
-from alm_opacus.training.optimizer import _check_max_grad_norm, training_mechanism
+from alm_opacus.training.arguments import _check_max_grad_norm, training_mechanism
 
 __all__ = ["DEFAULT_ACCOUNTANT", "check_epochs", "l1_clip", "noise_multiplier_for"]
 
@@ -92,11 +95,13 @@ def noise_multiplier_for(
         InfeasibleBudget: if the recorded budget leaves no σ that meets the target.
         ValueError: on an accountant that cannot account for the request, or bad input.
     """
+    from opacus.accountants.utils import get_noise_multiplier
+
     mechanism = training_mechanism(noise_mechanism).name
     epsilon, delta = check_epsilon(target_epsilon), check_delta(target_delta)
-    if isinstance(accountant, PipelineAccountant):
+    if isinstance(accountant, accounting.PipelineAccountant):
         return float(
-            find_noise_multiplier(
+            accounting.find_noise_multiplier(
                 target_epsilon=epsilon,
                 target_delta=delta,
                 sample_rate=sample_rate,

@@ -12,6 +12,8 @@ epsilon afterwards (:func:`checked_epsilon`).
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import json
 import warnings
 from collections.abc import Iterator, Sequence
@@ -19,12 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import opacus
-from opacus.accountants import create_accountant
-from opacus.accountants.utils import get_noise_multiplier
-
-import alm_opacus  # noqa: F401  (registers the "alm_pld" accountant into Opacus)
-from alm_opacus.accounting import PipelineAccountant
+import alm_opacus  # noqa: F401  (registers the "alm_pld" accountant when Opacus loads)
 from alm_opacus.methods import InfeasibleRelease, MethodContext
 from alm_opacus.plugin import StaleCacheWarning, atomic_write_json, code_digest, content_digest
 from alm_opacus.training import noise_multiplier_for, training_mechanism
@@ -58,6 +55,16 @@ NoiseStep = tuple[str, float, float, int, int | None]
 # (epsilon, delta, sample rate, epochs, accountant, mechanism, dim): the mechanism and the
 # noised dimension are part of the key, so a logistic sigma never answers a Gaussian query.
 _Key = tuple[float, float, float, int, str, str, int | None]
+
+
+# Opacus is imported by the searches and checks below, not here: registering the methods (a
+# run's plan, a resume's checks) then does not pay its import.
+
+
+@functools.cache
+def _opacus_version() -> str:
+    """The installed Opacus's version, read without importing it (a cache entry's stamp)."""
+    return importlib.metadata.version("opacus")
 
 
 @contextmanager
@@ -166,6 +173,8 @@ class SigmaCache:
             if epochs_match_steps(sample_rate, epochs)
             else {"steps": epochs * steps_per_epoch(sample_rate)}
         )
+        from opacus.accountants.utils import get_noise_multiplier
+
         with quiet_opacus():
             try:
                 sigma = get_noise_multiplier(
@@ -219,7 +228,7 @@ class SigmaCache:
             if not _entry_checks(e, code=code):
                 dropped += 1
                 continue
-            if isinstance(e, dict) and e.get("opacus") == opacus.__version__:
+            if isinstance(e, dict) and e.get("opacus") == _opacus_version():
                 try:  # entries written before mechanisms were keyed are Gaussian
                     key = _key(
                         e["epsilon"],
@@ -253,7 +262,7 @@ class SigmaCache:
         entries = [
             _signed(
                 {
-                    "opacus": opacus.__version__,
+                    "opacus": _opacus_version(),
                     **dict(zip(fields, k, strict=True)),
                     "noise_multiplier": v,
                     "code": code,
@@ -300,6 +309,8 @@ def _key(
 
 def _mechanism_sigma(key: _Key) -> float:
     """sigma of a logistic or Laplace key, by the ``alm_pld`` accountant's own search."""
+    from opacus.accountants import create_accountant
+
     epsilon, delta, q, epochs, accountant, mechanism, dim = key
     with quiet_opacus():
         return float(
@@ -336,6 +347,10 @@ def _epsilon_of(
     accountant: str,
     noise_steps: Sequence[NoiseStep] = (),
 ) -> float:
+    from opacus.accountants import create_accountant
+
+    from alm_opacus.accounting import PipelineAccountant
+
     acc = create_accountant(check_accountant(accountant))
     acc.history = list(history)
     if noise_steps and not isinstance(acc, PipelineAccountant):

@@ -20,7 +20,7 @@ from alm_opacus.mechanisms import AdditiveNoiseMechanism
 from alm_opacus.methods import Predict, ShadowTrainer
 from alm_opacus.plugin import SHADOW_DTYPE, HeadConfig, Params, clip_features
 from alm_opacus.training import training_mechanism
-from alm_opacus.training.optimizer import CLIP_NORM_ORDERS
+from alm_opacus.training.clipping import CLIP_NORM_ORDERS
 from baselines._common import derive_seed, single_thread
 from baselines.dpsgd.config import DPSGDConfig, sample_rate_for, steps_per_epoch
 from baselines.dpsgd.head import init_params

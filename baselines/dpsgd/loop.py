@@ -25,14 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
-from opacus import PrivacyEngine
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+from alm_opacus import training
 from alm_opacus.methods import TrainingNoise
 from alm_opacus.plugin import check_delta, check_epsilon, derive_seed
-from alm_opacus.training import PrivacyEngine as ExactPrivacyEngine
 from alm_opacus.training import training_mechanism
 from baselines._common import single_thread
 from baselines.dpsgd.accounting import (
@@ -111,6 +110,8 @@ GeneratorFactory = Callable[
 def opacus_engine(accountant: str, *, seeded: bool = False) -> PrivateEngine:
     """Opacus's own engine with ``accountant`` (``secure_mode`` off: it needs torchcsprng;
     ``seeded`` therefore changes nothing)."""
+    from opacus import PrivacyEngine  # here: registering the methods needs no Opacus
+
     with quiet_opacus():
         return PrivacyEngine(accountant=accountant)
 
@@ -138,7 +139,7 @@ def opacus_generators(
 def alm_engine(accountant: str, *, seeded: bool) -> PrivateEngine:
     """``alm_opacus.training.PrivacyEngine`` with ``accountant``; in secure mode unless the run
     is seeded (secure mode refuses seeded generators, as Opacus's does)."""
-    return ExactPrivacyEngine(accountant=accountant, secure_mode=not seeded)
+    return training.PrivacyEngine(accountant=accountant, secure_mode=not seeded)
 
 
 def alm_generators(

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from alm_opacus.accounting import ACCOUNTANT_NAME
+from alm_opacus import accounting
 from alm_opacus.methods import MethodContext, register_method
 from alm_opacus.training import l1_clip  # re-exported
 from baselines.dpsgd.config import DPSGDRecipeOptions
@@ -63,7 +63,7 @@ class DPSGDMechanismMethod(DPSGDMethod):
     @property
     def accountant(self) -> str:
         """``alm_pld``: the only accountant of logistic and Laplace steps."""
-        return ACCOUNTANT_NAME
+        return accounting.ACCOUNTANT_NAME
 
     def grid(self, prepared: Any, *, context: MethodContext) -> tuple[dict[str, Any], ...]:
         """``dpsgd``'s grid with each clip scaled by sqrt(p), p the head's trainable numbers.
