@@ -49,6 +49,20 @@ def result_row() -> Callable[..., ResultRow]:
     return make_row
 
 
+def _fresh_python(code: str) -> subprocess.CompletedProcess[str]:
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PATH": "/usr/bin:/bin"}
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.fixture
+def fresh_python() -> Callable[[str], subprocess.CompletedProcess[str]]:
+    """``run(code)``: ``code`` in a new interpreter on this checkout (what it imports is then
+    what the code imports), its output captured; a fixture, as conftest is not importable."""
+    return _fresh_python
+
+
 #: The most a deadline is stretched for the machine's load (a hang still ends).
 MAX_LOAD_SCALE = 6.0
 

@@ -4,23 +4,18 @@ when something trains or accounts with it, never to register, plan or resume."""
 from __future__ import annotations
 
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _run(code: str) -> subprocess.CompletedProcess[str]:
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    return subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
-    )
+FreshPython = Callable[[str], subprocess.CompletedProcess[str]]
 
 
 @pytest.mark.slow  # fresh interpreters import torch
-def test_registering_and_planning_every_method_imports_no_opacus(tmp_path: Path) -> None:
+def test_registering_and_planning_every_method_imports_no_opacus(
+    tmp_path: Path, fresh_python: FreshPython
+) -> None:
     code = f"""
 import sys
 from alm_opacus.methods import available_methods, load_plugins, method_class, method_options
@@ -35,13 +30,15 @@ plan_run(RunConfig(methods=("alm", "dpsgd", "dpsgd-alm", "lu"), out={str(tmp_pat
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("opacus", "sympy"))
 assert not loaded, loaded
 """
-    proc = _run(code)
+    proc = fresh_python(code)
     assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("first", ["alm_opacus", "opacus"])
-def test_the_alm_pld_accountant_is_registered_whichever_is_imported_first(first: str) -> None:
+def test_the_alm_pld_accountant_is_registered_whichever_is_imported_first(
+    first: str, fresh_python: FreshPython
+) -> None:
     second = "opacus" if first == "alm_opacus" else "alm_opacus"
     code = f"""
 import {first}, {second}
@@ -49,7 +46,7 @@ from opacus.accountants import create_accountant
 from alm_opacus.accounting import PipelineAccountant
 assert type(create_accountant("alm_pld")) is PipelineAccountant
 """
-    proc = _run(code)
+    proc = fresh_python(code)
     assert proc.returncode == 0, proc.stderr
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -13,8 +12,6 @@ from sklearn.datasets import load_digits as sk_load_digits
 
 from alm_opacus.data import load_dataset
 from alm_opacus.data.digits import _digits_arrays
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_file_reader_matches_scikit_learns_loader_bit_for_bit() -> None:
@@ -39,7 +36,9 @@ def test_without_the_file_it_falls_back_to_scikit_learn(monkeypatch: pytest.Monk
 
 
 @pytest.mark.slow  # a fresh interpreter imports torch
-def test_reading_digits_imports_neither_sklearn_datasets_pandas_nor_kornia() -> None:
+def test_reading_digits_imports_neither_sklearn_datasets_pandas_nor_kornia(
+    fresh_python: Callable[[str], subprocess.CompletedProcess[str]],
+) -> None:
     # every run's start reads its dataset and spec; kornia loads only to pre-train
     code = (
         "import sys; from alm_opacus.data import dataset_spec, load_dataset; "
@@ -47,8 +46,5 @@ def test_reading_digits_imports_neither_sklearn_datasets_pandas_nor_kornia() -> 
         "bad = [m for m in ('sklearn.datasets', 'pandas', 'kornia') if m in sys.modules]; "
         "assert not bad, bad"
     )
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
-    )
+    proc = fresh_python(code)
     assert proc.returncode == 0, proc.stderr

