@@ -57,6 +57,7 @@ Scorer = Callable[[FloatArray], FloatArray]
 """A fitted classifier: (P, F) standardised features -> (P,) membership log-odds."""
 
 _TINY = float(np.finfo(np.float64).tiny)
+_ROWS_PER_BLOCK = 1 << 16
 HELD_OUT_FRACTION = 0.25
 """Share of the shadow examples whose pairs ``auto`` holds out to compare the classifiers."""
 
@@ -68,11 +69,20 @@ def attack_features(proba: FloatArray, labels: npt.NDArray[np.int64]) -> FloatAr
     classes), so confident examples stay apart where ``p_y`` rounds to 1.
     """
     num_classes = proba.shape[-1]
-    phi = logit_confidence(proba, labels)[:, None]
-    log_py = loss_score(proba, labels)[:, None]
-    ranked = np.log(np.clip(-np.sort(-proba, axis=-1), _TINY, None))
-    onehot = np.eye(num_classes)[labels]
-    return np.concatenate([phi, log_py, ranked, onehot], axis=1)
+    out = np.empty((len(proba), 2 + 2 * num_classes))
+    # Row blocks into one output: every column is a function of its row alone, so the values
+    # are those of the whole; the temporaries stay bounded (the shadow pairs are B 2n rows,
+    # and whole-array temporaries cost several copies of the output at 10^5 members).
+    for start in range(0, len(proba), _ROWS_PER_BLOCK):
+        p, y = proba[start : start + _ROWS_PER_BLOCK], labels[start : start + _ROWS_PER_BLOCK]
+        block = out[start : start + len(p)]
+        block[:, 0] = logit_confidence(p, y)
+        block[:, 1] = loss_score(p, y)
+        ranked = block[:, 2 : 2 + num_classes]
+        np.negative(np.sort(-p, axis=-1), out=ranked)
+        np.log(np.clip(ranked, _TINY, None, out=ranked), out=ranked)
+        block[:, 2 + num_classes :] = np.eye(num_classes)[y]
+    return out
 
 
 @dataclass(frozen=True)
@@ -87,8 +97,14 @@ class Standardiser:
         scale = x.std(axis=0)
         return cls(mean=x.mean(axis=0), scale=np.where(scale > 0, scale, 1.0))
 
-    def __call__(self, x: FloatArray) -> FloatArray:
-        return (x - self.mean) / self.scale
+    def __call__(self, x: FloatArray, *, in_place: bool = False) -> FloatArray:
+        """Standardised ``x``; with ``in_place``, written over ``x`` (the same values, without
+        a second array of the shadow pairs' size)."""
+        if not in_place:
+            return (x - self.mean) / self.scale
+        x -= self.mean
+        x /= self.scale
+        return x
 
 
 def init_mlp(sizes: list[int], *, models: int, generator: torch.Generator) -> MlpParams:
@@ -278,7 +294,7 @@ class ShadowModelAttack(Attack):
         proba, labels, is_member = concat_pairs(bank)
         feats = attack_features(proba, labels)
         self.standardise = Standardiser.fit(feats)
-        x = self.standardise(feats)
+        x = self.standardise(feats, in_place=True)
         c = context.num_classes
         all_rows = np.arange(labels.size)
         notes: list[str] = []

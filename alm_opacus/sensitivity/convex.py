@@ -74,15 +74,15 @@ class _Problem:
     iteration, never accuracy (the float64 gradient decides when to stop).
     """
 
-    def __init__(self, x: Tensor, y: Tensor, masks: Tensor, num_classes: int, l2: float) -> None:
-        n = x.shape[0]
+    def __init__(self, xt: Tensor, y: Tensor, masks: Tensor, num_classes: int, l2: float) -> None:
+        n = xt.shape[0]
         self.b, self.c, self.n, self.l2 = masks.shape[0], num_classes, n, l2
-        self.xt = torch.cat([x, x.new_ones(n, 1)], dim=1)
+        self.xt = xt  # (n, d+1) float64: x~ = (x, 1)
         self.xt32 = self.xt.float()
-        weight = masks.to(x.dtype)
+        weight = masks.to(xt.dtype)
         self.weight = (weight / weight.sum(1, keepdim=True)).unsqueeze(1)  # (B, 1, n)
         self.weight32 = self.weight.float()
-        self.onehot = F.one_hot(y, num_classes).to(x.dtype).t().unsqueeze(0)  # (1, C, n)
+        self.onehot = F.one_hot(y, num_classes).to(xt.dtype).t().unsqueeze(0)  # (1, C, n)
 
     def subset(self, heads: Tensor) -> _Problem:
         """The problem of the heads ``heads`` (indices) only: shares the data, not the work."""
@@ -163,9 +163,17 @@ def basis_peak_bytes(dim: int) -> int:
 
 def feature_basis(features: Tensor, *, clip_radius: float | None) -> FeatureBasis:
     """The :class:`FeatureBasis` of ``features`` (n, d) clipped to ``clip_radius``."""
+    return _basis(_augmented(features, clip_radius))
+
+
+def _augmented(features: Tensor, clip_radius: float | None) -> Tensor:
+    """``x~ = (x, 1)``, float64, of the clipped rows: (n, d+1)."""
     x = clip_features(features.to(torch.float64), clip_radius)
-    xt = torch.cat([x, x.new_ones(x.shape[0], 1)], dim=1)
-    values, vectors = torch.linalg.eigh(xt.t() @ xt / x.shape[0])
+    return torch.cat([x, x.new_ones(x.shape[0], 1)], dim=1)
+
+
+def _basis(xt: Tensor) -> FeatureBasis:
+    values, vectors = torch.linalg.eigh(xt.t() @ xt / xt.shape[0])
     return FeatureBasis(values=values.clamp_min(0.0), vectors=vectors.float())
 
 
@@ -302,12 +310,14 @@ def train_convex_heads(
     tol = check_positive(tol, name="tol")
     check_head_inputs(features, labels, masks)
     device = features.device
-    x = clip_features(features.to(torch.float64), config.clip_radius)
+    # x~ once, shared by the objective and the preconditioner's basis: each float64 copy is
+    # n (d+1) values (400 MB at 10^5 rows of d = 512), and the basis used to make its own two.
+    xt = _augmented(features, config.clip_radius)
     y = labels.to(device=device, dtype=torch.long)
-    prob = _Problem(x, y, masks.to(device=device), num_classes, config.l2)
-    n_heads, d = masks.shape[0], x.shape[1]
-    w = _start(init, n_heads=n_heads, num_classes=num_classes, d=d, like=x)
-    kronecker = _Kronecker(basis or feature_basis(features, clip_radius=config.clip_radius))
+    prob = _Problem(xt, y, masks.to(device=device), num_classes, config.l2)
+    n_heads, d = masks.shape[0], xt.shape[1] - 1
+    w = _start(init, n_heads=n_heads, num_classes=num_classes, d=d, like=xt)
+    kronecker = _Kronecker(basis or _basis(xt))
     value, proba = prob.value_and_proba(w.view(-1, d + 1))
     g = prob.grad(w.view(-1, d + 1), proba).view(n_heads, num_classes, d + 1)
     gnorm = g.flatten(1).norm(dim=1)

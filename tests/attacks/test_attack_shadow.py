@@ -73,6 +73,39 @@ def test_features_are_log_scaled_confidence_sorted_probabilities_and_label() -> 
     np.testing.assert_allclose(z[:, :6].mean(0), 0, atol=1e-12)
 
 
+def test_features_in_row_blocks_are_the_whole_array_formula_bit_for_bit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The features are computed in row blocks (bounded temporaries at 10^5 members) and the
+    standardisation of the shadow pairs runs in place: both must give the values of the plain
+    whole-array expressions exactly, block edges included."""
+    from alm_opacus.attacks import shadow
+    from alm_opacus.attacks.scores import logit_confidence, loss_score
+
+    monkeypatch.setattr(shadow, "_ROWS_PER_BLOCK", 64)  # 1000 rows: 16 blocks, a partial one
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(1000, 5)) * rng.uniform(0, 40, size=(1000, 1))
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    p[::9, 2] = 0.0  # log of a clipped zero
+    y = rng.integers(0, 5, 1000)
+    whole = np.concatenate(
+        [
+            logit_confidence(p, y)[:, None],
+            loss_score(p, y)[:, None],
+            np.log(np.clip(-np.sort(-p, axis=-1), np.finfo(np.float64).tiny, None)),
+            np.eye(5)[y],
+        ],
+        axis=1,
+    )
+    f = attack_features(p, y)
+    assert f.tobytes() == whole.tobytes()
+    scaler = Standardiser.fit(f)
+    copy = scaler(f)
+    assert scaler(f, in_place=True) is f
+    assert f.tobytes() == copy.tobytes()
+
+
 def _auc(attack: ShadowModelAttack, target: AttackTarget) -> float:
     query = TargetQuery(
         proba=target.predict(target.features).double().numpy(),
