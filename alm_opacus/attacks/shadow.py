@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -58,6 +58,19 @@ Scorer = Callable[[FloatArray], FloatArray]
 
 _TINY = float(np.finfo(np.float64).tiny)
 _ROWS_PER_BLOCK = 1 << 16
+_STATS_ROWS = 1 << 20
+
+
+def _sum_rows(blocks: Iterable[FloatArray]) -> FloatArray:
+    """Column sums of stacked row blocks (one block: its own ``sum(axis=0)``, bit for bit)."""
+    total: FloatArray | None = None
+    for block in blocks:
+        part = block.sum(axis=0)
+        total = part if total is None else total + part
+    assert total is not None
+    return total
+
+
 HELD_OUT_FRACTION = 0.25
 """Share of the shadow examples whose pairs ``auto`` holds out to compare the classifiers."""
 
@@ -94,8 +107,15 @@ class Standardiser:
 
     @classmethod
     def fit(cls, x: FloatArray) -> Standardiser:
-        scale = x.std(axis=0)
-        return cls(mean=x.mean(axis=0), scale=np.where(scale > 0, scale, 1.0))
+        """Column means and standard deviations (two passes over row blocks). Up to
+        :data:`_STATS_ROWS` rows, one block: ``x.mean(0)`` and ``x.std(0)`` bit for bit; past
+        it (the shadow pairs of ~10^4 members and more: B 2n rows), temporaries of a block's
+        size instead of two of the whole array's."""
+        blocks = [x[i : i + _STATS_ROWS] for i in range(0, max(len(x), 1), _STATS_ROWS)]
+        mean = _sum_rows(blocks) / len(x)
+        deviations = (np.multiply(d, d, out=d) for d in (b - mean for b in blocks))
+        scale = np.sqrt(_sum_rows(deviations) / len(x))
+        return cls(mean=mean, scale=np.where(scale > 0, scale, 1.0))
 
     def __call__(self, x: FloatArray, *, in_place: bool = False) -> FloatArray:
         """Standardised ``x``; with ``in_place``, written over ``x`` (the same values, without
@@ -234,7 +254,9 @@ def fit_gbm(
             scorers.append(_constant)
             continue
         model = HistGradientBoostingClassifier(random_state=seed % 2**32)
-        with threadpool_limits(limits=1):  # many small fits: threads cost more than they give
+        # the caller's intra-op threads: one in a small run's cells, where many small fits
+        # gain nothing from threads; every core for 10^6 pairs (``run.evaluation.cell_threads``)
+        with threadpool_limits(limits=torch.get_num_threads()):
             model.fit(x[pick], y[pick])
         scorers.append(_decision(model))
     return scorers
@@ -246,7 +268,7 @@ def _constant(z: FloatArray) -> FloatArray:
 
 def _decision(model: HistGradientBoostingClassifier) -> Scorer:
     def score(z: FloatArray) -> FloatArray:
-        with threadpool_limits(limits=1):
+        with threadpool_limits(limits=torch.get_num_threads()):
             return np.asarray(model.decision_function(z), dtype=np.float64)
 
     return score

@@ -101,6 +101,13 @@ def test_features_in_row_blocks_are_the_whole_array_formula_bit_for_bit(
     f = attack_features(p, y)
     assert f.tobytes() == whole.tobytes()
     scaler = Standardiser.fit(f)
+    assert scaler.mean.tobytes() == f.mean(0).tobytes()  # one block: numpy's own, exactly
+    spread = f.std(0)
+    assert scaler.scale.tobytes() == np.where(spread > 0, spread, 1.0).tobytes()
+    monkeypatch.setattr(shadow, "_STATS_ROWS", 64)  # blocks: the same up to rounding
+    blocked = Standardiser.fit(f)
+    np.testing.assert_allclose(blocked.mean, scaler.mean, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(blocked.scale, scaler.scale, rtol=1e-12)
     copy = scaler(f)
     assert scaler(f, in_place=True) is f
     assert f.tobytes() == copy.tobytes()
