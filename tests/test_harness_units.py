@@ -166,3 +166,43 @@ def test_the_writer_rewrites_every_file_after_a_cell_and_resumes(tmp_path: Path)
     )
     assert again.rows == [row] and again.done == {row.cell()}
     assert again.settings["epsilons"] == [1.0, 2.0]  # the grid grows on resume
+
+
+def test_cells_of_a_large_pool_use_every_thread_and_a_small_one_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A small run's cells are many small ops (one thread); from PARALLEL_POOL_ROWS attacker
+    rows up, the attacks run on the process's threads (a large run's products)."""
+    import numpy as np
+    import torch
+
+    from alm_opacus.attacks import AttackConfig
+    from alm_opacus.run import evaluation as ev
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert ev.cell_threads(ev.PARALLEL_POOL_ROWS - 1) == 1
+        assert ev.cell_threads(ev.PARALLEL_POOL_ROWS) == 2
+        seen: list[int] = []
+        monkeypatch.setattr(ev, "prepare_attacks", lambda **_: seen.append(torch.get_num_threads()))
+        for threads in (1, 2):
+            evaluation = ev.Evaluation(
+                features=torch.zeros(2, 3),
+                labels=torch.zeros(2, dtype=torch.long),
+                is_member=np.array([True, False]),
+                pool=(torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)),
+                attacks=(),
+                num_classes=2,
+                config=AttackConfig(),
+                threads=threads,
+            )
+            evaluation.prepare(lambda *a: None, seed=0)  # type: ignore[arg-type,return-value]
+        assert seen == [1, 2] and torch.get_num_threads() == 2  # restored after each
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_the_default_run_keeps_its_cells_on_one_thread(session) -> None:  # type: ignore[no-untyped-def]
+    assert len(session.evaluation.pool[0]) < 16_384 and session.evaluation.threads == 1

@@ -31,10 +31,24 @@ __all__ = [
     "CLEAN_SUFFIX",
     "Evaluation",
     "cell_rows",
+    "cell_threads",
     "infeasible_row",
     "torch_threads",
     "with_reference",
 ]
+
+
+#: Attacker pools of this many rows or more run a cell's work on every intra-op thread. Below
+#: it a cell is many small tensor ops, faster on one thread; from ~10^4 members up its time is
+#: large products (the banks' Newton-CG and DP-SGD, boosting on 10^6 shadow pairs) that one
+#: thread leaves half a two-core machine idle for.
+PARALLEL_POOL_ROWS = 16_384
+
+
+def cell_threads(pool_rows: int) -> int:
+    """Intra-op threads for the cells of a run whose attacker pool has ``pool_rows`` rows: 1,
+    or every thread this process has from :data:`PARALLEL_POOL_ROWS` rows up."""
+    return torch.get_num_threads() if pool_rows >= PARALLEL_POOL_ROWS else 1
 
 
 @contextlib.contextmanager
@@ -61,6 +75,8 @@ class Evaluation:
     num_classes: int
     config: AttackConfig
     map_units: UnitMap = serial_map
+    #: Intra-op threads of the attacks (:func:`cell_threads` of the pool, set by the run).
+    threads: int = 1
 
     def prepare(self, trainer: ShadowTrainer, *, seed: int) -> PreparedAttacks:
         """Fit every attack on the attacker's side, before any release is seen."""
@@ -71,7 +87,7 @@ class Evaluation:
             num_classes=self.num_classes,
             train_size=int(self.is_member.sum()),
         )
-        with torch_threads(1):
+        with torch_threads(self.threads):
             return prepare_attacks(
                 names=self.attacks,
                 knowledge=knowledge,
@@ -101,7 +117,7 @@ class Evaluation:
             delta=release.statement.delta,
             inputs=inputs,
         )
-        with torch_threads(1):  # intervals are computed once per cell, from the kept scores
+        with torch_threads(self.threads):  # intervals: once per cell, from the kept scores
             return prepared.attack(target, suffix=suffix, intervals=False)
 
 

@@ -79,10 +79,6 @@ __all__ = [
     "spread_by_method",
 ]
 
-#: Pre-training a small CNN is a per-run cost; cells are many small tensor ops that run
-#: faster on one thread (see :func:`~alm_opacus.run.evaluation.torch_threads`).
-CELL_THREADS = 1
-
 
 def prepare(plan: RunPlan) -> RunData:
     """Pre-train on the public part and extract features (a dataset of features,
@@ -332,7 +328,8 @@ def run(
         references = {
             row.seed: row.test_accuracy for row in writer.rows if row.method in plan.baselines
         }
-        stack.enter_context(torch_threads(CELL_THREADS))
+        # one thread for the small ops of a small run, every thread for a large one's products
+        stack.enter_context(torch_threads(shared.evaluation.threads))
         if not engine.in_driver:  # cells run side by side: start every method's shared work
             cells = spread_by_method(cells)
         bar = tqdm(

@@ -51,6 +51,7 @@ from alm_opacus.run.evaluation import (
     CLEAN_SUFFIX,
     Evaluation,
     cell_rows,
+    cell_threads,
     infeasible_row,
     with_reference,
 )
@@ -180,6 +181,7 @@ class RunInputs:
             num_classes=data.num_classes,
             config=plan.attack_config,
             map_units=map_units,
+            threads=cell_threads(len(data.part("attacker")[1])),
         )
         queries: dict[tuple[InputKind, str], Tensor] = {}
         for kind in sorted(kinds):

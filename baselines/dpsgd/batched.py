@@ -21,7 +21,7 @@ from alm_opacus.methods import Predict, ShadowTrainer
 from alm_opacus.plugin import SHADOW_DTYPE, HeadConfig, Params, clip_features
 from alm_opacus.training import training_mechanism
 from alm_opacus.training.clipping import CLIP_NORM_ORDERS
-from baselines._common import derive_seed, single_thread
+from baselines._common import derive_seed
 from baselines.dpsgd.config import DPSGDConfig, sample_rate_for, steps_per_epoch
 from baselines.dpsgd.head import init_params
 
@@ -198,20 +198,20 @@ def _grouped_heads(
     parts: list[tuple[Tensor, Params]] = []
     for size in sorted({int(s) for s in sizes}):
         rows = (sizes == size).nonzero().flatten()
-        with single_thread():
-            params = dpsgd_linear_heads(
-                features,
-                labels,
-                masks=masks[rows],
-                num_classes=num_classes,
-                head=head,
-                config=config,
-                sigma=sigma,
-                seed=seed,
-                sample_rate=sample_rate,
-                mechanism=mechanism,
-                dtype=SHADOW_DTYPE,
-            )
+        # the caller's threads: one in a small run's cells, every core in a large one's
+        params = dpsgd_linear_heads(
+            features,
+            labels,
+            masks=masks[rows],
+            num_classes=num_classes,
+            head=head,
+            config=config,
+            sigma=sigma,
+            seed=seed,
+            sample_rate=sample_rate,
+            mechanism=mechanism,
+            dtype=SHADOW_DTYPE,
+        )
         parts.append((rows, params))
     out = {
         k: torch.empty((len(masks), *v.shape[1:]), dtype=v.dtype, device=v.device)

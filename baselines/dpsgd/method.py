@@ -32,7 +32,6 @@ from baselines._common import (
     TunedMethod,
     TuningSpace,
     derive_seed,
-    single_thread,
 )
 from baselines.dpsgd.accounting import SigmaCache
 from baselines.dpsgd.batched import dpsgd_linear_heads, dpsgd_shadow_trainer
@@ -303,22 +302,22 @@ class DPSGDMethod(TunedMethod[DPSGDRecipeOptions, _Prepared, DPSGDConfig]):
         )
         clip = candidate.max_grad_norm
         grid = step_grid(max_grad_norm=clip, norm=law.norm, dim=dim)
-        with single_thread():
-            params = dpsgd_linear_heads(
-                x,
-                y,
-                masks=torch.ones(TUNING_DRAWS, len(y), dtype=torch.bool),
-                num_classes=classes,
-                head=head,
-                config=candidate,
-                sigma=sigma,
-                seed=derive_seed("tune-init", prepared.seed),
-                noise_seed=derive_seed("tune-batched", prepared.seed, request.epsilon),
-                mechanism=law.name,
-                noise_sensitivity=inflated_sensitivity(
-                    sensitivity=clip, norm=law.norm, dim=dim, grid=grid, rounding=0.5
-                ),
-            )
+        # the caller's threads (see dpsgd_shadow_trainer)
+        params = dpsgd_linear_heads(
+            x,
+            y,
+            masks=torch.ones(TUNING_DRAWS, len(y), dtype=torch.bool),
+            num_classes=classes,
+            head=head,
+            config=candidate,
+            sigma=sigma,
+            seed=derive_seed("tune-init", prepared.seed),
+            noise_seed=derive_seed("tune-batched", prepared.seed, request.epsilon),
+            mechanism=law.name,
+            noise_sensitivity=inflated_sensitivity(
+                sensitivity=clip, norm=law.norm, dim=dim, grid=grid, rounding=0.5
+            ),
+        )
         heads = [
             Head.from_params(params, index=b, num_classes=classes, config=head)
             for b in range(TUNING_DRAWS)
