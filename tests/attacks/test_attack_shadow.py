@@ -159,6 +159,39 @@ def test_auto_keeps_the_classifier_with_the_larger_held_out_auc(
     assert all(0.5 < auc < 1.0 for auc in attack.held_out_auc.values())
 
 
+def test_boosting_takes_every_pair_up_to_its_cap_and_says_when_the_cap_binds(
+    setup: tuple[ShadowContext, AttackTarget], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """16 heads on 200 pool rows: 3,200 pairs, half in. Under the cap boosting gets them all
+    and nothing is said; a cap below that takes that many, balanced, and a note says so."""
+    from alm_opacus.attacks import shadow
+
+    context, _ = setup
+    context.config = AttackConfig(num_shadow=16, shadow_model=ShadowModel.GBM)
+    assert shadow.pair_count(context.config, ShadowModel.GBM) == shadow.GBM_PAIRS == 2**20
+    seen: list[list[np.ndarray]] = []
+
+    def record(x, y, picks, *, config, seed):  # type: ignore[no-untyped-def]
+        seen.append(picks)
+        return [lambda z: np.zeros(len(z))]
+
+    monkeypatch.setitem(shadow._FITTERS, ShadowModel.GBM, record)
+    quiet = ShadowModelAttack(config=context.config, seed=0)
+    quiet.fit(context)
+    _, _, is_member = concat_pairs(context.shadow_bank())
+    assert is_member.size == 3200 and is_member.sum() == 1600
+    assert [p.size for p in seen[0]] == [3200] and quiet.notes == ()
+    monkeypatch.setitem(shadow._DEFAULT_PAIRS, ShadowModel.GBM, 1000)
+    capped = ShadowModelAttack(config=context.config, seed=0)
+    capped.fit(context)
+    (pick,) = seen[1]
+    assert pick.size == 1000 and is_member[pick].sum() == 500
+    assert capped.notes == (
+        "attack model trained on 1,000 balanced pairs in total of the 3,200 the shadow heads "
+        "give: 'gbm' takes at most 1,000 unless attack_pairs is set",
+    )
+
+
 def test_config_rejects_an_unknown_shadow_model() -> None:
     with pytest.raises(ValueError, match=r"shadow_model='svm' is invalid: expected one of"):
         AttackConfig(shadow_model="svm")  # type: ignore[arg-type]
