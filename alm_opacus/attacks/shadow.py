@@ -58,20 +58,10 @@ Scorer = Callable[[FloatArray], FloatArray]
 """A fitted classifier: (P, F) standardised features -> (P,) membership log-odds."""
 
 _TINY = float(np.finfo(np.float64).tiny)
+#: Rows per block of :func:`attack_features` (row-wise: any block size gives the same values).
 _ROWS_PER_BLOCK = 1 << 16
+#: Rows per block of :meth:`Standardiser.fit` (one block below it: numpy's own statistics).
 _STATS_ROWS = 1 << 20
-
-
-def _sum_rows(blocks: Iterable[FloatArray]) -> FloatArray:
-    """Column sums of stacked row blocks (one block: its own ``sum(axis=0)``, bit for bit)."""
-    total: FloatArray | None = None
-    for block in blocks:
-        part = block.sum(axis=0)
-        total = part if total is None else total + part
-    assert total is not None
-    return total
-
-
 HELD_OUT_FRACTION = 0.25
 """Share of the shadow examples whose pairs ``auto`` holds out to compare the classifiers."""
 
@@ -126,6 +116,16 @@ class Standardiser:
         x -= self.mean
         x /= self.scale
         return x
+
+
+def _sum_rows(blocks: Iterable[FloatArray]) -> FloatArray:
+    """Column sums of stacked row blocks (one block: its own ``sum(axis=0)``, bit for bit)."""
+    total: FloatArray | None = None
+    for block in blocks:
+        part = block.sum(axis=0)
+        total = part if total is None else total + part
+    assert total is not None
+    return total
 
 
 def init_mlp(sizes: list[int], *, models: int, generator: torch.Generator) -> MlpParams:
@@ -350,10 +350,14 @@ class ShadowModelAttack(Attack):
             )
         held = [2 * min(int(is_member[g].sum()), int((~is_member[g]).sum())) for g in groups]
         if cfg.attack_pairs is None and sum(sizes) < sum(held):
+            # totals on both sides; with a model per class, the cap is each class's
+            where, each = (
+                ("over the classes", " per class") if cfg.shadow_per_class else ("in total", "")
+            )
             notes.append(
-                f"attack model trained on {min(sizes):,} balanced pairs {scope} of the "
+                f"attack model trained on {sum(sizes):,} balanced pairs {where} of the "
                 f"{sum(held):,} the shadow heads give: {chosen.value!r} takes at most "
-                f"{wanted:,} unless attack_pairs is set"
+                f"{wanted:,}{each} unless attack_pairs is set"
             )
         self.chosen = chosen
         self.scorers = _FITTERS[chosen](

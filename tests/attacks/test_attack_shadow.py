@@ -190,6 +190,22 @@ def test_boosting_takes_every_pair_up_to_its_cap_and_says_when_the_cap_binds(
         "attack model trained on 1,000 balanced pairs in total of the 3,200 the shadow heads "
         "give: 'gbm' takes at most 1,000 unless attack_pairs is set",
     )
+    # one model per class: the cap is each class's, the note counts totals on both sides
+    context.config = AttackConfig(
+        num_shadow=16, shadow_model=ShadowModel.GBM, shadow_per_class=True
+    )
+    monkeypatch.setitem(shadow._DEFAULT_PAIRS, ShadowModel.GBM, 100)
+    per_class = ShadowModelAttack(config=context.config, seed=0)
+    per_class.fit(context)
+    _, labels, _ = concat_pairs(context.shadow_bank())
+    held = sum(
+        2 * min(is_member[labels == k].sum(), (~is_member[labels == k]).sum()) for k in range(10)
+    )
+    assert [p.size for p in seen[2]] == [100] * 10
+    assert per_class.notes == (
+        f"attack model trained on 1,000 balanced pairs over the classes of the {held:,} the "
+        "shadow heads give: 'gbm' takes at most 100 per class unless attack_pairs is set",
+    )
 
 
 def test_config_rejects_an_unknown_shadow_model() -> None:
