@@ -150,8 +150,8 @@ def fused_cell_sums(
     y = fl(s·g) satisfies ‖y‖ ≤ (1 + 2⁻²⁴)²·f‖g‖/γ < C/γ, and rounding to integers moves each
     coordinate by ≤ ½, so ‖c‖ ≤ C/γ + w(d)/2 = R by the triangle inequality (per-layer
     budgets: per parameter, and then in the norm of the budgets by Minkowski's inequality
-    for L2, by addition for L1). The cells are summed exactly by `_tile_sums`: every column
-    sum is an integer of magnitude ≤ B·R, exact in float64 when B·R < 2⁵³.
+    for L2, by addition for L1). The cells are summed exactly by `_tile_sums`: in float32 runs
+    of integers below 2²⁴, flushed into int64 column sums of magnitude ≤ B·R.
 
     Args:
         rows: each parameter's per-sample gradients as ``(batch, k)`` float32 CPU tensors.
@@ -171,23 +171,25 @@ def fused_cell_sums(
         return None
     if norm_tile_kernel(norm) is None or cell_sum_kernel() is None:
         return None
+    # The bounds are a few numbers per example: numpy's small-array calls cost a fraction
+    # of torch's, which on a 5,770-weight head were most of the clipping's time.
     tiles = [_norm_tiles(r, norm=norm) for r in rows]  # of L1 norms, or of squared L2 norms
-    bounds = [t.sum(1).mul_(1.0 + 2.0**-40) for t, _ in tiles]  # the float64 additions
+    bounds = [t.sum(1) * (1.0 + 2.0**-40) for t, _ in tiles]  # the float64 additions
     if budgets is None:  # one bound on the concatenation (float64 additions: 2⁻⁴⁰ covers)
-        bounds = [torch.stack(bounds).sum(0).mul_(1.0 + 2.0**-40)] * len(rows)
+        bounds = [np.sum(bounds, axis=0) * (1.0 + 2.0**-40)] * len(rows)
         budgets = [max_grad_norm] * len(rows)
     if norm == "l2":  # the square root rounds by ≤ 2⁻⁵³
-        bounds = [b.sqrt().mul_(1.0 + 2.0**-50) for b in bounds]
+        bounds = [np.sqrt(b) * (1.0 + 2.0**-50) for b in bounds]
     inverse = math.ldexp(1.0, -grid.exponent)
     scales = []
     for bound, budget in zip(bounds, budgets, strict=True):
-        if not bool(torch.isfinite(bound).all()):
+        if not np.isfinite(bound).all():
             return None  # a non-finite gradient (or float32 overflow): the float64 path decides
-        factor = (budget * _SHRINK / (bound + 1e-6)).clamp_(max=1.0)
-        scale = factor.mul_(inverse).to(torch.float32)
-        if bool((scale < 2.0**-100).any()):
+        factor = np.minimum(budget * _SHRINK / (bound + 1e-6), 1.0)
+        scale = (factor * inverse).astype(np.float32)
+        if (scale < 2.0**-100).any():
             return None  # near float32's subnormals the scale's rounding is not relative
-        scales.append(scale.view(-1, 1))
+        scales.append(scale)
     return [
         _tile_sums(r, s, tiles=t, norm=norm) for r, s, t in zip(rows, scales, tiles, strict=True)
     ]
@@ -196,10 +198,10 @@ def fused_cell_sums(
 def _norm_bound(rows: torch.Tensor, *, norm: str) -> torch.Tensor:
     """float64 upper bounds on each row's norm (L1), or on its squared norm (L2): the sum of
     `_norm_tiles` (float64 additions of the tiles: within 2⁻⁴⁰ in all)."""
-    return _norm_tiles(rows, norm=norm)[0].sum(1).mul_(1.0 + 2.0**-40)
+    return torch.from_numpy(_norm_tiles(rows, norm=norm)[0].sum(1) * (1.0 + 2.0**-40))
 
 
-def _norm_tiles(rows: torch.Tensor, *, norm: str) -> tuple[torch.Tensor, int]:
+def _norm_tiles(rows: torch.Tensor, *, norm: str) -> tuple[np.ndarray, int]:
     """``(bounds, T)``: float64 upper bounds ``(batch, tiles)`` on the exact Σ|x| (L1) or Σx²
     (L2) of each row's tiles of T columns.
 
@@ -223,14 +225,16 @@ def _norm_tiles(rows: torch.Tensor, *, norm: str) -> tuple[torch.Tensor, int]:
     # zero; each tile's sum within γ_T; the square root and its float64 square ≤ 2u; the
     # float64 product with the factor ≤ 2⁻⁵³ (2⁻⁴⁰ covers it)
     factor = (1.0 + 2.0**-40) / ((1.0 - _U32) ** 3 * (1.0 - gamma))
-    return torch.from_numpy(tiles).mul_(factor).add_(width * 2.0**-126), width
+    tiles *= factor
+    tiles += width * 2.0**-126
+    return tiles, width
 
 
 def _tile_sums(
-    rows: torch.Tensor, scale: torch.Tensor, *, tiles: tuple[torch.Tensor, int], norm: str
+    rows: torch.Tensor, scale: np.ndarray, *, tiles: tuple[np.ndarray, int], norm: str
 ) -> torch.Tensor:
     """Σᵢ round(scaleᵢ·rowsᵢ) exactly, int64 (see `fused_cell_sums`): the cells are float32
-    integers.
+    integers; ``scale`` is float32, one per row.
 
     Compiled (`clip_kernels._cell_sums`): one pass, a float32 accumulator per column block flushed
     by the cells' bounds. A cell of tile t is at most sᵢ·Pᵢₜ·(1 + 2⁻²⁰) + ½, where Pᵢₜ
@@ -244,15 +248,8 @@ def _tile_sums(
     if kernel is None:  # pragma: no cover - fused_cell_sums hands the step back first
         raise RuntimeError("the cell sums need numba")
     bounds, columns = tiles
-    largest = bounds.sqrt().mul_(1.0 + 2.0**-50) if norm == "l2" else bounds
-    cell_bounds = (largest * scale.double()).mul_(1.0 + 2.0**-20).add_(0.5)
-    total = np.zeros(rows.shape[1], dtype=np.float64)
-    kernel(
-        rows.detach().contiguous().numpy(),
-        scale.reshape(-1).contiguous().numpy(),
-        cell_bounds.numpy(),
-        columns,
-        _KERNEL_WIDTH,
-        total,
-    )
-    return torch.from_numpy(total).to(torch.int64)
+    largest = np.sqrt(bounds) * (1.0 + 2.0**-50) if norm == "l2" else bounds
+    cell_bounds = largest * scale.astype(np.float64)[:, None] * (1.0 + 2.0**-20) + 0.5
+    total = np.zeros(rows.shape[1], dtype=np.int64)
+    kernel(rows.detach().contiguous().numpy(), scale, cell_bounds, columns, _KERNEL_WIDTH, total)
+    return torch.from_numpy(total)

@@ -26,44 +26,89 @@ _EXACT_SUM = 2.0**24 - 1.0
 @_jit_uncontracted
 def _flush(acc: np.ndarray, block: np.ndarray) -> None:
     for j in range(len(block)):
-        block[j] += acc[j]
+        block[j] += np.int64(acc[j])  # an integer below 2²⁴: converted exactly
         acc[j] = _ZERO32
+
+
+#: Rows the compiled cell sums add per sweep of a column block, where their cells' bounds
+#: fit the accumulator together: one read of the accumulator per 8 rows instead of per row
+#: (on the 64 x 1.07M step of `scripts/bench_dpsgd.py`, 22 ms per step became 13 ms).
+_GROUP = 8
+
+
+@_jit_uncontracted
+def _add_row(acc: np.ndarray, row: np.ndarray, s: np.float32) -> None:
+    for j in range(len(acc)):
+        acc[j] += np.rint(row[j] * s)
+
+
+@_jit_uncontracted
+def _add_group(acc: np.ndarray, rows: np.ndarray, scale: np.ndarray, i: int, start: int) -> None:
+    """acc[j] += the cells of rows i..i+7 at column start + j, added pairwise: each partial
+    sum is an integer within the rows' bounds, so exact when those fit (`_cell_sums`)."""
+    stop = start + len(acc)
+    r0, r1 = rows[i, start:stop], rows[i + 1, start:stop]
+    r2, r3 = rows[i + 2, start:stop], rows[i + 3, start:stop]
+    r4, r5 = rows[i + 4, start:stop], rows[i + 5, start:stop]
+    r6, r7 = rows[i + 6, start:stop], rows[i + 7, start:stop]
+    s0, s1, s2, s3 = scale[i], scale[i + 1], scale[i + 2], scale[i + 3]
+    s4, s5, s6, s7 = scale[i + 4], scale[i + 5], scale[i + 6], scale[i + 7]
+    for j in range(len(acc)):
+        c01 = np.rint(r0[j] * s0) + np.rint(r1[j] * s1)
+        c23 = np.rint(r2[j] * s2) + np.rint(r3[j] * s3)
+        c45 = np.rint(r4[j] * s4) + np.rint(r5[j] * s5)
+        c67 = np.rint(r6[j] * s6) + np.rint(r7[j] * s7)
+        acc[j] += (c01 + c23) + (c45 + c67)
 
 
 @_jit_uncontracted
 def _cell_sums(
     rows: np.ndarray, scale: np.ndarray, bounds: np.ndarray, tile: int, width: int, out: np.ndarray
 ) -> None:
-    """out[j] += Σᵢ rint(scaleᵢ·rowsᵢⱼ), exactly: float32 rows and scale, float64 ``out``.
+    """out[j] += Σᵢ rint(scaleᵢ·rowsᵢⱼ), exactly: float32 rows and scale, int64 ``out``.
 
     ``bounds[i, t]`` must bound |rint(scaleᵢ·rowsᵢⱼ)| for every column j of the ``tile``
     columns numbered t. Each column block of ``width`` (within one tile) is summed in a
     float32 accumulator, flushed into ``out`` before the bounds of the rows it holds could
     sum past `_EXACT_SUM`: every partial sum is then an integer of magnitude < 2²⁴, so every
-    float32 addition is exact (a row whose bound alone passes it is added to an empty
-    accumulator, exactly, and flushed at once). ``np.rint`` rounds half to even, as
-    ``torch.round``; compiled without contraction, fl(s·x) is rounded once, as torch rounds
-    it. Inner loops index slices from 0 (no wraparound checks: LLVM vectorises them)."""
+    float32 addition is exact, whatever the order of the additions. Rows are added
+    `_GROUP` at a time where the group's bounds fit beside what the accumulator holds, one
+    by one otherwise (a row whose bound alone passes 2²⁴ is added to an empty accumulator,
+    exactly, and flushed at once). ``np.rint`` rounds half to even, as ``torch.round``;
+    compiled without contraction, fl(s·x) is rounded once, as torch rounds it. Inner loops
+    index slices from 0 (no wraparound checks: LLVM vectorises them)."""
     batch, length = rows.shape
-    acc = np.zeros(width, np.float32)
+    acc_all = np.zeros(width, np.float32)
     for start in range(0, length, width):
         stop = min(length, start + width)
+        acc = acc_all[: stop - start]
         block = out[start:stop]
         t = start // tile
         held = 0.0
-        for i in range(batch):
+        i = 0
+        while i < batch:
+            if i + _GROUP <= batch:
+                group = 0.0
+                for k in range(i, i + _GROUP):
+                    group += bounds[k, t]
+                if held > 0.0 and held + group >= _EXACT_SUM:
+                    _flush(acc, block)
+                    held = 0.0
+                if group < _EXACT_SUM:
+                    _add_group(acc, rows, scale, i, start)
+                    held += group
+                    i += _GROUP
+                    continue
             largest = bounds[i, t]
             if held > 0.0 and held + largest >= _EXACT_SUM:
                 _flush(acc, block)
                 held = 0.0
-            s = scale[i]
-            row = rows[i, start:stop]
-            for j in range(stop - start):
-                acc[j] += np.rint(row[j] * s)
+            _add_row(acc, rows[i, start:stop], scale[i])
             held += largest
             if held >= _EXACT_SUM:
                 _flush(acc, block)
                 held = 0.0
+            i += 1
         _flush(acc, block)
 
 

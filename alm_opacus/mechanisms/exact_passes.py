@@ -34,23 +34,26 @@ def second_pass(
     """|K| for the draws the first pass left in doubt: 64 more bits of V each, a float
     inversion with a per-draw bound, and interval arithmetic for what is still in doubt.
     ``margin`` bounds V's relative uncertainty (`exact._SECOND_MARGIN`; tests widen it)."""
-    more = uniform_words(len(words), generator=generator)
-    high = words ^ (words >> 63)  # the 63 magnitude bits: |w| − [w < 0]
-    low = more.to(torch.float64) + torch.where(more < 0, 2.0**64, 0.0)  # unsigned, rounded
-    v = (high.to(torch.float64) + low.mul_(2.0**-64)).mul_(2.0**-63)
-    x = law.inverse_tail_(v.clone()).mul_(t)
-    j = torch.round(x)
+    # numpy: a step leaves about one draw in doubt, and on so few numbers torch's per-call
+    # cost was most of the pass (the same IEEE operations, so the same values)
+    more = uniform_words(len(words), generator=generator).numpy()
+    drawn = words.numpy()
+    high = drawn ^ (drawn >> 63)  # the 63 magnitude bits: |w| − [w < 0]
+    low = more.astype(np.float64) + np.where(more < 0, 2.0**64, 0.0)  # unsigned, rounded
+    v = (high.astype(np.float64) + low * 2.0**-64) * 2.0**-63
+    x = law.inverse_tail_(torch.from_numpy(v.copy())).numpy() * t
+    j = np.round(x)  # half to even, as torch.round
     # V is known to relative 2^-51 (two roundings and the unseen bits) and the law's density
     # is at least V/2 in V-space, so x moves by at most t·2^-50; plus the float error.
     bound = x * _REL_ERROR + t * (margin + _ABS_ERROR) + 2.0**-40
-    doubt = ~((x - j).abs() < 0.5 - bound) | (v < 2.0**-60)
-    magnitude = j.to(torch.int64)
-    for i in torch.nonzero(doubt).flatten().tolist():
+    doubt = ~(np.abs(x - j) < 0.5 - bound) | (v < 2.0**-60)
+    magnitude = np.where(doubt, 0.0, j).astype(np.int64)  # NaN and ±inf are in doubt
+    for i in np.flatnonzero(doubt).tolist():
         value = (int(high[i]) << 64) | (int(more[i]) & ((1 << 64) - 1))
         guess = float(j[i])  # infinite only if all 127 bits were 0 (probability 2^-127)
         start = int(guess) if math.isfinite(guess) and guess >= 0 else 0
         magnitude[i] = _decide(law, t, value, 127, start, generator)
-    return magnitude
+    return torch.from_numpy(magnitude)
 
 
 def _decide(

@@ -177,10 +177,12 @@ def test_wide_range_cells_sum_in_float32_when_they_are_small(spread: int, runs: 
     assert total[:spread].tolist() == exact
 
 
-@pytest.mark.parametrize("held", [1.0, 2.0**18, 2.0**23, 2.0**30])
+@pytest.mark.parametrize("held", [1.0, 2.0**18, 2.0**20, 2.0**21, 2.0**23, 2.0**30])
 def test_the_compiled_sums_round_as_torch_rounds_ties_included(held: float) -> None:
-    # the bounds set when the accumulator is flushed: after every row, every 64 rows, every
-    # other row, or (a bound of 2^30 alone passes 2^24) at once after each row
+    # the bounds set when the accumulator is flushed: in groups of 8 rows, after 64 rows
+    # (2^18), after every other group (2^20); one row at a time where a group's bounds
+    # pass 2^24 (2^21), flushed after every other row (2^23), or (a bound of 2^30 alone
+    # passes 2^24) at once after each row. 300 rows: a last short group too
     kernel = cell_sum_kernel()
     if kernel is None:
         pytest.skip("numba does not import here")
@@ -194,11 +196,11 @@ def test_the_compiled_sums_round_as_torch_rounds_ties_included(held: float) -> N
     scale = torch.ones(300)
     scale[6:] = 2.0**14  # cells up to ~2^16
     rows[6:, 10] = 4.0 + 2.0**-14  # 294 cells of 65,537: a column sum far past 2^24
-    expected = torch.round(rows * scale[:, None]).double().sum(0)
+    expected = torch.round(rows * scale[:, None]).double().sum(0).to(torch.int64)
     # a valid bound on every cell of the row, never smaller than the one being tested
     bounds = (rows.abs() * scale[:, None]).amax(1, keepdim=True).double() + 0.5
     bounds = bounds.clamp(min=held)
-    total = np.zeros(5000)
+    total = np.zeros(5000, dtype=np.int64)
     kernel(rows.numpy(), scale.numpy(), bounds.numpy(), 5000, 2048, total)
     assert torch.equal(torch.from_numpy(total), expected)
 
