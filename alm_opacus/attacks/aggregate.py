@@ -36,7 +36,8 @@ from typing import TypeVar
 
 import numpy as np
 
-from alm_opacus.attacks.intervals import auc_interval, tpr_intervals
+from alm_opacus.attacks.base import BoolArray, FloatArray
+from alm_opacus.attacks.intervals import auc_interval, shared_tpr_intervals
 from alm_opacus.attacks.metrics import epsilon_bound_ceiling, epsilon_lower_bound
 from alm_opacus.attacks.results import (
     TPR_FPR_LEVELS,
@@ -185,7 +186,7 @@ def aggregate_results(
         pooling: see :func:`pool_epsilon_bounds`.
         interval_level: coverage of the intervals.
         interval_resamples: bootstrap resamples of the TPR intervals.
-        seed: seeds the bootstrap (per attack name).
+        seed: seeds the bootstrap (one set of resamples, shared by the attacks).
 
     Returns:
         One :class:`AggregateResult` per attack.
@@ -199,29 +200,77 @@ def aggregate_results(
     groups: dict[str, list[AttackResult]] = {}
     for result in results:
         groups.setdefault(result.attack, []).append(result)
+    scored = {attack: _stacked(attack, group) for attack, group in groups.items()}
+    tpr_cis = _shared_tpr_intervals(
+        scored, level=interval_level, resamples=interval_resamples, seed=seed
+    )
     return [
         _aggregate(
             attack,
             group,
+            scored=scored[attack],
+            tpr_ci=tpr_cis.get(attack),
             claimed_epsilon=claimed_epsilon,
             pooling=pooling,
             level=interval_level,
-            resamples=interval_resamples,
-            seed=subseed(seed, f"aggregate-{attack}"),
         )
         for attack, group in groups.items()
     ]
+
+
+_Scored = tuple[FloatArray, BoolArray]
+
+
+def _stacked(attack: str, group: list[AttackResult]) -> _Scored | None:
+    """The group's (R, q) scores and their membership, or None where a draw kept none.
+
+    Raises:
+        ValueError: if the draws were scored on different examples.
+    """
+    if not all(r.scores is not None and r.is_member is not None for r in group):
+        return None
+    member = np.asarray(group[0].is_member)
+    if any(not np.array_equal(np.asarray(r.is_member), member) for r in group):
+        raise ValueError(f"attack {attack!r}: the draws were scored on different examples")
+    return np.stack([np.asarray(r.scores) for r in group]), member
+
+
+def _shared_tpr_intervals(
+    scored: dict[str, _Scored | None], *, level: float, resamples: int, seed: int
+) -> dict[str, dict[float, tuple[float, float]]]:
+    """Every scored attack's TPR intervals, from one set of bootstrap resamples per
+    evaluation set and number of draws (`shared_tpr_intervals`): the attacks of a cell are
+    compared on the same resamples, and drawing them, most of the bootstrap's cost, is done
+    once instead of once per attack."""
+    batches: dict[tuple[tuple[int, ...], bytes], list[tuple[str, FloatArray, BoolArray]]] = {}
+    for attack, item in scored.items():
+        if item is not None:
+            scores, member = item
+            key = (scores.shape, member.tobytes())
+            batches.setdefault(key, []).append((attack, scores, member))
+    out: dict[str, dict[float, tuple[float, float]]] = {}
+    for batch in batches.values():
+        cis = shared_tpr_intervals(
+            [scores for _, scores, _ in batch],
+            batch[0][2],
+            levels=TPR_FPR_LEVELS,
+            level=level,
+            resamples=resamples,
+            seed=subseed(seed, "aggregate-tpr"),
+        )
+        out.update(zip([attack for attack, _, _ in batch], cis, strict=True))
+    return out
 
 
 def _aggregate(
     attack: str,
     group: list[AttackResult],
     *,
+    scored: _Scored | None,
+    tpr_ci: dict[float, tuple[float, float]] | None,
     claimed_epsilon: float | None,
     pooling: str,
     level: float,
-    resamples: int,
-    seed: int,
 ) -> AggregateResult:
     values = {c: np.asarray([r.to_row()[c] for r in group], dtype=np.float64) for c in MEAN_METRICS}
     # the draws' own ceiling notes give way to the pooled bound's (its ceiling is higher)
@@ -230,16 +279,8 @@ def _aggregate(
         for note in dict.fromkeys(note for r in group for note in r.notes)
         if not note.startswith(_CEILING_NOTE)
     ]
-    if all(r.scores is not None and r.is_member is not None for r in group):
-        member = group[0].is_member
-        assert member is not None
-        if any(not np.array_equal(np.asarray(r.is_member), member) for r in group):
-            raise ValueError(f"attack {attack!r}: the draws were scored on different examples")
-        scores = np.stack([np.asarray(r.scores) for r in group])
-        auc_ci = auc_interval(scores, member, level=level)
-        tpr_ci = tpr_intervals(
-            scores, member, levels=TPR_FPR_LEVELS, level=level, resamples=resamples, seed=seed
-        )
+    if scored is not None and tpr_ci is not None:
+        auc_ci = auc_interval(scored[0], scored[1], level=level)
     elif len(group) == 1:
         auc_ci, tpr_ci = group[0].auc_ci, dict(group[0].tpr_ci)
     else:

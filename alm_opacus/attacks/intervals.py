@@ -30,6 +30,8 @@ zero false positives, which says nothing about ``alpha`` (:func:`tpr_supported`)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -146,23 +148,49 @@ def tpr_intervals(
     Returns:
         FPR -> ``(low, high)``; ``(nan, nan)`` where :func:`tpr_supported` is false.
     """
-    s = np.atleast_2d(np.asarray(scores, dtype=np.float64))
-    draws = s.shape[0]
+    (out,) = shared_tpr_intervals(
+        [scores], is_member, levels=levels, level=level, resamples=resamples, seed=seed
+    )
+    return out
+
+
+def shared_tpr_intervals(
+    score_sets: Sequence[FloatArray],
+    is_member: BoolArray,
+    *,
+    levels: tuple[float, ...],
+    level: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> list[dict[float, tuple[float, float]]]:
+    """:func:`tpr_intervals` of several attacks' scores on one evaluation set, all from the
+    same bootstrap resamples (common random numbers): each set's intervals are those
+    :func:`tpr_intervals` gives it with this ``seed``, and the resamples, most of the cost,
+    are drawn once for all of them.
+
+    Args:
+        score_sets: each (q,) or (R, q), with the same ``R``.
+        is_member, levels, level, resamples, seed: as :func:`tpr_intervals`.
+
+    Raises:
+        ValueError: if the sets differ in their number of draws or examples.
+    """
+    sets = [np.atleast_2d(np.asarray(s, dtype=np.float64)) for s in score_sets]
+    if len({s.shape for s in sets}) > 1:
+        shapes = sorted({s.shape for s in sets})
+        raise ValueError(f"score sets of shapes {shapes}: expected one (R, q) shape")
     pos_idx, neg_idx = np.flatnonzero(is_member), np.flatnonzero(~is_member)
     supported = tuple(lv for lv in levels if tpr_supported(fpr=lv, nonmembers=neg_idx.size))
-    out = {lv: (math.nan, math.nan) for lv in levels}
-    if not supported:
-        return out
+    outs = [{lv: (math.nan, math.nan) for lv in levels} for _ in sets]
+    if not supported or not sets:
+        return outs
+    draws = sets[0].shape[0]
     rng = np.random.default_rng(seed)
     tail = (1 - level) / 2
-    stats_by_level: dict[float, list[FloatArray]] = {lv: [] for lv in supported}
-    pos, neg = s[:, pos_idx], s[:, neg_idx]
-    m, n = pos.shape[1], neg.shape[1]
+    m, n = pos_idx.size, neg_idx.size
     ks = {lv: math.floor(lv * n + 1e-12 * n) for lv in supported}
-    order = np.argsort(-neg, axis=1, kind="stable")  # each draw's non-members, best first
-    ranked = np.take_along_axis(neg, order, axis=1)
-    pos_order = np.argsort(-pos, axis=1, kind="stable")
-    pos_ranked = np.take_along_axis(pos, pos_order, axis=1)
+    ranked_sets = [_Ranked.of(s[:, pos_idx], s[:, neg_idx]) for s in sets]
+    stats_by_level: list[dict[float, list[FloatArray]]] = [{lv: [] for lv in ks} for _ in sets]
     # A resample is a multiset: counts per example. The (k+1)-th largest resampled
     # non-member score is the first of a draw's ranked scores whose running count reaches
     # k + 1 (only the top few are read), and the TPR counts the resampled members above it:
@@ -173,31 +201,67 @@ def tpr_intervals(
         which = rng.integers(draws, size=(b, draws)) if draws > 1 else np.zeros((b, 1), int)
         pos_counts = _counts(rng.integers(m, size=(b, m)), m)
         neg_counts = _counts(rng.integers(n, size=(b, n)), n)
+        for ranked, stats_of in zip(ranked_sets, stats_by_level, strict=True):
+            tpr = ranked.resampled_tprs(pos_counts, neg_counts, ks)
+            for lv in ks:
+                stats_of[lv].append(np.take_along_axis(tpr[lv], which, axis=1).mean(-1))
+    for out, stats_of in zip(outs, stats_by_level, strict=True):
+        for lv in supported:
+            low, high = np.quantile(np.concatenate(stats_of[lv]), [tail, 1 - tail])
+            out[lv] = (float(low), float(high))
+    return outs
+
+
+@dataclass(frozen=True)
+class _Ranked:
+    """One attack's scores ranked for the bootstrap: each draw's non-members and members,
+    best first, as positions (``order``) and values (``ranked``)."""
+
+    order: npt.NDArray[np.int64]
+    ranked: FloatArray
+    pos_order: npt.NDArray[np.int64]
+    pos_ranked: FloatArray
+
+    @classmethod
+    def of(cls, pos: FloatArray, neg: FloatArray) -> _Ranked:
+        order = np.argsort(-neg, axis=1, kind="stable")
+        pos_order = np.argsort(-pos, axis=1, kind="stable")
+        return cls(
+            order=order,
+            ranked=np.take_along_axis(neg, order, axis=1),
+            pos_order=pos_order,
+            pos_ranked=np.take_along_axis(pos, pos_order, axis=1),
+        )
+
+    def resampled_tprs(
+        self,
+        pos_counts: npt.NDArray[np.int64],
+        neg_counts: npt.NDArray[np.int64],
+        ks: dict[float, int],
+    ) -> dict[float, FloatArray]:
+        """Per level, the (b, R) TPRs of ``b`` resamples (their counts) on each draw."""
+        b, m = pos_counts.shape
+        n = neg_counts.shape[1]
+        draws = self.ranked.shape[0]
         tpr = {lv: np.ones((b, draws)) for lv in ks}
         for r in range(draws):
             # members strictly above each level's threshold: a prefix of the ranked members
             aboves = {}
             for lv, k in ks.items():
                 if k < n:
-                    threshold = ranked[r, _first_reaching(neg_counts, order[r], k + 1)]
-                    aboves[lv] = np.searchsorted(-pos_ranked[r], -threshold, side="left")
+                    threshold = self.ranked[r, _first_reaching(neg_counts, self.order[r], k + 1)]
+                    aboves[lv] = np.searchsorted(-self.pos_ranked[r], -threshold, side="left")
             if not aboves:
                 continue
             # resampled members at or above each ranked member score, as far as any prefix
             # reaches (at a low FPR a prefix is a small part of the members)
             width = max(1, max(int(a.max()) for a in aboves.values()))
-            cumulative = np.cumsum(pos_counts[:, pos_order[r, :width]], axis=1)
+            cumulative = np.cumsum(pos_counts[:, self.pos_order[r, :width]], axis=1)
             for lv, above in aboves.items():
                 tpr[lv][:, r] = (
                     np.where(above > 0, cumulative[np.arange(b), np.maximum(above - 1, 0)], 0) / m
                 )
-        for lv in ks:
-            stats_by_level[lv].append(np.take_along_axis(tpr[lv], which, axis=1).mean(-1))
-    for lv in supported:
-        values = np.concatenate(stats_by_level[lv])
-        low, high = np.quantile(values, [tail, 1 - tail])
-        out[lv] = (float(low), float(high))
-    return out
+        return tpr
 
 
 #: Elements of each (resamples, examples) array of a bootstrap chunk: 1 MiB of int64, inside a

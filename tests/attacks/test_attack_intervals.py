@@ -19,7 +19,12 @@ from alm_opacus.attacks import (
     tpr_at_fpr,
     tpr_intervals,
 )
-from alm_opacus.attacks.intervals import delong_components, delong_variance, tpr_at_fprs
+from alm_opacus.attacks.intervals import (
+    delong_components,
+    delong_variance,
+    shared_tpr_intervals,
+    tpr_at_fprs,
+)
 
 
 def _binormal(rng: np.random.Generator, mu: float, m: int, n: int) -> tuple[np.ndarray, ...]:
@@ -222,3 +227,18 @@ def test_tpr_bootstrap_equals_materialised_resamples(q: int, draws: int) -> None
         low, high = np.quantile(np.concatenate(tprs[lv]), [0.025, 0.975])
         assert got[lv] == pytest.approx((low, high), rel=1e-12, abs=1e-15)
     assert all(math.isnan(v) for lv in levels if lv not in supported for v in got[lv])
+
+
+def test_shared_resamples_give_each_attack_its_own_intervals() -> None:
+    # the attacks of a cell share one set of resamples: each set's intervals are exactly
+    # those tpr_intervals gives it alone with the same seed, whatever the other sets
+    rng = np.random.default_rng(12)
+    member = np.r_[np.ones(400, bool), np.zeros(400, bool)]
+    sets = [rng.normal(size=(3, 800)) + mu * member for mu in (0.0, 0.5, 1.5)]
+    levels = (0.001, 0.01, 0.1)
+    shared = shared_tpr_intervals(sets, member, levels=levels, resamples=700, seed=5)
+    for scores, got in zip(sets, shared, strict=True):
+        assert got == tpr_intervals(scores, member, levels=levels, resamples=700, seed=5)
+    assert shared[2][0.1][0] > shared[0][0.1][1]  # a strong attack's interval above chance's
+    with pytest.raises(ValueError, match=r"expected one \(R, q\) shape"):
+        shared_tpr_intervals([sets[0], sets[1][:2]], member, levels=levels)
