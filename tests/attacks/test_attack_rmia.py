@@ -539,3 +539,21 @@ def test_offline_a_is_tuned_on_the_attackers_references(setup: Setup) -> None:
         ok = np.isfinite(loo)
         aucs.append(roc_auc_score(x_in.reshape(-1)[ok], loo[ok]))
     assert aucs[A_GRID.index(attack.tuned_a)] == pytest.approx(max(aucs), abs=1e-12)
+
+
+def test_the_exact_auc_is_scikit_learns_with_ties() -> None:
+    # scores on a coarse lattice (many ties, as RMIA's k/Z scores have): the Mann-Whitney
+    # count over 2mn equals scikit-learn's trapezoidal AUC, and is an exact fraction
+    from fractions import Fraction
+
+    from alm_opacus.attacks.rmia import exact_auc
+
+    rng = np.random.default_rng(3)
+    member = rng.random(3001) < 0.4
+    scores = np.round(rng.normal(size=3001) + 0.3 * member, 1)
+    auc = exact_auc(scores, member)
+    assert isinstance(auc, Fraction)
+    assert float(auc) == pytest.approx(roc_auc_score(member, scores), abs=1e-12)
+    assert exact_auc(np.r_[0.0, 1.0, 1.0], np.r_[False, True, False]) == Fraction(3, 4)
+    with pytest.raises(ValueError, match="at least one member and one non-member"):
+        exact_auc(scores[:3], np.ones(3, bool))
