@@ -33,6 +33,8 @@ def _flush(acc: np.ndarray, block: np.ndarray) -> None:
 #: Rows the compiled cell sums add per sweep of a column block, where their cells' bounds
 #: fit the accumulator together: one read of the accumulator per 8 rows instead of per row
 #: (on the 64 x 1.07M step of `scripts/bench_dpsgd.py`, 22 ms per step became 13 ms).
+#: `_add_group` writes its eight rows out (numba vectorises that, not a loop over rows):
+#: change both together.
 _GROUP = 8
 
 
