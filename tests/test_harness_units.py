@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from alm_opacus.report.results import read_results
 from alm_opacus.run.config import RunConfig
@@ -96,6 +97,23 @@ def session(default_pipeline, shared_cache):  # type: ignore[no-untyped-def]
         cache_dir=str(shared_cache),
     )
     return Session.open(plan_run(config), default_pipeline)
+
+
+def test_the_members_and_non_members_are_views_of_the_evaluation_rows(session) -> None:  # type: ignore[no-untyped-def]
+    """One copy of the evaluation rows per input kind: members then non-members, each part
+    a view of it with the split's rows and labels."""
+    shared, data = session.shared, session.data
+    both = shared.inputs("features", "evaluation")
+    assert shared.evaluation.features is both
+    members = shared.inputs("features", "members")
+    nonmembers = shared.inputs("features", "nonmembers")
+    assert members.untyped_storage().data_ptr() == both.untyped_storage().data_ptr()
+    assert nonmembers.untyped_storage().data_ptr() == both.untyped_storage().data_ptr()
+    assert torch.equal(members, data.part("members")[0])
+    assert torch.equal(nonmembers, data.part("nonmembers")[0])
+    assert torch.equal(shared.labels["members"], data.part("members")[1])
+    assert torch.equal(shared.labels["nonmembers"], data.part("nonmembers")[1])
+    assert len(members) == shared.evaluation.is_member.sum() == len(data.split.members)
 
 
 @pytest.mark.slow

@@ -32,6 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from alm_opacus.data import Dataset
+from alm_opacus.data.features import release_pages
 from alm_opacus.data.split import Split
 from alm_opacus.methods import PLUGIN_GROUP, load_plugins
 from alm_opacus.report.results import ResultRow
@@ -324,6 +325,7 @@ def run(
             map_units=engine.unit_map(),
             progress=config.progress and engine.in_driver,
         )
+        release_pages(plan.dataset.features)  # the units read the parts copied out of it
         # a resumed run measures utility against its finished baseline
         references = {
             row.seed: row.test_accuracy for row in writer.rows if row.method in plan.baselines

@@ -90,16 +90,23 @@ class RunData:
     encoder: nn.Module | None = None
 
     def part(self, name: str) -> tuple[Tensor, Tensor]:
-        idx = torch.from_numpy(getattr(self.split, name))
+        """The split part ``name`` (or ``evaluation``: members then non-members), copied."""
+        idx = torch.from_numpy(self._rows(name))
         return self.features[idx], self.labels[idx]
 
+    def _rows(self, name: str) -> np.ndarray:
+        if name == "evaluation":
+            return np.r_[self.split.members, self.split.nonmembers]
+        return np.asarray(getattr(self.split, name))
+
     def inputs(self, kind: InputKind, name: str) -> Tensor:
-        """The split part ``name`` as ``kind``: features, or images as float in [0, 1]."""
+        """The split part ``name`` (or ``evaluation``) as ``kind``: features, or images as
+        float in [0, 1]."""
         if kind == "features":
             return self.part(name)[0]
         if kind != "images" or self.images is None:
             raise ValueError(f"inputs kind {kind!r} is not available: expected {INPUT_KINDS}")
-        idx = getattr(self.split, name)
+        idx = self._rows(name)
         rows = np.sort(idx)  # sorted reads are sequential on a memmap
         images = torch.from_numpy(to_float(np.asarray(self.images[rows])))
         return images[np.argsort(np.argsort(idx))]  # back in the split's order
@@ -171,10 +178,20 @@ class RunInputs:
             memo=RunMemo() if memo is None else memo,
             map_units=map_units,
         )
-        y_in, y_out = data.part("members")[1], data.part("nonmembers")[1]
+        # one copy of the evaluation rows per input kind: the members and non-members are
+        # views of it (at 5*10^4 members of d = 512, each copy of them is 400 MB)
+        queries: dict[tuple[InputKind, str], Tensor] = {}
+        members = len(data.split.members)
+        wanted: set[InputKind] = {*kinds, "features"}
+        for kind in sorted(wanted):
+            both = data.inputs(kind, "evaluation")
+            queries[kind, "evaluation"] = both
+            queries[kind, "members"], queries[kind, "nonmembers"] = both[:members], both[members:]
+        labels = data.part("evaluation")[1]
+        y_in, y_out = labels[:members], labels[members:]
         evaluation = Evaluation(
-            features=torch.cat([data.part("members")[0], data.part("nonmembers")[0]]),
-            labels=torch.cat([y_in, y_out]),
+            features=queries["features", "evaluation"],
+            labels=labels,
             is_member=np.r_[np.ones(len(y_in), bool), np.zeros(len(y_out), bool)],
             pool=data.part("attacker"),
             attacks=plan.attacks,
@@ -183,11 +200,6 @@ class RunInputs:
             map_units=map_units,
             threads=cell_threads(len(data.part("attacker")[1])),
         )
-        queries: dict[tuple[InputKind, str], Tensor] = {}
-        for kind in sorted(kinds):
-            members, nonmembers = data.inputs(kind, "members"), data.inputs(kind, "nonmembers")
-            queries[kind, "members"], queries[kind, "nonmembers"] = members, nonmembers
-            queries[kind, "evaluation"] = torch.cat([members, nonmembers])
         return cls(
             dataset=config.dataset,
             methods=dict(plan.methods),

@@ -14,7 +14,12 @@ import pytest
 import torch
 
 from alm_opacus.data import DataError, dataset_spec, load_dataset
-from alm_opacus.data.features import UNIT_NORM_TOLERANCE, default_split, read_features
+from alm_opacus.data.features import (
+    UNIT_NORM_TOLERANCE,
+    default_split,
+    read_features,
+    release_pages,
+)
 from alm_opacus.data.split import SplitSizes, make_split
 
 
@@ -66,6 +71,39 @@ def test_the_map_reads_the_member_at_its_offset(tmp_path: Path) -> None:
     np.testing.assert_array_equal(np.asarray(got), x)
     with zipfile.ZipFile(path) as archive:  # an independent read of the same member
         np.testing.assert_array_equal(np.load(archive.open("x.npy")), np.asarray(got))
+
+
+def _resident_kib(path: Path) -> int:
+    """Resident KiB of this process's mappings of ``path`` (Linux's /proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line
+            inside = line.endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's /proc")
+def test_released_pages_leave_the_resident_set_and_read_back_the_same(tmp_path: Path) -> None:
+    """The harness copies its parts out of the mapping, then releases its pages: they leave
+    the process's resident set (a 5*10^4-member file is 1 GB of it) and a later read gives
+    the file's values again."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4096, 256))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    path = _write(tmp_path / "big.npz", x=x, y=np.arange(4096) % 4)  # 8 MiB of rows
+    mapped = read_features(path).features
+    assert isinstance(mapped, np.memmap)
+    assert float(np.asarray(mapped).sum()) == pytest.approx(float(x.sum()))  # every page read
+    before = _resident_kib(path)
+    assert before >= 7 * 1024
+    release_pages(mapped)
+    assert _resident_kib(path) < before / 8
+    np.testing.assert_array_equal(np.asarray(mapped), x)
+    release_pages(np.zeros(3))  # not a mapping: nothing to do
+    release_pages(None)
 
 
 #: Row i's role: members, non-members, an attacker's pool of twice the members, public.
