@@ -19,7 +19,7 @@ Two classifiers (``AttackConfig.shadow_model``):
 - ``mlp``: the ALM appendix's MLP with ``attack_layers`` (5) ReLU hidden layers, Adam at
   ``attack_lr`` (0.001), trained full batch on ``attack_pairs`` (2,000) balanced pairs;
 - ``gbm``: scikit-learn's ``HistGradientBoostingClassifier`` on every balanced pair, up to
-  :data:`GBM_PAIRS` (2^20) unless ``attack_pairs`` says otherwise;
+  :data:`GBM_PAIRS` (2^19) unless ``attack_pairs`` says otherwise;
 - ``auto``: both are trained on the pairs of three quarters of the shadow examples and scored
   on the pairs of the held-out quarter (examples the classifiers never saw in any head); the
   one with the larger held-out AUC is refitted on all pairs. The evaluation set is never used.
@@ -62,6 +62,8 @@ _TINY = float(np.finfo(np.float64).tiny)
 _ROWS_PER_BLOCK = 1 << 16
 #: Rows per block of :meth:`Standardiser.fit` (one block below it: numpy's own statistics).
 _STATS_ROWS = 1 << 20
+#: Shadow pairs whose features take more than this are never held whole (:func:`fitted_rows`).
+_WHOLE_BYTES = 1 << 29
 HELD_OUT_FRACTION = 0.25
 """Share of the shadow examples whose pairs ``auto`` holds out to compare the classifiers."""
 
@@ -116,6 +118,46 @@ class Standardiser:
         x -= self.mean
         x /= self.scale
         return x
+
+
+def fitted_rows(
+    proba: FloatArray, labels: npt.NDArray[np.int64], rows: npt.NDArray[np.int64] | None
+) -> tuple[Standardiser, FloatArray]:
+    """The :class:`Standardiser` of every shadow pair's :func:`attack_features`, and the
+    standardised features of the pairs ``rows`` (in that order; ``None``: every pair).
+
+    Bit for bit ``Standardiser.fit(f)`` and ``f[rows]`` standardised, for ``f`` the features
+    of every pair. Past :data:`_WHOLE_BYTES` of features (about 23,000 members' 64 shadow
+    heads) ``f`` is never held whole: the statistics take two passes over the blocks of
+    :meth:`Standardiser.fit`, computing each block's features again in the second, and only
+    the rows asked for are kept (1.1 GB of features at 5*10^4 members, against the 2^19 pairs
+    boosting trains on).
+    """
+    width = 2 + 2 * proba.shape[-1]
+    if rows is None or len(proba) * width * 8 <= _WHOLE_BYTES:
+        feats = attack_features(proba, labels)
+        scaler = Standardiser.fit(feats)
+        return scaler, scaler(feats if rows is None else feats[rows], in_place=True)
+    starts = range(0, len(proba), _STATS_ROWS)
+
+    def block(start: int) -> FloatArray:
+        end = start + _STATS_ROWS
+        return attack_features(proba[start:end], labels[start:end])
+
+    order = np.argsort(rows, kind="stable")
+    out = np.empty((len(rows), width))
+    edges = np.searchsorted(rows[order], [*starts, len(proba)])
+    total = np.zeros(width)
+    for i, start in enumerate(starts):  # the column sums of _sum_rows, block by block
+        feats = block(start)
+        total = feats.sum(axis=0) if i == 0 else total + feats.sum(axis=0)
+        mine = order[edges[i] : edges[i + 1]]  # the asked rows inside this block
+        out[mine] = feats[rows[mine] - start]
+    mean = total / len(proba)
+    deviations = (np.multiply(d, d, out=d) for d in (block(s) - mean for s in starts))
+    spread = np.sqrt(_sum_rows(deviations) / len(proba))
+    scaler = Standardiser(mean=mean, scale=np.where(spread > 0, spread, 1.0))
+    return scaler, scaler(out, in_place=True)
 
 
 def _sum_rows(blocks: Iterable[FloatArray]) -> FloatArray:
@@ -255,10 +297,11 @@ def fit_gbm(
             scorers.append(_constant)
             continue
         model = HistGradientBoostingClassifier(random_state=seed % 2**32)
+        whole = pick.size == len(x) and bool((pick == np.arange(len(x))).all())
         # the caller's intra-op threads: one in a small run's cells, where many small fits
         # gain nothing from threads; every core for 10^6 pairs (``run.evaluation.cell_threads``)
         with threadpool_limits(limits=torch.get_num_threads()):
-            model.fit(x[pick], y[pick])
+            model.fit(x if whole else x[pick], y if whole else y[pick])
         scorers.append(_decision(model))
     return scorers
 
@@ -279,12 +322,13 @@ _FITTERS: dict[ShadowModel, Callable[..., list[Scorer]]] = {
     ShadowModel.MLP: fit_mlp,
     ShadowModel.GBM: fit_gbm,
 }
-#: Gradient boosting's default pairs: every balanced pair up to ~8,000 members (64 heads on
-#: 2n rows), 2^20 past it. Measured at 2*10^4 members (2.56 million pairs, scikit-learn 1.9, one
-#: thread): AUC 0.5196 on every pair, 0.5204 on 2^20, 0.5192 on 2^19, within the AUC's own
-#: interval (~+-0.006 on 4*10^4 rows), while the fit took 31 s against 8.8 s; at 5*10^4 members
-#: every pair was 6.4 million rows (~54 s and ~2.4 GB per fit, one fit per cell).
-GBM_PAIRS = 2**20
+#: Gradient boosting's default pairs: every balanced pair up to ~4,000 members (64 heads on
+#: 2n rows), 2^19 past it. Measured at 2*10^4 members (2.56 million pairs, scikit-learn 1.9, one
+#: thread): AUC 0.5196 on every pair, 0.5204 on 2^20, 0.5192 on 2^19, all within the AUC's own
+#: interval (~+-0.006 on 4*10^4 rows), while the fit took 31 s on every pair and 8.8 s on 2^20;
+#: at 5*10^4 members every pair was 6.4 million rows (~54 s and ~2.4 GB per fit, one fit per
+#: cell). 2^19 halves the fit again, the largest single cost of a cell at 10^4 members.
+GBM_PAIRS = 2**19
 _DEFAULT_PAIRS: dict[ShadowModel, int] = {
     ShadowModel.MLP: 2000,  # the ALM appendix; full-batch MLP cost grows with the pairs
     ShadowModel.GBM: GBM_PAIRS,
@@ -321,14 +365,13 @@ class ShadowModelAttack(Attack):
         cfg = self.config
         bank = context.shadow_bank()
         proba, labels, is_member = concat_pairs(bank)
-        feats = attack_features(proba, labels)
-        self.standardise = Standardiser.fit(feats)
-        x = self.standardise(feats, in_place=True)
         c = context.num_classes
         all_rows = np.arange(labels.size)
         notes: list[str] = []
         chosen = cfg.shadow_model
-        if chosen is ShadowModel.AUTO:
+        x: FloatArray | None = None
+        if chosen is ShadowModel.AUTO:  # compares the classifiers on every pair's features
+            self.standardise, x = fitted_rows(proba, labels, None)
             chosen = self._select(
                 x, labels, is_member, num_examples=bank.in_mask.shape[1], num_classes=c
             )
@@ -359,9 +402,16 @@ class ShadowModelAttack(Attack):
                 f"{sum(held):,} the shadow heads give: {chosen.value!r} takes at most "
                 f"{wanted:,}{each} unless attack_pairs is set"
             )
+        y = is_member
+        if x is None:  # the features of the picked pairs only, each group's in a row
+            rows = np.concatenate(picks)
+            self.standardise, x = fitted_rows(proba, labels, rows)
+            y = is_member[rows]
+            ends = np.cumsum([0, *sizes])
+            picks = [np.arange(a, b) for a, b in itertools.pairwise(ends)]
         self.chosen = chosen
         self.scorers = _FITTERS[chosen](
-            x, is_member, picks, config=cfg, seed=subseed(self.seed, chosen.value)
+            x, y, picks, config=cfg, seed=subseed(self.seed, chosen.value)
         )
         self.notes = tuple(notes)
 
