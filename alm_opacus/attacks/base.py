@@ -142,9 +142,9 @@ class AttackConfig:
         shadow_model: the shadow-model attack's classifier (``--shadow-model``).
         shadow_per_class: one attack model per class (Shokri et al. 2017, Sec. IV-D).
         attack_pairs: balanced in/out pairs that train an attack model. ``None``: 2,000 for
-            the MLP (the ALM appendix) and every balanced pair up to 2^20 for gradient
+            the MLP (the ALM appendix) and every balanced pair up to 2^19 for gradient
             boosting (``shadow.GBM_PAIRS``). Fewer are used when the shadow data holds fewer;
-            the count is then in the result notes, as it is when the 2^20 cap binds.
+            the count is then in the result notes, as it is when the 2^19 cap binds.
         attack_hidden: width of the attack MLP's hidden layers (the ALM appendix gives none).
         attack_layers: number of ReLU hidden layers (ALM appendix: 5).
         attack_steps: full-batch Adam steps of the attack MLP.
