@@ -39,6 +39,7 @@ pool rows it did not train on; the candidates' rows of the bank are scored.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import ClassVar
@@ -202,10 +203,21 @@ def _loo_scores(
     rx = x_sig.log_p - log_marginal(x_p, x_rest, offline_a=offline_a)
     rz = z_sig.log_p - log_marginal(z_p, z_rest, offline_a=offline_a)
     scores = np.full(rx.shape, np.nan)
-    for j in range(rx.shape[0]):
+
+    def head(j: int) -> None:  # writes row j only: the heads are independent
         outside = ~z_in[j] & np.isfinite(rz[j])
         if outside.any():
             scores[j] = relative_scores(rx[j], rz[j, outside], gamma=gamma)
+
+    # numpy's sorts and searches release the GIL: the caller's intra-op threads (one in a
+    # small run's cells, every core in a large one's) score heads side by side
+    threads = min(torch.get_num_threads(), rx.shape[0])
+    if threads <= 1:
+        for j in range(rx.shape[0]):
+            head(j)
+    else:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            list(pool.map(head, range(rx.shape[0])))
     return scores
 
 
