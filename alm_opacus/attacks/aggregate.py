@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from typing import TypeVar
 
 import numpy as np
+import torch
 
 from alm_opacus.attacks.base import BoolArray, FloatArray
 from alm_opacus.attacks.intervals import auc_interval, shared_tpr_intervals
@@ -257,6 +258,7 @@ def _shared_tpr_intervals(
             level=level,
             resamples=resamples,
             seed=subseed(seed, "aggregate-tpr"),
+            threads=torch.get_num_threads(),  # the cell's: one in a small run, all in a large
         )
         out.update(zip([attack for attack, _, _ in batch], cis, strict=True))
     return out

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -162,6 +163,7 @@ def shared_tpr_intervals(
     level: float = 0.95,
     resamples: int = 2000,
     seed: int = 0,
+    threads: int = 1,
 ) -> list[dict[float, tuple[float, float]]]:
     """:func:`tpr_intervals` of several attacks' scores on one evaluation set, all from the
     same bootstrap resamples (common random numbers): each set's intervals are those
@@ -171,6 +173,8 @@ def shared_tpr_intervals(
     Args:
         score_sets: each (q,) or (R, q), with the same ``R``.
         is_member, levels, level, resamples, seed: as :func:`tpr_intervals`.
+        threads: split the sets among this many threads, each drawing the same resamples
+            from ``seed`` (the same intervals; numpy releases the GIL in its loops).
 
     Raises:
         ValueError: if the sets differ in their number of draws or examples.
@@ -179,6 +183,22 @@ def shared_tpr_intervals(
     if len({s.shape for s in sets}) > 1:
         shapes = sorted({s.shape for s in sets})
         raise ValueError(f"score sets of shapes {shapes}: expected one (R, q) shape")
+    threads = min(threads, len(sets))
+    if threads > 1:
+        groups = [list(range(i, len(sets), threads)) for i in range(threads)]
+
+        def part(group: list[int]) -> list[dict[float, tuple[float, float]]]:
+            chosen = [sets[i] for i in group]
+            return shared_tpr_intervals(
+                chosen, is_member, levels=levels, level=level, resamples=resamples, seed=seed
+            )
+
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            parts = list(pool.map(part, groups))
+        merged: dict[int, dict[float, tuple[float, float]]] = {}
+        for group, found in zip(groups, parts, strict=True):
+            merged.update(zip(group, found, strict=True))
+        return [merged[i] for i in range(len(sets))]
     pos_idx, neg_idx = np.flatnonzero(is_member), np.flatnonzero(~is_member)
     supported = tuple(lv for lv in levels if tpr_supported(fpr=lv, nonmembers=neg_idx.size))
     outs = [{lv: (math.nan, math.nan) for lv in levels} for _ in sets]

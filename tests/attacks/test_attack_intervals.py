@@ -240,5 +240,11 @@ def test_shared_resamples_give_each_attack_its_own_intervals() -> None:
     for scores, got in zip(sets, shared, strict=True):
         assert got == tpr_intervals(scores, member, levels=levels, resamples=700, seed=5)
     assert shared[2][0.1][0] > shared[0][0.1][1]  # a strong attack's interval above chance's
+    # split among threads, each drawing the same resamples: the same intervals, in order
+    for threads in (2, 3, 5):
+        split = shared_tpr_intervals(
+            sets, member, levels=levels, resamples=700, seed=5, threads=threads
+        )
+        assert split == shared
     with pytest.raises(ValueError, match=r"expected one \(R, q\) shape"):
         shared_tpr_intervals([sets[0], sets[1][:2]], member, levels=levels)
