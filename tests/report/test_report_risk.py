@@ -59,6 +59,16 @@ def test_ranks_put_the_highest_member_score_first_and_share_ties() -> None:
     # away from ties, the rank is scipy's "min" rank of the negated member scores
     expected = stats.rankdata(-scores[:MEMBERS], method="min")
     assert np.array_equal(ranks[:MEMBERS], expected)
+    # many ties (scores on a coarse grid) and unscored members (NaN: RMIA without a
+    # reference): scipy's "min" ranks among the scored, the unscored after them in row order
+    coarse = np.round(cell.scores["lira"], 1)
+    coarse[[3, 17]] = np.nan
+    grid = CellScores(**{**cell.__dict__, "scores": {"lira": coarse, "loss": coarse}})
+    got = grid.ranks("lira")[:MEMBERS]
+    scored = ~np.isnan(coarse[:MEMBERS])
+    assert np.unique(coarse[:MEMBERS][scored]).size < scored.sum() - 5  # ties do occur
+    assert np.array_equal(got[scored], stats.rankdata(-coarse[:MEMBERS][scored], method="min"))
+    assert list(got[[3, 17]]) == [MEMBERS - 1, MEMBERS]
 
 
 def test_cell_scores_average_the_draws_and_prefer_online_lira() -> None:
