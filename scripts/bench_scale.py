@@ -27,7 +27,10 @@ the sampler with m = 500 at n = 50,000 (d = 512) in one process, the default ``c
 --methods alm,gaussian,dpsgd`` grid on a 10,000-member features file and on a 50,000-member
 one, each a fresh process from an empty cache (wall time and peak RSS; a grid interrupted,
 e.g. with its session, continues with ``--resume`` on the next invocation, and its time is the
-sum of its parts'). ``--write`` regenerates
+sum of its parts'), with issue 38's targets; and issue 38's check that its speed-ups changed no
+result: the grid at 1,000 members with ``--reproducible-noise`` on this code and on the code
+before them (``--equal-to``, a git revision checked out in a worktree), ``results.csv`` value
+by value but for the timings. ``--write`` regenerates
 the marked blocks of docs/scale.md and docs/scale.png from the cache.
 
     .venv/bin/python scripts/bench_scale.py --write                 # all stages, all sizes
@@ -65,10 +68,18 @@ SIZES = (1_000, 5_000, 20_000, 50_000)
 DIM, CLASSES, SEPARATION = 512, 10, 0.15
 #: Growth exponents the issue allows (issue 21, item 3).
 EXPONENT_TARGET = 1.1
-#: The issue-21 targets of ``--paper``: seconds and GiB.
+#: The issue-21 target of ``--paper``'s sampler: seconds.
 SAMPLER_TARGET_SECONDS = 600.0
-GRID_TARGET_SECONDS, GRID_TARGET_GIB = 1800.0, 4.0
+#: The grids' targets, (seconds, GiB) by members: issue 38's (10,000 members in 10 minutes,
+#: within issue 21's 4 GiB; 50,000 in an hour and 4 GiB).
+GRID_TARGETS: dict[int, tuple[float, float]] = {10_000: (600.0, 4.0), 50_000: (3600.0, 4.0)}
 GRID_METHODS = "alm,gaussian,dpsgd"
+#: Issue 38's check that its speed-ups changed no result: the grid at this many members with
+#: ``--reproducible-noise``, on this code and on :data:`BEFORE`, the code before issue 38.
+EQUAL_MEMBERS = 1_000
+BEFORE = "180b05d"
+#: Columns of results.csv that time the run rather than describe its results.
+TIMING_COLUMNS = ("seconds",)
 
 
 # --- data --------------------------------------------------------------------------------------
@@ -539,13 +550,17 @@ def measure_paper(args: argparse.Namespace, cache: Cache) -> None:
     from tqdm.auto import tqdm
 
     folder = args.cache.parent
-    units = [("paper-sampler", 50_000), *(("paper-grid", n) for n in args.grid_members)]
+    units = [
+        ("paper-sampler", 50_000),
+        *(("paper-grid", n) for n in args.grid_members),
+        ("paper-equal", EQUAL_MEMBERS),
+    ]
     todo = [(k, n) for k, n in units if args.force or f"{k},n={n}" not in cache]
+    measures = {"paper-sampler": _paper_sampler, "paper-grid": _paper_grid}
     for kind, n in tqdm(todo, desc="bench_scale paper", unit="run"):
         path = ensure_features(folder / "data", n)
         stamp = _stamp()
-        measure = _paper_sampler if kind == "paper-sampler" else _paper_grid
-        record = measure(path, n=n, folder=folder, args=args)
+        record = measures.get(kind, _paper_equal)(path, n=n, folder=folder, args=args)
         if record is None:
             print(f"bench_scale: {kind} at n={n} failed; see its log", file=sys.stderr)
             continue
@@ -561,6 +576,95 @@ def measure_paper(args: argparse.Namespace, cache: Cache) -> None:
                 "load_after": round(os.getloadavg()[0], 2),
             },
         )
+
+
+def compare_tables(before: Path, after: Path) -> dict[str, Any]:
+    """Two runs' ``results.csv`` value by value, as written (the table a reader sees), but for
+    :data:`TIMING_COLUMNS`: the rows are matched by (method, epsilon, seed, attack).
+
+    Returns:
+        ``rows`` and ``values`` compared, ``equal`` values, ``columns``: for each column with a
+        difference, ``[rows that differ, largest |difference|]`` (NaN where not numbers), and
+        ``unmatched``: rows in one table only.
+    """
+    import csv
+
+    def rows(path: Path) -> dict[tuple[str, ...], dict[str, str]]:
+        with path.open(newline="") as f:
+            return {
+                (r["method"], r["epsilon"], r["seed"], r["attack"]): r for r in csv.DictReader(f)
+            }
+
+    old, new = rows(before), rows(after)
+    keys = [k for k in old if k in new]
+    columns = [c for c in next(iter(old.values()), {}) if c not in TIMING_COLUMNS]
+    differ: dict[str, list[float]] = {}
+    equal = 0
+    for key in keys:
+        for column in columns:
+            a, b = old[key].get(column, ""), new[key].get(column, "")
+            if a == b:
+                equal += 1
+                continue
+            try:
+                gap = abs(float(a) - float(b))
+            except ValueError:
+                gap = math.nan
+            count, largest = differ.get(column, [0, 0.0])
+            differ[column] = [count + 1, gap if math.isnan(gap) else max(largest, gap)]
+    return {
+        "rows": len(keys),
+        "values": len(keys) * len(columns),
+        "equal": equal,
+        "columns": differ,
+        "unmatched": len(old) + len(new) - 2 * len(keys),
+    }
+
+
+def _grid_command(path: Path, out: Path, *, root: Path = ROOT) -> list[str]:
+    return [
+        sys.executable,
+        str(root / "scripts" / "compare.py"),
+        "--dataset",
+        f"features:{path}",
+        "--methods",
+        GRID_METHODS,
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(out / "cache"),
+        "--no-progress",
+    ]
+
+
+def _paper_equal(
+    path: Path, *, n: int, folder: Path, args: argparse.Namespace
+) -> dict[str, Any] | None:
+    """The grid with ``--reproducible-noise`` on this code and on ``args.equal_to`` (checked
+    out in a worktree of this repository, run with its own code), and `compare_tables`."""
+    rev = args.equal_to
+    tree = folder / f"worktree-{rev}"
+    if not tree.exists():
+        made = subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), rev],
+            capture_output=True,
+            text=True,
+        )
+        if made.returncode != 0:
+            print(f"bench_scale: git worktree add {rev} failed: {made.stderr}", file=sys.stderr)
+            return None
+    outs = {}
+    for name, root in (("before", tree), ("after", ROOT)):
+        out = folder / f"equal-{n}-{name}"
+        shutil.rmtree(out, ignore_errors=True)
+        command = [*_grid_command(path, out, root=root), "--reproducible-noise"]
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        with (folder / f"paper-equal-{n}-{name}.log").open("w") as log:
+            code = subprocess.run(command, cwd=root, env=env, stdout=log, stderr=log).returncode
+        if code != 0:
+            return None
+        outs[name] = out / "results.csv"
+    return {"rev": rev, **compare_tables(outs["before"], outs["after"])}
 
 
 def _paper_sampler(
@@ -598,20 +702,7 @@ def _paper_grid(
     parts = [] if args.force or not parts_file.exists() else json.loads(parts_file.read_text())
     if not parts:
         shutil.rmtree(out, ignore_errors=True)  # a fresh run from an empty cache
-    command = [
-        sys.executable,
-        str(ROOT / "scripts" / "compare.py"),
-        "--dataset",
-        f"features:{path}",
-        "--methods",
-        GRID_METHODS,
-        "--out",
-        str(out),
-        "--cache-dir",
-        str(out / "cache"),
-        "--no-progress",
-        *(["--resume"] if parts else []),
-    ]
+    command = [*_grid_command(path, out), *(["--resume"] if parts else [])]
     code, parts = resumable_child(
         command, log=folder / f"paper-grid-{n}.log", parts_file=parts_file, parts=parts
     )
@@ -765,14 +856,18 @@ def paper_block(cache: Cache) -> str:
             f"({ok} the 10-minute target), peak RSS {sampler['peak_rss_gib']:.2f} GiB; "
             f"{sampler['when']} UTC, load average {sampler['load']:.1f}."
         )
-    for key, value in sorted(cache.data.items()):
+    for key, value in sorted(cache.data.items(), key=lambda item: item[1].get("n", 0)):
         if not key.startswith("paper-grid"):
             continue
         n = value["n"]
         target = ""
-        if n == 10_000:
-            ok = value["wall"] <= GRID_TARGET_SECONDS and value["peak_rss_gib"] <= GRID_TARGET_GIB
-            target = f" ({'within' if ok else 'outside'} the 30-minute, 4 GiB target)"
+        if n in GRID_TARGETS:
+            seconds, gib = GRID_TARGETS[n]
+            ok = value["wall"] <= seconds and value["peak_rss_gib"] <= gib
+            target = (
+                f" ({'within' if ok else 'outside'} the {seconds / 60:g}-minute, "
+                f"{gib:g} GiB target)"
+            )
         lines.append(
             f"- `compare.py --dataset features:PATH --methods {GRID_METHODS}` (the default "
             f"grid: 6 epsilons, 5 noise draws, every attack) on {n:,} members ({5 * n:,} rows): "
@@ -780,7 +875,30 @@ def paper_block(cache: Cache) -> str:
             f"{target}; {value['when']} UTC, load average {value['load']:.1f}{_parts(value)}."
             f"{_cells(value)}"
         )
+    equal = cache.data.get(f"paper-equal,n={EQUAL_MEMBERS}")
+    if equal is not None:
+        lines.append(_equal_line(equal))
     return "\n".join(lines) if lines else "(not measured yet: `scripts/bench_scale.py --paper`)"
+
+
+def _equal_line(record: dict[str, Any]) -> str:
+    """The reproducible-noise grid against the code before issue 38 (`compare_tables`)."""
+    head = (
+        f"- The same grid with `--reproducible-noise` on {record['n']:,} members, against the "
+        f"same run on `{record['rev']}` (the code before issue 38's speed-ups), `results.csv` "
+        f"value by value as written ({record['rows']} rows, timings left out): "
+    )
+    if record["equal"] == record["values"] and not record["unmatched"]:
+        return head + f"**all {record['values']:,} values equal**."
+    gaps = "; ".join(
+        f"`{column}` in {count} rows"
+        + ("" if math.isnan(largest) else f" (largest difference {largest:.3g})")
+        for column, (count, largest) in record["columns"].items()
+    )
+    unmatched = f"; {record['unmatched']} rows in one table only" if record["unmatched"] else ""
+    return (
+        head + f"**{record['equal']:,} of {record['values']:,} values equal**; {gaps}{unmatched}."
+    )
 
 
 def _parts(record: dict[str, Any]) -> str:
@@ -891,6 +1009,11 @@ def main(argv: list[str] | None = None) -> int:
         default=(10_000, 50_000),
         help="members of the --paper grid runs",
     )
+    parser.add_argument(
+        "--equal-to",
+        default=BEFORE,
+        help="the revision whose --reproducible-noise grid --paper compares this code's with",
+    )
     parser.add_argument("--write", action="store_true", help="write docs/scale.md and the plot")
     parser.add_argument("--unit", help=argparse.SUPPRESS)
     parser.add_argument("--unit-file", type=Path, help=argparse.SUPPRESS)
@@ -925,7 +1048,13 @@ def main(argv: list[str] | None = None) -> int:
             str(args.threads),
         ]
         if args.paper:
-            shown += ["--paper", "--grid-members", ",".join(map(str, args.grid_members))]
+            shown += [
+                "--paper",
+                "--grid-members",
+                ",".join(map(str, args.grid_members)),
+                "--equal-to",
+                args.equal_to,
+            ]
         write_docs(cache, args=[*shown, "--write"])
     print(table(cache) if any(k.startswith("stage=") for k in cache.data) else "no stages yet")
     print(paper_block(cache))

@@ -109,6 +109,7 @@ def test_the_next_invocation_resumes_and_sums_the_parts(
     monkeypatch.setattr(bench, "ensure_features", lambda folder, n: tmp_path / "x.npz")
     failed = bench.ChildRun(code=1, seconds=0.0, peak_rss_gib=0.0)
     monkeypatch.setattr(bench, "_stage_child", lambda command, log: (failed, ""))  # no sampler
+    monkeypatch.setattr(bench, "_paper_equal", lambda path, **kwargs: None)  # nor check
     cache = bench.Cache(tmp_path / "results.json")
     args = argparse.Namespace(
         cache=tmp_path / "results.json", force=False, grid_members=(10_000,), threads=1
@@ -187,8 +188,46 @@ def test_a_grid_summary_counts_cells_not_rows_and_goes_into_the_block(
     cache.put("paper-grid,n=10000", {**record, **summary})
     block = bench.paper_block(cache)
     assert "2 alm: 3.3 min-4.3 min each, 7.7 min in all" in block
+    assert "(within the 10-minute, 4 GiB target)" in block  # issue 38's target at 10^4
     assert "1 none: 10.0 s;" in block and "`rocs.jsonl`: 3 MB." in block
     # a record of an older version's run names its rocs.json
     old = {k: v for k, v in summary.items() if k != "rocs_file"}
     cache.put("paper-grid,n=10000", {**record, **old})
     assert "`rocs.json`: 3 MB." in bench.paper_block(cache)
+
+
+def _table(path: Path, rows: list[tuple[str, ...]]) -> Path:
+    header = "dataset,method,epsilon,seed,attack,mia_auc,seconds,reason"
+    path.write_text("\n".join([header, *(",".join(r) for r in rows)]) + "\n")
+    return path
+
+
+def test_the_reproducible_grid_is_compared_value_by_value_but_for_its_timings(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    """Issue 38's check that its speed-ups changed no result: the two runs' results.csv as
+    written, rows matched by (method, epsilon, seed, attack), the seconds left out."""
+    base = [
+        ("d", "none", "inf", "0", "loss", "0.61", "1.5", ""),
+        ("d", "alm", "1", "0", "loss", "0.52", "3.0", ""),
+        ("d", "alm", "1", "0", "lira", "0.55", "3.0", ""),
+    ]
+    before = _table(tmp_path / "before.csv", base)
+    # the same results in another order, slower: every value equal
+    same = _table(tmp_path / "same.csv", [(*r[:6], "9.0", *r[7:]) for r in reversed(base)])
+    record = bench.compare_tables(before, same)
+    assert record == {"rows": 3, "values": 21, "equal": 21, "columns": {}, "unmatched": 0}
+    cache = bench.Cache(tmp_path / "results.json")
+    cache.put("paper-equal,n=1000", {"n": 1000, "rev": "abc1234", **record})
+    assert "`abc1234`" in bench.paper_block(cache)
+    assert "**all 21 values equal**" in bench.paper_block(cache)
+    # one AUC moved, one reason changed, one row missing: each said
+    moved = [list(r) for r in base[:2]]
+    moved[1][5], moved[0][7] = "0.5204", "why"
+    record = bench.compare_tables(before, _table(tmp_path / "moved.csv", map(tuple, moved)))
+    assert record["rows"] == 2 and record["values"] == 14 and record["equal"] == 12
+    assert record["columns"]["mia_auc"] == [1, pytest.approx(4e-4)]
+    assert record["unmatched"] == 1 and record["columns"]["reason"][0] == 1
+    line = bench._equal_line({"n": 1000, "rev": "abc1234", **record})
+    assert "**12 of 14 values equal**" in line and "`mia_auc` in 1 rows (largest" in line
+    assert "`reason` in 1 rows;" in line and "1 rows in one table only" in line
