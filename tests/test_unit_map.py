@@ -80,3 +80,23 @@ def test_bank_chunks_are_independent_units(data) -> None:  # type: ignore[no-unt
     np.testing.assert_array_equal(serial.proba, shuffled.proba)
     q = torch.randn(7, x.shape[1], dtype=x.dtype)
     np.testing.assert_array_equal(serial.predict(q), shuffled.predict(q))
+
+
+def test_a_bank_holds_its_chunks_probabilities_in_order_and_checks_their_shapes(data) -> None:  # type: ignore[no-untyped-def]
+    """The chunks are copied one by one into one array (each let go once copied): the same
+    array np.concatenate gives, in the units' order; a predictor of the wrong shape fails."""
+    x, y, _, _ = data
+    masks = sized_masks(10, len(y), size=30, rng=np.random.default_rng(1))
+    trainer = recipe_trainer(config=HeadConfig(steps=20), num_classes=10)
+    bank = train_bank(features=x, labels=y, masks=masks, trainer=trainer, heads_per_seed=4, seed=3)
+    assert bank.proba.shape == (10, len(y), 10) and len(bank.predictors) == 3  # 4 + 4 + 2
+    with torch.no_grad():
+        chunks = [np.asarray(p(x)) for p in bank.predictors]
+    assert bank.proba.dtype == chunks[0].dtype
+    np.testing.assert_array_equal(bank.proba, np.concatenate(chunks))
+
+    def flat(features, labels, chunk, seed):  # type: ignore[no-untyped-def]
+        return lambda q: torch.zeros(len(q), 10)  # one (n, C) for a chunk of heads
+
+    with pytest.raises(ValueError, match=r"expected \(10, \d+, C\) in all"):
+        train_bank(features=x, labels=y, masks=masks, trainer=flat, heads_per_seed=4, seed=3)

@@ -12,6 +12,7 @@ import math
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -153,14 +154,25 @@ def train_bank(
         trainer=trainer,
         heads_per_seed=heads_per_seed,
     )
-    parts = map_units(bank_chunk, units, shared=shared)
+    parts: list[Any] = list(map_units(bank_chunk, units, shared=shared))
     predictors = [predictor for predictor, _ in parts]
-    proba = np.concatenate([p for _, p in parts], axis=0)
-    if proba.ndim != 3 or proba.shape[:2] != masks.shape:
+    shapes = [np.shape(p) for _, p in parts]
+    heads = sum(shape[0] for shape in shapes if shape)
+    if any(len(shape) != 3 or shape[1:] != shapes[0][1:] for shape in shapes) or (
+        (heads, shapes[0][1]) != masks.shape
+    ):
         raise ValueError(
-            f"the trainer's predictor returned shape {proba.shape}; expected "
-            f"({num_heads}, {features.shape[0]}, C)"
+            f"the trainer's predictor returned shapes {shapes}; expected "
+            f"({num_heads}, {features.shape[0]}, C) in all"
         )
+    # the chunks copied into one array, each let go once copied: a bank holds its
+    # probabilities once plus a chunk, not twice (512 MB each at 5*10^4 members' LiRA bank)
+    proba = np.empty((heads, *shapes[0][1:]), dtype=np.result_type(*(p for _, p in parts)))
+    start = 0
+    for i, (_, chunk) in enumerate(parts):
+        proba[start : start + len(chunk)] = chunk
+        start += len(chunk)
+        parts[i] = None
     return HeadBank(
         features=features,
         labels=labels,
