@@ -216,11 +216,20 @@ def shared_tpr_intervals(
     # k + 1 (only the top few are read), and the TPR counts the resampled members above it:
     # the statistic of materialised resamples, in O(q) per resample instead of O(R q log q).
     chunk = bootstrap_chunk(m, n)
-    for start in range(0, resamples, chunk):
-        b = min(chunk, resamples - start)
-        which = rng.integers(draws, size=(b, draws)) if draws > 1 else np.zeros((b, 1), int)
-        pos_counts = _counts(rng.integers(m, size=(b, m)), m)
-        neg_counts = _counts(rng.integers(n, size=(b, n)), n)
+    starts = range(0, resamples, chunk)
+    # The counts are drawn chunk by chunk (each scatter in cache), then read a group of chunks
+    # at a time: at 5*10^4 examples a chunk is 2 resamples, and reading them one chunk at a
+    # time cost a Python loop over attacks, draws and levels per 2 resamples. Row by row the
+    # same values: the same draws in the same order, each resample's statistic its own row's.
+    per_read = max(1, GROUP_ELEMENTS // (chunk * max(m, n)))
+    for first in range(0, len(starts), per_read):
+        drawn = []
+        for start in starts[first : first + per_read]:
+            b = min(chunk, resamples - start)
+            which = rng.integers(draws, size=(b, draws)) if draws > 1 else np.zeros((b, 1), int)
+            pos = _counts(rng.integers(m, size=(b, m)), m)
+            drawn.append((which, pos, _counts(rng.integers(n, size=(b, n)), n)))
+        which, pos_counts, neg_counts = (np.concatenate(part) for part in zip(*drawn, strict=True))
         for ranked, stats_of in zip(ranked_sets, stats_by_level, strict=True):
             tpr = ranked.resampled_tprs(pos_counts, neg_counts, ks)
             for lv in ks:
@@ -289,6 +298,9 @@ class _Ranked:
 #: few thousand, and the cost per example doubled between q = 2,000 and 10,000
 #: (scripts/bench_scale.py's metric-attacks stage grew as n^1.4 there).
 CHUNK_ELEMENTS = 2**17
+#: Elements of each (resamples, examples) array the bootstrap reads at once: chunks grouped up
+#: to 16 MiB of int64 (:func:`shared_tpr_intervals`).
+GROUP_ELEMENTS = 2**21
 
 
 def bootstrap_chunk(m: int, n: int) -> int:

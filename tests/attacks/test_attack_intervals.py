@@ -15,6 +15,7 @@ from alm_opacus.attacks import (
     aggregate_results,
     auc_interval,
     evaluate_attack,
+    intervals,
     roc_curve,
     tpr_at_fpr,
     tpr_intervals,
@@ -240,6 +241,16 @@ def test_shared_resamples_give_each_attack_its_own_intervals() -> None:
     for scores, got in zip(sets, shared, strict=True):
         assert got == tpr_intervals(scores, member, levels=levels, resamples=700, seed=5)
     assert shared[2][0.1][0] > shared[0][0.1][1]  # a strong attack's interval above chance's
+    # chunks (5 resamples, a partial last one) read one at a time, two at a time, all at
+    # once: the same resamples, the same intervals
+    grouped = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(intervals, "CHUNK_ELEMENTS", 2_000)
+        for elements in (1, 4_000, 2**30):
+            patch.setattr(intervals, "GROUP_ELEMENTS", elements)
+            grouped.append(shared_tpr_intervals(sets, member, levels=levels, resamples=703))
+    assert grouped[0] == grouped[1] == grouped[2]
+    assert all(not math.isnan(v) for lv in (0.01, 0.1) for v in grouped[0][2][lv])
     # split among threads, each drawing the same resamples: the same intervals, in order
     for threads in (2, 3, 5):
         split = shared_tpr_intervals(
