@@ -214,13 +214,15 @@ class _CandidateFit:
         n_pool: int,
         phi: FloatArray,
         *,
+        features: torch.Tensor,
         location: LiraLocation,
         fixed_out: float | None,
         fixed_in: float | None = None,
         with_in: bool = False,
     ) -> _CandidateFit:
         """Fit each candidate's out-Gaussian (and in-Gaussian) over the bank's references;
-        the candidates are the bank's rows after its ``n_pool`` pool rows."""
+        the candidates are the bank's rows after its ``n_pool`` pool rows, and ``features``
+        theirs (:meth:`ShadowContext.candidate_features`)."""
         c_phi = phi[:, n_pool:].T  # (q, N): every reference on every candidate
         mask = bank.in_mask[:, n_pool:].T
 
@@ -229,7 +231,7 @@ class _CandidateFit:
             return _Gaussians(mean=mean, std=_std(std, fixed))
 
         return cls(
-            features=bank.features[n_pool:],
+            features=features,
             out=side(~mask, fixed_out),
             inn=side(mask, fixed_in) if with_in else None,
         )
@@ -270,7 +272,14 @@ class LiraOnlineAttack(Attack):
             )
         self.threshold = _fit_loo_threshold(loo.reshape(-1), inn.reshape(-1))
         self.fitted = _CandidateFit.of(
-            bank, n_pool, phi, location=loc, fixed_out=fix_out, fixed_in=fix_in, with_in=True
+            bank,
+            n_pool,
+            phi,
+            features=context.candidate_features(),
+            location=loc,
+            fixed_out=fix_out,
+            fixed_in=fix_in,
+            with_in=True,
         )
 
     def score(self, query: TargetQuery) -> AttackScores:
@@ -306,7 +315,14 @@ class LiraOfflineAttack(Attack):
         with np.errstate(invalid="ignore"):
             loo = (phi - mo) / _std(so, fix_out)
         self.threshold = _fit_loo_threshold(loo.reshape(-1), bank.in_mask.reshape(-1))
-        self.fitted = _CandidateFit.of(bank, n_pool, phi, location=loc, fixed_out=fix_out)
+        self.fitted = _CandidateFit.of(
+            bank,
+            n_pool,
+            phi,
+            features=context.candidate_features(),
+            location=loc,
+            fixed_out=fix_out,
+        )
 
     def score(self, query: TargetQuery) -> AttackScores:
         f = self.fitted

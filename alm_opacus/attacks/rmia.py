@@ -338,7 +338,7 @@ class _RmiaAttack(Attack):
         self.threshold = _fit_loo_threshold(loo.reshape(-1), x_in.reshape(-1))
         x_ref, z_ref = self._references(x_in), self._references(z_in)
         self.fitted = _Fitted(
-            features=bank.features[n_pool:],
+            features=context.candidate_features(),
             log_px=log_marginal(
                 _selected_mean(x_sig.p, x_ref),
                 _selected_mean(x_sig.rest, x_ref),

@@ -414,3 +414,32 @@ def test_a_claim_above_the_ceiling_is_noted_on_every_release(
         assert any("cannot see a violation" in n for n in result.notes) == noted, claim
     with pytest.raises(ValueError, match="claimed_epsilon=0"):
         dataclasses.replace(target, claimed_epsilon=0.0)
+
+
+def test_candidate_attacks_keep_the_candidates_not_the_reference_bank(
+    digits: tuple[Tensor, Tensor, np.ndarray],
+) -> None:
+    """Online and offline LiRA and RMIA keep the candidates' features to check a query
+    against: the tensor they were given, not a view into the reference bank's pool and
+    candidates (one concatenation, 800 MB at 5*10^4 members, that a view kept alive)."""
+    x, y, perm = digits
+    # 150 training rows: 100 candidates and 50 pool rows each, so the bank is pool + candidates
+    k = dataclasses.replace(_knowledge(x, y, perm), train_size=150)
+    candidates = x[perm[: 2 * MEMBERS]], y[perm[: 2 * MEMBERS]]
+    context = ShadowContext(knowledge=k, config=SMALL, seed=0, candidates=candidates)
+    bank, n_pool = context.online_bank()
+    assert n_pool == 2 * MEMBERS and bank.features.shape[0] == n_pool + len(candidates[0])
+    assert torch.equal(bank.features[n_pool:], candidates[0])
+    names = ["lira-online", "lira-offline", "rmia-online", "rmia-offline"]
+    prepared = prepare_attacks(
+        names=names,
+        knowledge=k,
+        config=SMALL,
+        seed=0,
+        candidate_features=candidates[0],
+        candidate_labels=candidates[1],
+    )
+    for attack in prepared.attacks:
+        assert attack.fitted.features is candidates[0], attack.name  # type: ignore[attr-defined]
+    results = prepared.attack(_target(x, y, perm))  # the same candidates: accepted
+    assert [r.attack for r in results] == names
