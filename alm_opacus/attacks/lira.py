@@ -210,19 +210,18 @@ class _CandidateFit:
     @classmethod
     def of(
         cls,
-        bank: HeadBank,
-        n_pool: int,
+        context: ShadowContext,
         phi: FloatArray,
         *,
-        features: torch.Tensor,
         location: LiraLocation,
         fixed_out: float | None,
         fixed_in: float | None = None,
         with_in: bool = False,
     ) -> _CandidateFit:
-        """Fit each candidate's out-Gaussian (and in-Gaussian) over the bank's references;
-        the candidates are the bank's rows after its ``n_pool`` pool rows, and ``features``
-        theirs (:meth:`ShadowContext.candidate_features`)."""
+        """Fit each candidate's out-Gaussian (and in-Gaussian) over the online bank's
+        references (``phi`` on its rows): the candidates are the bank's rows after its pool
+        rows; their features are kept as given (:meth:`ShadowContext.candidate_features`)."""
+        bank, n_pool = context.online_bank()
         c_phi = phi[:, n_pool:].T  # (q, N): every reference on every candidate
         mask = bank.in_mask[:, n_pool:].T
 
@@ -231,7 +230,7 @@ class _CandidateFit:
             return _Gaussians(mean=mean, std=_std(std, fixed))
 
         return cls(
-            features=features,
+            features=context.candidate_features(),
             out=side(~mask, fixed_out),
             inn=side(mask, fixed_in) if with_in else None,
         )
@@ -254,7 +253,7 @@ class LiraOnlineAttack(Attack):
     threshold: Threshold | None = None
 
     def fit(self, context: ShadowContext) -> None:
-        bank, n_pool = context.online_bank()
+        bank, _ = context.online_bank()
         phi = _phi(bank)
         inn, out = bank.in_mask, ~bank.in_mask
         loc = self.config.lira_location
@@ -272,14 +271,7 @@ class LiraOnlineAttack(Attack):
             )
         self.threshold = _fit_loo_threshold(loo.reshape(-1), inn.reshape(-1))
         self.fitted = _CandidateFit.of(
-            bank,
-            n_pool,
-            phi,
-            features=context.candidate_features(),
-            location=loc,
-            fixed_out=fix_out,
-            fixed_in=fix_in,
-            with_in=True,
+            context, phi, location=loc, fixed_out=fix_out, fixed_in=fix_in, with_in=True
         )
 
     def score(self, query: TargetQuery) -> AttackScores:
@@ -304,7 +296,7 @@ class LiraOfflineAttack(Attack):
     threshold: Threshold | None = None
 
     def fit(self, context: ShadowContext) -> None:
-        bank, n_pool = context.online_bank()
+        bank, _ = context.online_bank()
         phi = _phi(bank)
         out = ~bank.in_mask
         loc = self.config.lira_location
@@ -315,14 +307,7 @@ class LiraOfflineAttack(Attack):
         with np.errstate(invalid="ignore"):
             loo = (phi - mo) / _std(so, fix_out)
         self.threshold = _fit_loo_threshold(loo.reshape(-1), bank.in_mask.reshape(-1))
-        self.fitted = _CandidateFit.of(
-            bank,
-            n_pool,
-            phi,
-            features=context.candidate_features(),
-            location=loc,
-            fixed_out=fix_out,
-        )
+        self.fitted = _CandidateFit.of(context, phi, location=loc, fixed_out=fix_out)
 
     def score(self, query: TargetQuery) -> AttackScores:
         f = self.fitted
