@@ -91,10 +91,12 @@ class RunData:
 
     def part(self, name: str) -> tuple[Tensor, Tensor]:
         """The split part ``name`` (or ``evaluation``: members then non-members), copied."""
-        idx = torch.from_numpy(self._rows(name))
+        idx = torch.from_numpy(self.rows(name))
         return self.features[idx], self.labels[idx]
 
-    def _rows(self, name: str) -> np.ndarray:
+    def rows(self, name: str) -> np.ndarray:
+        """The dataset rows of the split part ``name`` (``evaluation``: members, then
+        non-members)."""
         if name == "evaluation":
             return np.r_[self.split.members, self.split.nonmembers]
         return np.asarray(getattr(self.split, name))
@@ -106,7 +108,7 @@ class RunData:
             return self.part(name)[0]
         if kind != "images" or self.images is None:
             raise ValueError(f"inputs kind {kind!r} is not available: expected {INPUT_KINDS}")
-        idx = self._rows(name)
+        idx = self.rows(name)
         rows = np.sort(idx)  # sorted reads are sequential on a memmap
         images = torch.from_numpy(to_float(np.asarray(self.images[rows])))
         return images[np.argsort(np.argsort(idx))]  # back in the split's order
@@ -187,18 +189,19 @@ class RunInputs:
             both = data.inputs(kind, "evaluation")
             queries[kind, "evaluation"] = both
             queries[kind, "members"], queries[kind, "nonmembers"] = both[:members], both[members:]
-        labels = data.part("evaluation")[1]
+        labels = data.labels[torch.from_numpy(data.rows("evaluation"))]
         y_in, y_out = labels[:members], labels[members:]
+        pool = data.part("attacker")
         evaluation = Evaluation(
             features=queries["features", "evaluation"],
             labels=labels,
             is_member=np.r_[np.ones(len(y_in), bool), np.zeros(len(y_out), bool)],
-            pool=data.part("attacker"),
+            pool=pool,
             attacks=plan.attacks,
             num_classes=data.num_classes,
             config=plan.attack_config,
             map_units=map_units,
-            threads=cell_threads(len(data.part("attacker")[1])),
+            threads=cell_threads(len(pool[1])),
         )
         return cls(
             dataset=config.dataset,
