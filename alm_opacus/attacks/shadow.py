@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -147,14 +147,18 @@ def fitted_rows(
     order = np.argsort(rows, kind="stable")
     out = np.empty((len(rows), width))
     edges = np.searchsorted(rows[order], [*starts, len(proba)])
-    total = np.zeros(width)
-    for i, start in enumerate(starts):  # the column sums of _sum_rows, block by block
-        feats = block(start)
-        total = feats.sum(axis=0) if i == 0 else total + feats.sum(axis=0)
-        mine = order[edges[i] : edges[i + 1]]  # the asked rows inside this block
-        out[mine] = feats[rows[mine] - start]
-    mean = total / len(proba)
-    deviations = (np.multiply(d, d, out=d) for d in (block(s) - mean for s in starts))
+
+    def first_pass() -> Iterator[FloatArray]:  # each block, after keeping its asked rows
+        for i, start in enumerate(starts):
+            feats = block(start)
+            mine = order[edges[i] : edges[i + 1]]
+            out[mine] = feats[rows[mine] - start]
+            yield feats
+
+    mean = _sum_rows(first_pass()) / len(proba)
+    # a block is computed afresh, so its deviations can overwrite it: the same values as
+    # Standardiser.fit's, one block's memory instead of two
+    deviations = (np.square(np.subtract(d, mean, out=d), out=d) for d in map(block, starts))
     spread = np.sqrt(_sum_rows(deviations) / len(proba))
     scaler = Standardiser(mean=mean, scale=np.where(spread > 0, spread, 1.0))
     return scaler, scaler(out, in_place=True)
