@@ -644,26 +644,27 @@ def _paper_equal(
     out in a worktree of this repository, run with its own code), and `compare_tables`."""
     rev = args.equal_to
     tree = folder / f"worktree-{rev}"
-    if not tree.exists():
-        made = subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), rev],
-            capture_output=True,
-            text=True,
-        )
-        if made.returncode != 0:
-            print(f"bench_scale: git worktree add {rev} failed: {made.stderr}", file=sys.stderr)
-            return None
+    git = ["git", "-C", str(ROOT), "worktree"]
+    shutil.rmtree(tree, ignore_errors=True)  # an interrupted earlier check's
+    subprocess.run([*git, "prune"], capture_output=True)
+    made = subprocess.run([*git, "add", "--detach", str(tree), rev], capture_output=True, text=True)
+    if made.returncode != 0:
+        print(f"bench_scale: git worktree add {rev} failed: {made.stderr}", file=sys.stderr)
+        return None
     outs = {}
-    for name, root in (("before", tree), ("after", ROOT)):
-        out = folder / f"equal-{n}-{name}"
-        shutil.rmtree(out, ignore_errors=True)
-        command = [*_grid_command(path, out, root=root), "--reproducible-noise"]
-        env = {**os.environ, "PYTHONPATH": str(root)}
-        with (folder / f"paper-equal-{n}-{name}.log").open("w") as log:
-            code = subprocess.run(command, cwd=root, env=env, stdout=log, stderr=log).returncode
-        if code != 0:
-            return None
-        outs[name] = out / "results.csv"
+    try:
+        for name, root in (("before", tree), ("after", ROOT)):
+            out = folder / f"equal-{n}-{name}"
+            shutil.rmtree(out, ignore_errors=True)
+            command = [*_grid_command(path, out, root=root), "--reproducible-noise"]
+            env = {**os.environ, "PYTHONPATH": str(root)}
+            with (folder / f"paper-equal-{n}-{name}.log").open("w") as log:
+                run = subprocess.run(command, cwd=root, env=env, stdout=log, stderr=log)
+            if run.returncode != 0:
+                return None
+            outs[name] = out / "results.csv"
+    finally:  # the repository keeps no worktree of the check
+        subprocess.run([*git, "remove", "--force", str(tree)], capture_output=True)
     return {"rev": rev, **compare_tables(outs["before"], outs["after"])}
 
 
@@ -881,11 +882,15 @@ def paper_block(cache: Cache) -> str:
     return "\n".join(lines) if lines else "(not measured yet: `scripts/bench_scale.py --paper`)"
 
 
+_BEFORE_NOTE = " (the code before issue 38's speed-ups)"
+
+
 def _equal_line(record: dict[str, Any]) -> str:
     """The reproducible-noise grid against the code before issue 38 (`compare_tables`)."""
     head = (
         f"- The same grid with `--reproducible-noise` on {record['n']:,} members, against the "
-        f"same run on `{record['rev']}` (the code before issue 38's speed-ups), `results.csv` "
+        f"same run on `{record['rev']}`{_BEFORE_NOTE if record['rev'] == BEFORE else ''}, "
+        "`results.csv` "
         f"value by value as written ({record['rows']} rows, timings left out): "
     )
     if record["equal"] == record["values"] and not record["unmatched"]:

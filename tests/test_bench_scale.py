@@ -219,7 +219,10 @@ def test_the_reproducible_grid_is_compared_value_by_value_but_for_its_timings(
     assert record == {"rows": 3, "values": 21, "equal": 21, "columns": {}, "unmatched": 0}
     cache = bench.Cache(tmp_path / "results.json")
     cache.put("paper-equal,n=1000", {"n": 1000, "rev": "abc1234", **record})
-    assert "`abc1234`" in bench.paper_block(cache)
+    assert "`abc1234`," in bench.paper_block(cache)  # not the default: not called "before"
+    cache.put("paper-equal,n=1000", {"n": 1000, "rev": bench.BEFORE, **record})
+    assert f"`{bench.BEFORE}` (the code before issue 38" in bench.paper_block(cache)
+    cache.put("paper-equal,n=1000", {"n": 1000, "rev": "abc1234", **record})
     assert "**all 21 values equal**" in bench.paper_block(cache)
     # one AUC moved, one reason changed, one row missing: each said
     moved = [list(r) for r in base[:2]]
