@@ -109,6 +109,22 @@ class ShadowContext:
         rng = np.random.default_rng(subseed(self.seed, f"{tag}-masks"))
         return sized_masks(num_heads, num_rows, size=max(size, 1), rng=rng)
 
+    def bank_key(self, role: str) -> str:
+        """The bank an :attr:`Attack.banks <alm_opacus.attacks.registry.Attack.banks>` role
+        reads: the offline references are the shadow heads when their data, count and seed
+        tag agree (:meth:`offline_bank`)."""
+        cfg = self.config
+        shared = cfg.shadow_data is ShadowDataSource.REAL and cfg.num_shadow == cfg.num_reference
+        return "shadow" if role == "offline" and shared else role
+
+    def release_banks(self, *, keep: set[str]) -> None:
+        """Drop the banks (by :meth:`bank_key`) outside ``keep``: each holds its heads'
+        (B, n, C) probabilities, 512 MB at 5*10^4 members. Asked again, one is trained again."""
+        for key in set(self._banks) - keep:
+            del self._banks[key]
+        if "online" not in keep:
+            self._online = None
+
     def shadow_bank(self) -> HeadBank:
         """``num_shadow`` heads on halves of the shadow data (real, noisy or synthetic)."""
         return self._bank("shadow", self._build_shadow)
@@ -116,7 +132,7 @@ class ShadowContext:
     def offline_bank(self) -> HeadBank:
         """``num_reference`` heads on halves of the real pool: all are *out* for candidates."""
         cfg = self.config
-        if cfg.shadow_data is ShadowDataSource.REAL and cfg.num_shadow == cfg.num_reference:
+        if self.bank_key("offline") == "shadow":
             return self.shadow_bank()  # the same heads: same data, count and seed tag
         k = self.knowledge
 

@@ -39,12 +39,13 @@ from alm_opacus.attacks.base import (
     BoolArray,
     FloatArray,
     LiraLocation,
+    Predictor,
     ThresholdScope,
 )
 from alm_opacus.attacks.context import ShadowContext
 from alm_opacus.attacks.registry import Attack, AttackScores, TargetQuery, register_attack
 from alm_opacus.attacks.scores import logit_confidence
-from alm_opacus.attacks.shadow_data import HeadBank
+from alm_opacus.attacks.shadow_data import HeadBank, predict_heads
 from alm_opacus.attacks.thresholds import Threshold
 
 MIN_STD = 1e-3
@@ -150,17 +151,21 @@ class LiraOfflinePoolAttack(Attack):
     """Offline LiRA on references that never saw a candidate: halves of the pool only, so all
     ``N`` are *out* for every candidate (a stricter attacker than :class:`LiraOfflineAttack`)."""
 
-    bank: HeadBank | None = None
+    banks = frozenset({"offline"})
+    #: The reference heads (not their bank: its (B, n, C) probabilities, 512 MB at 5*10^4
+    #: members, serve only :meth:`fit`).
+    predictors: tuple[Predictor, ...] | None = None
     threshold: Threshold | None = None
     fixed_std: float | None = None
     #: The references' Gaussians on the last query's rows: every cell of a run asks about the
     #: same evaluation rows, and the bank's predictions on them (B heads on 2n rows: most of
     #: this attack's time at 10^4 members) do not depend on the release.
-    _reference: tuple[torch.Tensor, npt.NDArray[np.int64], FloatArray, FloatArray] | None = None
+    _reference: _ReferenceMemo | None = None
 
     def fit(self, context: ShadowContext) -> None:
         self._reference = None
-        self.bank = bank = context.offline_bank()
+        bank = context.offline_bank()
+        self.predictors = bank.predictors
         phi = _phi(bank)
         out = ~bank.in_mask
         fixed = self.config.lira_fixed_variance
@@ -170,25 +175,54 @@ class LiraOfflinePoolAttack(Attack):
         self.threshold = _fit_loo_threshold(scores.reshape(-1), bank.in_mask.reshape(-1))
 
     def score(self, query: TargetQuery) -> AttackScores:
-        if self.bank is None or self.threshold is None:
+        if self.predictors is None or self.threshold is None:
             raise RuntimeError(f"attack {self.name!r} was scored before fit()")
-        mean, std = self._reference_fit(self.bank, query)
+        mean, std = self._reference_fit(self.predictors, query)
         s = (logit_confidence(query.proba, query.labels) - mean) / _std(std, self.fixed_std)
         return AttackScores(scores=s, decisions=self.threshold.apply(s, query.labels))
 
-    def _reference_fit(self, bank: HeadBank, query: TargetQuery) -> tuple[FloatArray, FloatArray]:
+    def _reference_fit(
+        self, predictors: tuple[Predictor, ...], query: TargetQuery
+    ) -> tuple[FloatArray, FloatArray]:
         """Each row's out-Gaussian over the references, computed once per set of rows."""
         memo = self._reference
-        if (
-            memo is not None
-            and np.array_equal(memo[1], query.labels)
-            and torch.equal(memo[0], query.features)
-        ):
-            return memo[2], memo[3]
-        ref = logit_confidence(bank.predict(query.features), query.labels)  # (N, q), all out
+        if memo is not None and memo.matches(query):
+            return memo.mean, memo.std
+        ref = logit_confidence(predict_heads(predictors, query.features), query.labels)  # (N, q)
         mean, std = fit_gaussian(ref.T, location=self.config.lira_location)
-        self._reference = (query.features.clone(), query.labels.copy(), mean, std)
+        self._reference = _ReferenceMemo.of(query, mean=mean, std=std)
         return mean, std
+
+
+@dataclass(frozen=True)
+class _ReferenceMemo:
+    """The references' Gaussians on one query's rows, and what tells those rows again.
+
+    The query's features are kept by reference with their version counter, not copied (a copy
+    is 200 MB at 5*10^4 members, kept for the whole run): torch bumps the counter on every
+    in-place write to the tensor or a view of it, so an unchanged counter means unchanged
+    values, and ``torch.equal`` against them is the same test as against a copy. (Writes
+    through a numpy array sharing its memory are not counted; the harness never writes its
+    evaluation rows.)
+    """
+
+    features: torch.Tensor
+    version: int
+    labels: npt.NDArray[np.int64]
+    mean: FloatArray
+    std: FloatArray
+
+    @classmethod
+    def of(cls, query: TargetQuery, *, mean: FloatArray, std: FloatArray) -> _ReferenceMemo:
+        f = query.features
+        return cls(features=f, version=f._version, labels=query.labels.copy(), mean=mean, std=std)
+
+    def matches(self, query: TargetQuery) -> bool:
+        return (
+            self.features._version == self.version
+            and np.array_equal(self.labels, query.labels)
+            and torch.equal(self.features, query.features)
+        )
 
 
 @dataclass(frozen=True)
@@ -249,6 +283,7 @@ class _CandidateFit:
 class LiraOnlineAttack(Attack):
     """Online LiRA: the log likelihood ratio of in- and out-Gaussians fitted per candidate."""
 
+    banks = frozenset({"online"})
     fitted: _CandidateFit | None = None
     threshold: Threshold | None = None
 
@@ -292,6 +327,7 @@ class LiraOfflineAttack(Attack):
     train on random halves of the candidates (and pool), and each candidate is scored against
     the Gaussian of the ``N / 2`` references that did not train on it."""
 
+    banks = frozenset({"online"})
     fitted: _CandidateFit | None = None
     threshold: Threshold | None = None
 

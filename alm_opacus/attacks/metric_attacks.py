@@ -31,6 +31,7 @@ class MetricAttack(Attack):
     """A signal, thresholded at a value chosen on shadow data."""
 
     threshold: Threshold | None = None
+    banks = frozenset({"shadow"})
 
     @abc.abstractmethod
     def signal(self, proba: FloatArray, labels: npt.NDArray[np.int64]) -> FloatArray:

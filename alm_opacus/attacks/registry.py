@@ -90,6 +90,10 @@ class Attack(abc.ABC):
     #: such an attack is left out of releases queried with other inputs than features (e.g.
     #: ``dpsgd-full``'s images), whose ``predict`` is not given to attacks.
     queries_release: ClassVar[bool] = False
+    #: The context's banks :meth:`fit` reads (``"shadow"``, ``"offline"``, ``"online"``;
+    #: ``None``: unknown, e.g. a plugin's). When every attack of a preparation says, the banks
+    #: are dropped as soon as their last reader is fitted (``runner.prepare_attacks``).
+    banks: ClassVar[frozenset[str] | None] = None
 
     def __init__(self, *, config: AttackConfig, seed: int) -> None:
         self.config = config

@@ -292,6 +292,7 @@ class _RmiaAttack(Attack):
 
     online: ClassVar[bool] = True
     queries_release: ClassVar[bool] = True  # on the population samples z
+    banks = frozenset({"online"})
     fitted: _Fitted | None = None
     threshold: Threshold | None = None
 

@@ -360,6 +360,7 @@ class ShadowModelAttack(Attack):
     each classifier compared (``auto`` only).
     """
 
+    banks = frozenset({"shadow"})
     scorers: list[Scorer] | None = None
     standardise: Standardiser | None = None
     chosen: ShadowModel | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,9 +82,15 @@ class HeadBank:
 
     def predict(self, features: Tensor) -> FloatArray:
         """(B, q, C) probabilities of every head on ``features``."""
-        with torch.no_grad():
-            parts = [to_numpy(p(features)) for p in self.predictors]
-        return np.concatenate(parts, axis=0)
+        return predict_heads(self.predictors, features)
+
+
+def predict_heads(predictors: Sequence[Predictor], features: Tensor) -> FloatArray:
+    """(B, q, C) probabilities of a bank's heads on ``features``: what an attack that scores
+    with the heads keeps of a bank, without its (B, n, C) probabilities."""
+    with torch.no_grad():
+        parts = [to_numpy(p(features)) for p in predictors]
+    return np.concatenate(parts, axis=0)
 
 
 def to_numpy(proba: Tensor) -> FloatArray:

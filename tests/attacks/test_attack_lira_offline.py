@@ -135,18 +135,18 @@ def test_offline_lira_needs_and_checks_its_candidates() -> None:
 def test_pool_lira_predicts_its_references_once_per_set_of_rows(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Every cell asks about the same rows: the references' Gaussians are computed once, the
     scores equal a fresh attack's, and other rows (or labels) are predicted afresh."""
-    from alm_opacus.attacks.shadow_data import HeadBank
+    from alm_opacus.attacks import lira
 
     x, y, knowledge = _digits_pool(train_size=20)
     config = AttackConfig(num_reference=4, num_shadow=4)
     calls: list[int] = []
-    predict = HeadBank.predict
+    predict = lira.predict_heads
 
-    def counting(self: HeadBank, features: torch.Tensor) -> np.ndarray:
+    def counting(predictors: object, features: torch.Tensor) -> np.ndarray:
         calls.append(int(features.shape[0]))
-        return predict(self, features)
+        return predict(predictors, features)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(HeadBank, "predict", counting)
+    monkeypatch.setattr(lira, "predict_heads", counting)
 
     def prepared() -> object:
         return prepare_attacks(
