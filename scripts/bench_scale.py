@@ -555,7 +555,12 @@ def measure_paper(args: argparse.Namespace, cache: Cache) -> None:
         *(("paper-grid", n) for n in args.grid_members),
         ("paper-equal", EQUAL_MEMBERS),
     ]
-    todo = [(k, n) for k, n in units if args.force or f"{k},n={n}" not in cache]
+
+    def stale(kind: str, n: int) -> bool:  # the equality check also when against another rev
+        record = cache.data.get(f"{kind},n={n}")
+        return record is None or (kind == "paper-equal" and record.get("rev") != args.equal_to)
+
+    todo = [(k, n) for k, n in units if args.force or stale(k, n)]
     measures = {"paper-sampler": _paper_sampler, "paper-grid": _paper_grid}
     for kind, n in tqdm(todo, desc="bench_scale paper", unit="run"):
         path = ensure_features(folder / "data", n)
@@ -584,8 +589,10 @@ def compare_tables(before: Path, after: Path) -> dict[str, Any]:
 
     Returns:
         ``rows`` and ``values`` compared, ``equal`` values, ``columns``: for each column with a
-        difference, ``[rows that differ, largest |difference|]`` (NaN where not numbers), and
-        ``unmatched``: rows in one table only.
+        difference, ``[rows that differ, largest |difference|, largest |difference| in units
+        of the row's spread over noise draws]`` (NaN where not numbers; the spread is the
+        earlier table's ``<column>_std``, or ``<metric>_std`` for ``<metric>_ci_low/high``, NaN
+        where there is none), and ``unmatched``: rows in one table only.
     """
     import csv
 
@@ -610,8 +617,14 @@ def compare_tables(before: Path, after: Path) -> dict[str, Any]:
                 gap = abs(float(a) - float(b))
             except ValueError:
                 gap = math.nan
-            count, largest = differ.get(column, [0, 0.0])
-            differ[column] = [count + 1, gap if math.isnan(gap) else max(largest, gap)]
+            count, largest, scaled = differ.get(column, [0, 0.0, math.nan])
+            spread = _float(old[key].get(_spread_column(column), ""))
+            ratio = gap / spread if spread > 0 else math.nan
+            differ[column] = [
+                count + 1,
+                gap if math.isnan(gap) else max(largest, gap),
+                ratio if math.isnan(scaled) else max(scaled, ratio),
+            ]
     return {
         "rows": len(keys),
         "values": len(keys) * len(columns),
@@ -619,6 +632,19 @@ def compare_tables(before: Path, after: Path) -> dict[str, Any]:
         "columns": differ,
         "unmatched": len(old) + len(new) - 2 * len(keys),
     }
+
+
+def _spread_column(column: str) -> str:
+    """The column of a value's spread over noise draws (``compare_tables``)."""
+    base = column.removesuffix("_ci_low").removesuffix("_ci_high")
+    return f"{base}_std"
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
 
 
 def _grid_command(path: Path, out: Path, *, root: Path = ROOT) -> list[str]:
@@ -896,13 +922,25 @@ def _equal_line(record: dict[str, Any]) -> str:
     if record["equal"] == record["values"] and not record["unmatched"]:
         return head + f"**all {record['values']:,} values equal**."
     gaps = "; ".join(
-        f"`{column}` in {count} rows"
-        + ("" if math.isnan(largest) else f" (largest difference {largest:.3g})")
-        for column, (count, largest) in record["columns"].items()
+        f"`{column}` in {count} rows" + _gap(column, *rest)
+        for column, (count, *rest) in record["columns"].items()
     )
     unmatched = f"; {record['unmatched']} rows in one table only" if record["unmatched"] else ""
     return (
         head + f"**{record['equal']:,} of {record['values']:,} values equal**; {gaps}{unmatched}."
+    )
+
+
+def _gap(column: str, largest: float, scaled: float = math.nan) -> str:
+    """A column's largest difference, and in units of its rows' spread over noise draws where
+    they have one (a record cached before the spread was compared has none)."""
+    if math.isnan(largest):
+        return ""
+    if math.isnan(scaled):
+        return f" (largest difference {largest:.3g})"
+    return (
+        f" (largest difference {largest:.3g}, at most {scaled:.2g} times the row's "
+        f"`{_spread_column(column)}`)"
     )
 
 

@@ -197,7 +197,7 @@ def test_a_grid_summary_counts_cells_not_rows_and_goes_into_the_block(
 
 
 def _table(path: Path, rows: list[tuple[str, ...]]) -> Path:
-    header = "dataset,method,epsilon,seed,attack,mia_auc,seconds,reason"
+    header = "dataset,method,epsilon,seed,attack,mia_auc,seconds,reason,mia_auc_std"
     path.write_text("\n".join([header, *(",".join(r) for r in rows)]) + "\n")
     return path
 
@@ -208,29 +208,59 @@ def test_the_reproducible_grid_is_compared_value_by_value_but_for_its_timings(
     """Issue 38's check that its speed-ups changed no result: the two runs' results.csv as
     written, rows matched by (method, epsilon, seed, attack), the seconds left out."""
     base = [
-        ("d", "none", "inf", "0", "loss", "0.61", "1.5", ""),
-        ("d", "alm", "1", "0", "loss", "0.52", "3.0", ""),
-        ("d", "alm", "1", "0", "lira", "0.55", "3.0", ""),
+        ("d", "none", "inf", "0", "loss", "0.61", "1.5", "", ""),
+        ("d", "alm", "1", "0", "loss", "0.52", "3.0", "", "0.002"),
+        ("d", "alm", "1", "0", "lira", "0.55", "3.0", "", "0.01"),
     ]
     before = _table(tmp_path / "before.csv", base)
     # the same results in another order, slower: every value equal
     same = _table(tmp_path / "same.csv", [(*r[:6], "9.0", *r[7:]) for r in reversed(base)])
     record = bench.compare_tables(before, same)
-    assert record == {"rows": 3, "values": 21, "equal": 21, "columns": {}, "unmatched": 0}
+    assert record == {"rows": 3, "values": 24, "equal": 24, "columns": {}, "unmatched": 0}
     cache = bench.Cache(tmp_path / "results.json")
     cache.put("paper-equal,n=1000", {"n": 1000, "rev": "abc1234", **record})
     assert "`abc1234`," in bench.paper_block(cache)  # not the default: not called "before"
     cache.put("paper-equal,n=1000", {"n": 1000, "rev": bench.BEFORE, **record})
     assert f"`{bench.BEFORE}` (the code before issue 38" in bench.paper_block(cache)
     cache.put("paper-equal,n=1000", {"n": 1000, "rev": "abc1234", **record})
-    assert "**all 21 values equal**" in bench.paper_block(cache)
+    assert "**all 24 values equal**" in bench.paper_block(cache)
     # one AUC moved, one reason changed, one row missing: each said
     moved = [list(r) for r in base[:2]]
     moved[1][5], moved[0][7] = "0.5204", "why"
     record = bench.compare_tables(before, _table(tmp_path / "moved.csv", map(tuple, moved)))
-    assert record["rows"] == 2 and record["values"] == 14 and record["equal"] == 12
-    assert record["columns"]["mia_auc"] == [1, pytest.approx(4e-4)]
+    assert record["rows"] == 2 and record["values"] == 16 and record["equal"] == 14
+    # 4e-4 against the earlier row's spread over noise draws, 0.002: 0.2 of it
+    assert record["columns"]["mia_auc"] == [1, pytest.approx(4e-4), pytest.approx(0.2)]
     assert record["unmatched"] == 1 and record["columns"]["reason"][0] == 1
     line = bench._equal_line({"n": 1000, "rev": "abc1234", **record})
-    assert "**12 of 14 values equal**" in line and "`mia_auc` in 1 rows (largest" in line
+    assert "**14 of 16 values equal**" in line
+    assert "`mia_auc` in 1 rows (largest difference 0.0004, at most 0.2 times" in line
     assert "`reason` in 1 rows;" in line and "1 rows in one table only" in line
+    # a record cached before the spread was compared: the difference alone
+    old = {**record, "columns": {"mia_auc": [1, 4e-4]}}
+    assert "(largest difference 0.0004)" in bench._equal_line({"n": 1000, "rev": "a", **old})
+
+
+def test_the_equality_check_runs_again_against_another_revision(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cached check answers only for the revision it compared against (``--equal-to``)."""
+    calls: list[str] = []
+
+    def check(path: Path, *, n: int, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+        calls.append(args.equal_to)
+        return {"rev": args.equal_to, "rows": 1, "values": 1, "equal": 1, "columns": {}}
+
+    monkeypatch.setattr(bench, "_paper_equal", check)
+    monkeypatch.setattr(bench, "ensure_features", lambda folder, n: tmp_path / "x.npz")
+    cache = bench.Cache(tmp_path / "results.json")
+    for key in ("paper-sampler,n=50000", "paper-grid,n=10000"):  # measured already
+        cache.put(key, {"done": True})
+    args = argparse.Namespace(
+        cache=tmp_path / "results.json", force=False, grid_members=(10_000,), threads=1
+    )
+    for rev in ("abc1234", "abc1234", "def5678"):
+        args.equal_to = rev
+        bench.measure_paper(args, cache)
+    assert calls == ["abc1234", "def5678"]
+    assert cache.data[f"paper-equal,n={bench.EQUAL_MEMBERS}"]["rev"] == "def5678"
