@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -224,3 +225,46 @@ def test_cells_of_a_large_pool_use_every_thread_and_a_small_one_one(
 @pytest.mark.slow
 def test_the_default_run_keeps_its_cells_on_one_thread(session) -> None:  # type: ignore[no-untyped-def]
     assert len(session.evaluation.pool[0]) < 16_384 and session.evaluation.threads == 1
+
+
+@pytest.mark.slow
+def test_the_adaptive_attacker_is_prepared_beside_the_later_releases(  # type: ignore[no-untyped-def]
+    session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cell prepares its adaptive attacker on a thread of its own, from the first release,
+    while the main thread releases the other draws (a DP-SGD victim's training and the
+    attacker's banks then share the cores); the rows are those of one after the other."""
+    import threading
+
+    from alm_opacus.run.evaluation import Evaluation
+
+    run_cell(Cell("none", math.inf, 0, 1), session)
+    before = run_cell(Cell("alm", 2.0, 0, 2), session)
+    method = session.shared.method("alm")
+    last_released = threading.Event()
+    seen: dict[str, object] = {}
+    release, prepare = type(method).release, Evaluation.prepare
+
+    def releasing(self, prepared, request):  # type: ignore[no-untyped-def]
+        out = release(self, prepared, request)
+        if request.draw == 1:
+            last_released.set()
+        return out
+
+    def preparing(self, trainer, *, seed):  # type: ignore[no-untyped-def]
+        seen["thread"] = threading.current_thread().name
+        # on the main thread this would wait for a release that comes only after it
+        seen["beside"] = last_released.wait(timeout=20)
+        return prepare(self, trainer, seed=seed)
+
+    monkeypatch.setattr(type(method), "release", releasing)
+    monkeypatch.setattr(Evaluation, "prepare", preparing)
+    outcome = run_cell(Cell("alm", 2.0, 0, 2), session)
+    assert seen == {"thread": seen["thread"], "beside": True}
+    assert str(seen["thread"]).startswith("adaptive-attacker")
+    # the same rows whichever finished first, the attacker or the releases (reproducible noise)
+    assert _timeless(outcome.rows) == _timeless(before.rows)
+
+
+def _timeless(rows: list[object]) -> list[str]:
+    return [repr(dataclasses.replace(row, seconds=0.0)) for row in rows]  # type: ignore[type-var]

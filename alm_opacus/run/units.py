@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable, Hashable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -337,7 +338,6 @@ def _draws(
     releases: list[Release] = []
     accuracies: list[float] = []
     per_draw: list[list[AttackResult]] = []
-    adaptive: PreparedAttacks | None = None
     y_in, y_out = shared.labels["members"], shared.labels["nonmembers"]
 
     def plain_attacks() -> PreparedAttacks:
@@ -345,31 +345,45 @@ def _draws(
             raise ValueError(f"cell {cell.key}: attacks were asked but no plain attacks given")
         return plain() if callable(plain) else plain
 
-    for draw in range(cell.draws):
-        request = ReleaseRequest(
-            features=shared.inputs(kind, "members"),
-            labels=y_in,
-            epsilon=cell.epsilon,
-            delta=shared.delta,
-            seed=cell.seed,
-            draw=draw,
-            context=context,
-        )
-        release = method.release(prepared, request)
-        releases.append(release)
-        accuracies.append(accuracy(release.predict_proba(shared.inputs(kind, "nonmembers")), y_out))
-        results: list[AttackResult] = []  # extended in place below: per_draw holds it
-        per_draw.append(results)
-        if not evaluation.attacks:
-            continue
+    # One adaptive attacker per cell (its protection is the cell's), prepared from the first
+    # release that has one, on a thread of its own while the later draws are released: a
+    # DP-SGD victim's training is Opacus's Python step by step, the attacker's banks are
+    # batched tensor products, and the two together keep both cores busy. Neither reads what
+    # the other computes (seeded generators, per-thread torch thread counts), so the values are
+    # those of one after the other.
+    adaptive: Future[PreparedAttacks] | None = None
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="adaptive-attacker") as side:
+        for draw in range(cell.draws):
+            request = ReleaseRequest(
+                features=shared.inputs(kind, "members"),
+                labels=y_in,
+                epsilon=cell.epsilon,
+                delta=shared.delta,
+                seed=cell.seed,
+                draw=draw,
+                context=context,
+            )
+            release = method.release(prepared, request)
+            releases.append(release)
+            accuracies.append(
+                accuracy(release.predict_proba(shared.inputs(kind, "nonmembers")), y_out)
+            )
+            if evaluation.attacks and release.attacker is not None and adaptive is None:
+                adaptive = side.submit(evaluation.prepare, release.attacker(), seed=cell.seed)
         queried = None if kind == "features" else shared.inputs(kind, "evaluation")
-        if release.attacker is None:
-            results += evaluation.attack(plain_attacks(), release, inputs=queried)
-            continue
-        if adaptive is None:  # one adaptive attacker per cell: its protection is the cell's
-            adaptive = evaluation.prepare(release.attacker(), seed=cell.seed)
-        results += evaluation.attack(adaptive, release, inputs=queried)
-        results += evaluation.attack(plain_attacks(), release, inputs=queried, suffix=CLEAN_SUFFIX)
+        for release in releases:
+            results: list[AttackResult] = []
+            per_draw.append(results)
+            if not evaluation.attacks:
+                continue
+            if release.attacker is None:
+                results += evaluation.attack(plain_attacks(), release, inputs=queried)
+                continue
+            assert adaptive is not None
+            results += evaluation.attack(adaptive.result(), release, inputs=queried)
+            results += evaluation.attack(
+                plain_attacks(), release, inputs=queried, suffix=CLEAN_SUFFIX
+            )
     return releases, accuracies, per_draw
 
 
