@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -28,42 +28,34 @@ from alm_opacus.attacks import (
 from alm_opacus.attacks import runner as runner_module
 from alm_opacus.attacks.registry import TargetQuery, parse_attack_names
 from alm_opacus.attacks.shadow_data import HeadBank
-from alm_opacus.data import load_dataset
-from alm_opacus.heads import HeadConfig, train_head
+from alm_opacus.heads import HeadConfig
 
+#: the ``digits_target`` fixture (tests/attacks/conftest.py)
+DigitsTarget = Callable[..., tuple[Tensor, Tensor, np.ndarray, AttackTarget]]
 MEMBERS = 60
 RECIPE = HeadConfig(kind="linear", steps=150, lr=0.1)
 SMALL = AttackConfig(num_shadow=4, num_reference=4, attack_steps=30)
 
 
 @pytest.fixture(scope="module")
-def digits() -> Iterator[tuple[Tensor, Tensor, np.ndarray]]:
+def victim(digits_target: DigitsTarget) -> Iterator[tuple[AttackerKnowledge, AttackTarget]]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    ds = load_dataset("digits")
-    x = torch.from_numpy(ds.images.reshape(len(ds.images), -1)).double()
-    y = torch.from_numpy(ds.labels)
-    yield x, y, np.random.default_rng(1).permutation(len(y))
+    x, y, perm, target = digits_target(members=MEMBERS, recipe=RECIPE)
+    pool = perm[2 * MEMBERS : 4 * MEMBERS]
+    trainer = recipe_trainer(config=RECIPE, num_classes=10)
+    yield (
+        AttackerKnowledge(features=x[pool], labels=y[pool], trainer=trainer, num_classes=10),
+        target,
+    )
     torch.set_num_threads(threads)
 
 
 def _inputs(
-    digits: tuple[Tensor, Tensor, np.ndarray],
+    victim: tuple[AttackerKnowledge, AttackTarget],
 ) -> tuple[AttackerKnowledge, AttackTarget, dict[str, Any]]:
-    x, y, perm = digits
-    mem, non, pool = perm[:MEMBERS], perm[MEMBERS : 2 * MEMBERS], perm[2 * MEMBERS : 4 * MEMBERS]
-    trainer = recipe_trainer(config=RECIPE, num_classes=10)
-    knowledge = AttackerKnowledge(features=x[pool], labels=y[pool], trainer=trainer, num_classes=10)
-    head = train_head(x[mem], y[mem], num_classes=10, config=RECIPE, seed=5)
-    ev = np.r_[mem, non]
-    target = AttackTarget(
-        predict=head.predict_proba,
-        features=x[ev],
-        labels=y[ev],
-        is_member=np.r_[np.ones(MEMBERS, bool), np.zeros(MEMBERS, bool)],
-        num_classes=10,
-    )
-    candidates = {"candidate_features": x[ev], "candidate_labels": y[ev]}
+    knowledge, target = victim
+    candidates = {"candidate_features": target.features, "candidate_labels": target.labels}
     return knowledge, target, candidates
 
 
@@ -100,9 +92,9 @@ def test_fit_order_groups_the_readers_of_each_bank() -> None:
 
 
 def test_a_bank_is_let_go_after_its_last_reader_and_no_attack_keeps_one(
-    digits: tuple[Tensor, Tensor, np.ndarray], monkeypatch: pytest.MonkeyPatch
+    victim: tuple[AttackerKnowledge, AttackTarget], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    knowledge, _, candidates = _inputs(digits)
+    knowledge, _, candidates = _inputs(victim)
     built: list[weakref.ref[HeadBank]] = []
     held_at_online: list[set[str]] = []
     train_bank = shadow_data.train_bank
@@ -129,9 +121,9 @@ def test_a_bank_is_let_go_after_its_last_reader_and_no_attack_keeps_one(
 
 
 def test_the_fitting_order_changes_no_value(
-    digits: tuple[Tensor, Tensor, np.ndarray], monkeypatch: pytest.MonkeyPatch
+    victim: tuple[AttackerKnowledge, AttackTarget], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    knowledge, target, candidates = _inputs(digits)
+    knowledge, target, candidates = _inputs(victim)
     grouped = prepare_attacks(knowledge=knowledge, config=SMALL, seed=0, **candidates)
     monkeypatch.setattr(runner_module, "_fit_order", lambda readers: list(range(len(readers))))
     given = prepare_attacks(knowledge=knowledge, config=SMALL, seed=0, **candidates)
@@ -144,9 +136,9 @@ def test_the_fitting_order_changes_no_value(
 
 
 def test_offline_pool_lira_recomputes_its_references_after_an_in_place_write(
-    digits: tuple[Tensor, Tensor, np.ndarray],
+    victim: tuple[AttackerKnowledge, AttackTarget],
 ) -> None:
-    knowledge, target, candidates = _inputs(digits)
+    knowledge, target, candidates = _inputs(victim)
     prepared = prepare_attacks(
         names=["lira-offline-pool"], knowledge=knowledge, config=SMALL, seed=0, **candidates
     )

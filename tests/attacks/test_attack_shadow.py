@@ -3,9 +3,12 @@ shadow examples (issue 14, item 1), on an overfit digits head (raw 64-pixel feat
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import torch
+from torch import Tensor
 
 from alm_opacus.attacks import (
     AttackConfig,
@@ -19,30 +22,19 @@ from alm_opacus.attacks.context import concat_pairs
 from alm_opacus.attacks.metrics import roc_auc, roc_curve
 from alm_opacus.attacks.registry import TargetQuery
 from alm_opacus.attacks.shadow import ShadowModelAttack, Standardiser, attack_features
-from alm_opacus.data import load_dataset
-from alm_opacus.heads import HeadConfig, train_head
+from alm_opacus.heads import HeadConfig
 
 RECIPE = HeadConfig(kind="linear", steps=300, lr=0.1)
+#: the ``digits_target`` fixture (tests/attacks/conftest.py)
+DigitsTarget = Callable[..., tuple[Tensor, Tensor, np.ndarray, AttackTarget]]
 MEMBERS = 100
 
 
 @pytest.fixture(scope="module")
-def setup() -> tuple[ShadowContext, AttackTarget]:
+def setup(digits_target: DigitsTarget) -> tuple[ShadowContext, AttackTarget]:
     torch.set_num_threads(1)
-    ds = load_dataset("digits")
-    x = torch.from_numpy(ds.images.reshape(len(ds.images), -1)).double()
-    y = torch.from_numpy(ds.labels)
-    perm = np.random.default_rng(1).permutation(len(y))
-    mem, non, pool = perm[:MEMBERS], perm[MEMBERS : 2 * MEMBERS], perm[2 * MEMBERS : 4 * MEMBERS]
-    head = train_head(x[mem], y[mem], num_classes=10, config=RECIPE, seed=5)
-    ev = np.r_[mem, non]
-    target = AttackTarget(
-        predict=head.predict_proba,
-        features=x[ev],
-        labels=y[ev],
-        is_member=np.r_[np.ones(MEMBERS, bool), np.zeros(MEMBERS, bool)],
-        num_classes=10,
-    )
+    x, y, perm, target = digits_target(members=MEMBERS, recipe=RECIPE)
+    pool = perm[2 * MEMBERS : 4 * MEMBERS]
     k = AttackerKnowledge(
         features=x[pool],
         labels=y[pool],
