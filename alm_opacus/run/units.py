@@ -350,8 +350,20 @@ def _draws(
     # DP-SGD victim's training is Opacus's Python step by step, the attacker's banks are
     # batched tensor products, and the two together keep both cores busy. Neither reads what
     # the other computes (seeded generators, per-thread torch thread counts), so the values are
-    # those of one after the other.
+    # those of one after the other. Only when the attacker's units run in this process: a
+    # Ray task that waited on its nested units from a side thread kept its CPU, so with every
+    # CPU held by such cells the nested units never ran (the run hung).
+    beside = evaluation.map_units is serial_map
     adaptive: Future[PreparedAttacks] | None = None
+
+    def prepare_adaptive(side: ThreadPoolExecutor, release: Release) -> Future[PreparedAttacks]:
+        assert release.attacker is not None
+        if beside:
+            return side.submit(evaluation.prepare, release.attacker(), seed=cell.seed)
+        done: Future[PreparedAttacks] = Future()
+        done.set_result(evaluation.prepare(release.attacker(), seed=cell.seed))
+        return done
+
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="adaptive-attacker") as side:
         for draw in range(cell.draws):
             request = ReleaseRequest(
@@ -369,7 +381,7 @@ def _draws(
                 accuracy(release.predict_proba(shared.inputs(kind, "nonmembers")), y_out)
             )
             if evaluation.attacks and release.attacker is not None and adaptive is None:
-                adaptive = side.submit(evaluation.prepare, release.attacker(), seed=cell.seed)
+                adaptive = prepare_adaptive(side, release)
         queried = None if kind == "features" else shared.inputs(kind, "evaluation")
         for release in releases:
             results: list[AttackResult] = []
