@@ -613,10 +613,7 @@ def compare_tables(before: Path, after: Path) -> dict[str, Any]:
             if a == b:
                 equal += 1
                 continue
-            try:
-                gap = abs(float(a) - float(b))
-            except ValueError:
-                gap = math.nan
+            gap = abs(_float(a) - _float(b))
             count, largest, scaled = differ.get(column, [0, 0.0, math.nan])
             spread = _float(old[key].get(_spread_column(column), ""))
             ratio = gap / spread if spread > 0 else math.nan
@@ -641,6 +638,7 @@ def _spread_column(column: str) -> str:
 
 
 def _float(text: str) -> float:
+    """A ``results.csv`` cell as a number; NaN where it is none (empty, a word)."""
     try:
         return float(text)
     except ValueError:

@@ -242,7 +242,7 @@ def _fit_order(readers: list[set[str] | None]) -> list[int]:
         return list(range(len(readers)))
     first: dict[str, int] = {}
     for i, keys in enumerate(readers):
-        for key in sorted(keys or ()):
+        for key in keys or ():
             first.setdefault(key, i)
     return sorted(
         range(len(readers)), key=lambda i: min((first[k] for k in readers[i] or ()), default=i)
