@@ -14,9 +14,11 @@ This module sits below everything that maps units and imports nothing of the pro
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-__all__ = ["UnitMap", "serial_map"]
+__all__ = ["ThreadMap", "UnitMap", "runs_here", "serial_map"]
 
 S = TypeVar("S")
 U = TypeVar("U")
@@ -62,3 +64,58 @@ def serial_map(
 
         return [fn(shared, u) for u in tqdm(items, desc=desc, unit="chunk")]
     return [fn(shared, u) for u in items]
+
+
+@dataclass(frozen=True)
+class ThreadMap:
+    """The in-process :class:`UnitMap` on ``workers`` threads; :func:`serial_map` for fewer
+    than two workers or units.
+
+    A bank's or the sampler's chunk is a loop of batched products that the intra-op threads
+    keep only partly busy, so two chunks side by side finish sooner than one after the other
+    (the grids of ``scripts/bench_scale.py``). Each unit runs with the caller's intra-op
+    thread count, not one: the units are pure and seeded from their own values, but their
+    floats depend on that count (Newton-CG heads differ in the last bits between one and two
+    threads, ``tests/test_unit_map.py``), and with it kept the result is :func:`serial_map`'s
+    bit for bit.
+    """
+
+    workers: int
+
+    def __call__(
+        self,
+        fn: Callable[[S, U], R],
+        units: Sequence[U],
+        *,
+        shared: S,
+        desc: str | None = None,
+    ) -> list[R]:
+        if self.workers < 2 or len(units) < 2:
+            return serial_map(fn, units, shared=shared, desc=desc)
+        import torch  # this module imports nothing heavy at import time
+        from tqdm.auto import tqdm
+
+        before = torch.get_num_threads()  # per thread: the caller's
+
+        def one(unit: U) -> R:
+            torch.set_num_threads(before)  # a new thread starts from the last count set
+            return fn(shared, unit)
+
+        bar = tqdm(total=len(units), desc=desc, unit="chunk", disable=desc is None)
+        pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="units")
+        futures = [pool.submit(one, unit) for unit in units]
+        try:
+            for future in as_completed(futures):
+                future.result()  # the first error stops the map
+                bar.update()
+            return [future.result() for future in futures]
+        finally:  # on an error or an interrupt, the units not yet started never start
+            pool.shutdown(wait=True, cancel_futures=True)
+            bar.close()
+
+
+def runs_here(map_units: UnitMap) -> bool:
+    """Whether ``map_units`` runs its units in this process (:func:`serial_map`,
+    :class:`ThreadMap`): then a unit may wait on work of its own on a side thread. A cluster's
+    unit that did so kept its CPU while its nested units queued for one (a run hung)."""
+    return map_units is serial_map or isinstance(map_units, ThreadMap)

@@ -5,6 +5,9 @@ unit on its own copy of its inputs, as a worker would get them)."""
 from __future__ import annotations
 
 import copy
+import os
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,7 +19,7 @@ from alm_opacus.attacks import recipe_trainer
 from alm_opacus.attacks.shadow_data import sized_masks, train_bank
 from alm_opacus.heads import HeadConfig
 from alm_opacus.sensitivity import sample_population_sensitivity, sample_sensitivity
-from alm_opacus.unit_map import serial_map
+from alm_opacus.unit_map import ThreadMap, serial_map
 
 
 def shuffled_map(
@@ -100,3 +103,119 @@ def test_a_bank_holds_its_chunks_probabilities_in_order_and_checks_their_shapes(
 
     with pytest.raises(ValueError, match=r"expected \(10, \d+, C\) in all"):
         train_bank(features=x, labels=y, masks=masks, trainer=flat, heads_per_seed=4, seed=3)
+
+
+def test_a_thread_map_gives_the_serial_maps_bank_and_sampler(data) -> None:  # type: ignore[no-untyped-def]
+    """ThreadMap (the in-process map of a large run's cells) returns serial_map's values, in
+    the units' order, for a bank and for the sampler; the caller's thread count survives."""
+    x, y, px, py = data
+    masks = sized_masks(12, len(y), size=30, rng=np.random.default_rng(0))
+    trainer = recipe_trainer(config=HeadConfig(steps=30), num_classes=10)
+    common: dict[str, Any] = {
+        "features": x,
+        "labels": y,
+        "masks": masks,
+        "trainer": trainer,
+        "heads_per_seed": 4,
+        "seed": 5,
+    }
+    before = torch.get_num_threads()
+    serial, threaded = train_bank(**common), train_bank(**common, map_units=ThreadMap(workers=2))
+    np.testing.assert_array_equal(serial.proba, threaded.proba)
+    sampler: dict[str, Any] = {"num_classes": 10, "config": HeadConfig(steps=30), "seed": 3}
+    sampled = {
+        name: sample_population_sensitivity(
+            px, py, n=len(y), population="test", m=12, chunk_size=6, map_units=mapper, **sampler
+        )
+        for name, mapper in (("serial", serial_map), ("threads", ThreadMap(workers=2)))
+    }
+    np.testing.assert_array_equal(sampled["serial"].l2, sampled["threads"].l2)
+    assert torch.get_num_threads() == before
+
+
+def test_a_thread_map_runs_units_beside_each_other_with_the_callers_thread_count() -> None:
+    """Two units run at once (each waits for the other to start), each with the caller's
+    intra-op thread count (not the count a new thread starts from); an error in a unit
+    reaches the caller, and the units not yet started never run."""
+    barrier = threading.Barrier(2, timeout=30)
+    seen: list[tuple[str, int]] = []
+
+    def unit(shared: None, k: int) -> int:
+        if k < 2:
+            barrier.wait()  # both first units must be running together
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return k * k
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)  # the count new threads start from
+        torch.set_num_threads(2)  # the caller's own
+        assert ThreadMap(workers=2)(unit, [0, 1, 2, 3], shared=None) == [0, 1, 4, 9]
+    finally:
+        torch.set_num_threads(before)
+    assert len(seen) == 4
+    assert all(name.startswith("units") and threads == 2 for name, threads in seen)
+
+    ran: list[int] = []
+
+    def failing(shared: None, k: int) -> int:
+        ran.append(k)
+        if k == 0:
+            raise RuntimeError("unit 0 failed")
+        time.sleep(0.2)
+        return k
+
+    with pytest.raises(RuntimeError, match="unit 0 failed"):
+        ThreadMap(workers=2)(failing, list(range(20)), shared=None)
+    assert len(ran) < 20
+
+
+def _bank(trainer: Any, x: torch.Tensor, y: torch.Tensor, *, threads: int, map_units: Any) -> Any:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        masks = sized_masks(8, len(y), size=len(y) // 2, rng=np.random.default_rng(2))
+        return train_bank(
+            features=x,
+            labels=y,
+            masks=masks,
+            trainer=trainer,
+            heads_per_seed=4,
+            seed=1,
+            map_units=map_units,
+        )
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to run two threads")
+@pytest.mark.parametrize("kind", ["convex", "dpsgd"])
+def test_a_thread_maps_bank_is_the_serial_one_at_two_intra_op_threads(kind: str) -> None:
+    """At a size where torch splits the products and reductions over its threads (as at 10^4
+    members), a bank of the plain attacker's Newton-CG heads and of the DP-SGD attacker's
+    batched heads from ThreadMap is serial_map's, bit for bit, at two intra-op threads. (With
+    one thread per unit it was not, on this project's CI machine: the Newton-CG heads differed
+    by ~1e-13, so ThreadMap keeps the caller's count.)"""
+    from baselines.dpsgd.batched import dpsgd_shadow_trainer
+    from baselines.dpsgd.config import DPSGDConfig
+
+    g = torch.Generator().manual_seed(0)
+    n, d = 8192, 128
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    x /= x.norm(dim=1, keepdim=True)
+    y = torch.randint(0, 10, (n,), generator=g)
+    head = HeadConfig(l2=3e-4, solver="newton")  # the recipe of features and mnist
+    trainer = (
+        recipe_trainer(config=head, num_classes=10)
+        if kind == "convex"
+        else dpsgd_shadow_trainer(
+            head=HeadConfig(),
+            num_classes=10,
+            config=DPSGDConfig(lr=4.0, max_grad_norm=1.0, epochs=2, batch_size=256),
+            sigma=1.0,
+            sample_rate=256 / n,
+        )
+    )
+    serial = _bank(trainer, x, y, threads=2, map_units=serial_map)
+    threaded = _bank(trainer, x, y, threads=2, map_units=ThreadMap(workers=2))
+    np.testing.assert_array_equal(serial.proba, threaded.proba)

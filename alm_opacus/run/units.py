@@ -57,7 +57,7 @@ from alm_opacus.run.evaluation import (
     with_reference,
 )
 from alm_opacus.run.plan import RunPlan
-from alm_opacus.unit_map import UnitMap, serial_map
+from alm_opacus.unit_map import ThreadMap, UnitMap, runs_here, serial_map
 
 __all__ = [
     "Infeasible",
@@ -70,6 +70,12 @@ __all__ = [
     "prepare_unit",
     "run_cell",
 ]
+
+#: Pool rows from which a run's chunks go one at a time again: a chunk's working memory
+#: grows with its bank's rows, and two at once raised the peak of a 5*10^4-member run (10^5
+#: pool rows, ``--methods alm,dpsgd --epsilons 10``) from 3.2 to 4.1 GB, past what issue 38
+#: allows the whole grid. At 10^4 members (2*10^4 rows) two at once cost 0.3 GB.
+THREADED_POOL_ROWS = 1 << 16
 
 
 @dataclass
@@ -157,10 +163,17 @@ class RunInputs:
 
         Args:
             memo: work shared by the units (default: a fresh in-process memo).
-            map_units: how units map their own units (sampler and bank chunks).
+            map_units: how units map their own units (sampler and bank chunks);
+                :func:`~alm_opacus.unit_map.serial_map` becomes a
+                :class:`~alm_opacus.unit_map.ThreadMap` when the cells use several threads
+                and the pool has fewer than :data:`THREADED_POOL_ROWS` rows.
             progress: show progress bars inside units (default: the config's).
         """
         config = plan.config
+        pool = data.part("attacker")
+        threads = cell_threads(len(pool[1]))
+        if map_units is serial_map and threads > 1 and len(pool[1]) < THREADED_POOL_ROWS:
+            map_units = ThreadMap(workers=threads)
         kinds = {method.inputs for method in plan.methods.values()}
         images = "images" in kinds
         public_x, public_y = data.part("public")
@@ -192,7 +205,6 @@ class RunInputs:
             queries[kind, "members"], queries[kind, "nonmembers"] = both[:members], both[members:]
         labels = data.labels[torch.from_numpy(data.rows("evaluation"))]
         y_in, y_out = labels[:members], labels[members:]
-        pool = data.part("attacker")
         evaluation = Evaluation(
             features=queries["features", "evaluation"],
             labels=labels,
@@ -202,7 +214,7 @@ class RunInputs:
             num_classes=data.num_classes,
             config=plan.attack_config,
             map_units=map_units,
-            threads=cell_threads(len(pool[1])),
+            threads=threads,
         )
         return cls(
             dataset=config.dataset,
@@ -353,7 +365,7 @@ def _draws(
     # those of one after the other. Only when the attacker's units run in this process: a
     # Ray task that waited on its nested units from a side thread kept its CPU, so with every
     # CPU held by such cells the nested units never ran (the run hung).
-    beside = evaluation.map_units is serial_map
+    beside = runs_here(evaluation.map_units)
     adaptive: Future[PreparedAttacks] | None = None
 
     def prepare_adaptive(side: ThreadPoolExecutor, release: Release) -> Future[PreparedAttacks]:
