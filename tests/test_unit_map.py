@@ -65,11 +65,11 @@ def test_sampler_chunks_are_independent_units(data, kind: str) -> None:  # type:
     np.testing.assert_array_equal(serial.pairs, shuffled.pairs)
 
 
-def test_bank_chunks_are_independent_units(data) -> None:  # type: ignore[no-untyped-def]
-    x, y, _, _ = data
+def _small_bank(x: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
+    """The inputs of a bank of 12 heads in chunks of 4."""
     masks = sized_masks(12, len(y), size=30, rng=np.random.default_rng(0))
     trainer = recipe_trainer(config=HeadConfig(steps=30), num_classes=10)
-    common: dict[str, Any] = {
+    return {
         "features": x,
         "labels": y,
         "masks": masks,
@@ -77,6 +77,11 @@ def test_bank_chunks_are_independent_units(data) -> None:  # type: ignore[no-unt
         "heads_per_seed": 4,
         "seed": 5,
     }
+
+
+def test_bank_chunks_are_independent_units(data) -> None:  # type: ignore[no-untyped-def]
+    x, y, _, _ = data
+    common = _small_bank(x, y)
     calls.clear()
     serial, shuffled = train_bank(**common), train_bank(**common, map_units=shuffled_map)
     assert calls == [3]
@@ -109,16 +114,7 @@ def test_a_thread_map_gives_the_serial_maps_bank_and_sampler(data) -> None:  # t
     """ThreadMap (the in-process map of a large run's cells) returns serial_map's values, in
     the units' order, for a bank and for the sampler; the caller's thread count survives."""
     x, y, px, py = data
-    masks = sized_masks(12, len(y), size=30, rng=np.random.default_rng(0))
-    trainer = recipe_trainer(config=HeadConfig(steps=30), num_classes=10)
-    common: dict[str, Any] = {
-        "features": x,
-        "labels": y,
-        "masks": masks,
-        "trainer": trainer,
-        "heads_per_seed": 4,
-        "seed": 5,
-    }
+    common = _small_bank(x, y)
     before = torch.get_num_threads()
     serial, threaded = train_bank(**common), train_bank(**common, map_units=ThreadMap(workers=2))
     np.testing.assert_array_equal(serial.proba, threaded.proba)
