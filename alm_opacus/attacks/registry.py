@@ -104,21 +104,9 @@ class Attack(abc.ABC):
     def fit(self, context: ShadowContext) -> None:
         """Train whatever the attack needs on shadow data; never sees a target's membership."""
 
-    def fit_parts(self, context: ShadowContext) -> Callable[[], None]:
-        """:meth:`fit` in two parts: what reads ``context`` now, and the returned rest, which
-        reads nothing of the context and may run on another thread while the next attacks
-        fit (``runner.prepare_attacks``, in-process runs only). The attack is fitted once the
-        rest has run. Default: all of :meth:`fit` now, nothing after."""
-        self.fit(context)
-        return _fitted
-
     @abc.abstractmethod
     def score(self, query: TargetQuery) -> AttackScores:
         """Scores and decisions for one release."""
-
-
-def _fitted() -> None:
-    """The rest of a fit that was done whole."""
 
 
 _A = TypeVar("_A", bound=type[Attack])

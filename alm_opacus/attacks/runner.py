@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +37,7 @@ from alm_opacus.attacks.metrics import evaluate_attack
 from alm_opacus.attacks.registry import Attack, TargetQuery, parse_attack_names
 from alm_opacus.attacks.results import AttackResult
 from alm_opacus.attacks.shadow_data import subseed, to_numpy
-from alm_opacus.unit_map import UnitMap, runs_here, serial_map
+from alm_opacus.unit_map import UnitMap, serial_map
 
 DEFAULT_ATTACKS: tuple[str, ...] = tuple(k.value for k in AttackKind if k not in OPT_IN_ATTACKS)
 """The built-in attacks but the opt-in ones (``base.OPT_IN_ATTACKS``, run when named);
@@ -212,25 +211,11 @@ def prepare_attacks(
     )
     attacks = [kind(config=config, seed=subseed(seed, f"attack-{kind.name}")) for kind in kinds]
     readers = [_bank_keys(kind, context) for kind in kinds]
-    # The rest of a fit (a shadow model's boosting) beside the next fits, in-process and with
-    # several intra-op threads only: a unit on a cluster has the CPUs it asked for, and a small
-    # run's fits are mostly Python, where two threads contend for the interpreter. Each rest
-    # computes from arrays of its own with the caller's thread count, so the values are those
-    # of one fit after the other.
-    beside = runs_here(map_units) and torch.get_num_threads() > 1
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="attack-fit") as side:
-        rests: list[Future[None]] = []
-        for i in _fit_order(readers):
-            rest = attacks[i].fit_parts(context)
-            if beside:
-                rests.append(side.submit(rest))
-            else:
-                rest()
-            readers[i] = set()
-            if None not in readers:  # each bank is kept while a reader of it is left
-                context.release_banks(keep={key for keys in readers for key in keys or ()})
-        for done in rests:
-            done.result()
+    for i in _fit_order(readers):
+        attacks[i].fit(context)
+        readers[i] = set()
+        if None not in readers:  # each bank is kept while a reader of it is left
+            context.release_banks(keep={key for keys in readers for key in keys or ()})
     return PreparedAttacks(
         attacks=tuple(attacks),
         config=config,

@@ -367,11 +367,6 @@ class ShadowModelAttack(Attack):
     held_out_auc: dict[str, float] | None = None
 
     def fit(self, context: ShadowContext) -> None:
-        self.fit_parts(context)()
-
-    def fit_parts(self, context: ShadowContext) -> Callable[[], None]:
-        """The pairs' features from the shadow bank now; the classifier after (seconds of
-        boosting at 10^4 members, on arrays of its own: it may run beside the next attacks)."""
         cfg = self.config
         bank = context.shadow_bank()
         proba, labels, is_member = concat_pairs(bank)
@@ -420,15 +415,10 @@ class ShadowModelAttack(Attack):
             ends = np.cumsum([0, *sizes])
             picks = [np.arange(a, b) for a, b in itertools.pairwise(ends)]
         self.chosen = chosen
+        self.scorers = _FITTERS[chosen](
+            x, y, picks, config=cfg, seed=subseed(self.seed, chosen.value)
+        )
         self.notes = tuple(notes)
-        fitter, seed = _FITTERS[chosen], subseed(self.seed, chosen.value)
-        threads = torch.get_num_threads()  # the caller's: the rest may run on another thread
-
-        def rest() -> None:
-            torch.set_num_threads(threads)
-            self.scorers = fitter(x, y, picks, config=cfg, seed=seed)
-
-        return rest
 
     def _select(
         self,

@@ -1,12 +1,10 @@
 """The banks of shadow and reference heads live only while an attack still has to read them:
 the preparation fits the attacks grouped by bank, drops each bank after its last reader, and
-no prepared attack keeps a bank's probabilities; a shadow model's classifier is fitted beside
-the next attacks. None of it changes a value."""
+no prepared attack keeps a bank's probabilities. None of it changes a value."""
 
 from __future__ import annotations
 
 import gc
-import threading
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,12 +26,9 @@ from alm_opacus.attacks import (
     shadow_data,
 )
 from alm_opacus.attacks import runner as runner_module
-from alm_opacus.attacks import shadow as shadow_module
-from alm_opacus.attacks.base import ShadowModel
 from alm_opacus.attacks.registry import TargetQuery, parse_attack_names
 from alm_opacus.attacks.shadow_data import HeadBank
 from alm_opacus.heads import HeadConfig
-from alm_opacus.unit_map import serial_map
 
 #: the ``digits_target`` fixture (tests/attacks/conftest.py)
 DigitsTarget = Callable[..., tuple[Tensor, Tensor, np.ndarray, AttackTarget]]
@@ -161,62 +156,3 @@ def test_offline_pool_lira_recomputes_its_references_after_an_in_place_write(
     moved = scores(features)
     assert not np.array_equal(moved, first)
     np.testing.assert_array_equal(moved, scores(features.clone()))
-
-
-def test_a_shadow_models_classifier_is_fitted_beside_the_next_attacks_in_large_runs_only(
-    victim: tuple[AttackerKnowledge, AttackTarget], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """In-process (serial_map) with several intra-op threads, the shadow-model attack reads its
-    pairs from the bank and then fits its classifier on the preparation's side thread while
-    the next attacks fit; with one thread (a small run's cells) or on a map that runs its
-    units elsewhere (a cluster's), in line. The values are the same."""
-    knowledge, target, candidates = _inputs(victim)
-    where: list[str] = []
-    boosting = shadow_module._FITTERS[ShadowModel.GBM]
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        where.append(threading.current_thread().name)
-        return boosting(*args, **kwargs)
-
-    def elsewhere(fn: Any, units: Any, *, shared: Any, desc: str | None = None) -> Any:
-        return serial_map(fn, units, shared=shared, desc=desc)
-
-    monkeypatch.setitem(shadow_module._FITTERS, ShadowModel.GBM, spy)
-    small_run = prepare_attacks(knowledge=knowledge, config=SMALL, seed=0, **candidates)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # a large run's cells
-    try:
-        beside = prepare_attacks(knowledge=knowledge, config=SMALL, seed=0, **candidates)
-        inline = prepare_attacks(
-            knowledge=knowledge, config=SMALL, seed=0, map_units=elsewhere, **candidates
-        )
-    finally:
-        torch.set_num_threads(threads)
-    here = threading.current_thread().name
-    # one intra-op thread (a small run): in line; two: beside, but never on a cluster's map
-    assert len(where) == 3 and where[0] == here and where[2] == here
-    assert where[1].startswith("attack-fit")
-    shadow = [a for a in small_run.attacks if isinstance(a, shadow_module.ShadowModelAttack)]
-    assert len(shadow) == 1 and shadow[0].scorers is not None
-    for x, y in zip(beside.attack(target), inline.attack(target), strict=True):
-        assert x.to_row() == y.to_row(), x.attack
-        np.testing.assert_array_equal(x.scores, y.scores)
-
-
-def test_an_error_in_a_fits_rest_reaches_the_caller(
-    victim: tuple[AttackerKnowledge, AttackTarget], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    knowledge, _, candidates = _inputs(victim)
-
-    def broken(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("boosting failed")
-
-    monkeypatch.setitem(shadow_module._FITTERS, ShadowModel.GBM, broken)
-    threads = torch.get_num_threads()
-    for count in (1, 2):  # in line, and on the side thread
-        torch.set_num_threads(count)
-        try:
-            with pytest.raises(RuntimeError, match="boosting failed"):
-                prepare_attacks(knowledge=knowledge, config=SMALL, seed=0, **candidates)
-        finally:
-            torch.set_num_threads(threads)
