@@ -5,7 +5,6 @@ unit on its own copy of its inputs, as a worker would get them)."""
 from __future__ import annotations
 
 import copy
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -184,7 +183,6 @@ def _bank(trainer: Any, x: torch.Tensor, y: torch.Tensor, *, threads: int, map_u
         torch.set_num_threads(before)
 
 
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to run two threads")
 @pytest.mark.parametrize("kind", ["convex", "dpsgd"])
 def test_a_thread_maps_bank_is_the_serial_one_at_two_intra_op_threads(kind: str) -> None:
     """At a size where torch splits the products and reductions over its threads (as at 10^4
