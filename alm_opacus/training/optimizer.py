@@ -67,6 +67,7 @@ from alm_opacus.training.clipping import (
     l1_row_norms,
     per_sample_norms,
 )
+from alm_opacus.training.grad_sample import widen_grad_sample
 
 __all__ = [
     "CLIP_NORM_ORDERS",
@@ -166,6 +167,8 @@ class MechanismDPOptimizer(DPOptimizer):
         self.noise_dim = sum(p.numel() for p in self.params)
         self.noise_seeded = not is_secure(source)
         self.exact = bool(exact)
+        for p in self.params:  # `BufferedGradSampleModule` may hand float32 rows to the tiles
+            p._float32_rows = self.exact
 
     @property
     def noise_grid(self) -> Grid | None:
@@ -206,10 +209,12 @@ class MechanismDPOptimizer(DPOptimizer):
         """Clip each example's gradient to ``max_grad_norm`` in the mechanism's norm (each
         parameter's part to its budget, with per-layer budgets) and add the clipped
         gradients into ``p.summed_grad`` (Opacus's clipping otherwise)."""
-        grad_samples = self.grad_samples
         grid = self.noise_grid
-        if grid is not None and self._accumulate_fused(grad_samples, grid):
+        if grid is not None and self._accumulate_fused(self.grad_samples, grid):
             return
+        for p in self.params:  # the float64 path: Opacus's float64 per-sample gradients
+            widen_grad_sample(p)
+        grad_samples = self.grad_samples
         if len(grad_samples[0]) == 0:  # an empty Poisson batch
             factors = [torch.zeros((0,), device=grad_samples[0].device)] * len(self.params)
         elif self.max_grad_norms is None:
@@ -240,11 +245,12 @@ class MechanismDPOptimizer(DPOptimizer):
         (GPU gradients, a non-finite gradient, an int range it cannot cover), and then nothing
         was accumulated.
 
-        Float64 gradients are rounded to float32 first. Privacy is unchanged: the proof bounds
-        the cells of whatever vector is clipped, and fl32(g) is a function of the example as g
-        is. Nor is utility: fl32 moves the clipped gradient by ≤ 2⁻²⁴·C in its norm, which
-        is ≤ 2⁻¹⁷·w(d) cells on a step grid (C/γ < 2⁷·w(d), `step_grid`), against the up to
-        w(d)/2 cells by which rounding to cells moves it.
+        Float64 gradients are rounded to float32 first (`BufferedGradSampleModule` hands an
+        ``nn.Linear`` weight's rows over already rounded, bit for bit the same). Privacy is
+        unchanged: the proof bounds the cells of whatever vector is clipped, and fl32(g) is
+        a function of the example as g is. Nor is utility: fl32 moves the clipped gradient
+        by ≤ 2⁻²⁴·C in its norm, which is ≤ 2⁻¹⁷·w(d) cells on a step grid (C/γ < 2⁷·w(d),
+        `step_grid`), against the up to w(d)/2 cells by which rounding to cells moves it.
         """
         if len(grad_samples[0]) == 0:  # an empty Poisson batch: the float64 path sums zeros
             return False
