@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
 from alm_opacus.mechanisms import AdditiveNoiseMechanism
+from alm_opacus.mechanisms.jit import NUMBA, jit_uncontracted
 from alm_opacus.methods import Predict, ShadowTrainer
 from alm_opacus.plugin import SHADOW_DTYPE, HeadConfig, Params, clip_features
 from alm_opacus.training import training_mechanism
@@ -126,11 +128,46 @@ def dpsgd_linear_heads(
         torch.index_select(xt, 0, idx.reshape(-1), out=gathered)
         xb = gathered.view(n_heads, -1, d + 1)  # (B, L, d+1): xt[idx], the same values
         r = torch.softmax(torch.bmm(w, xb.transpose(1, 2)), dim=1) - onehot[:, idx].transpose(0, 1)
-        factor = (clip / (r.norm(order, dim=1) * xnorm[idx] + 1e-6)).clamp(max=1.0) * valid.to(dt)
+        factor = (clip / (_class_norms(r, order) * xnorm[idx] + 1e-6)).clamp(max=1.0) * valid.to(dt)
         grad = torch.bmm(r * factor.unsqueeze(1), xb)  # (B, C, d+1)
         grad += _noise(noise_law, w.shape, scale=scale, generator=g, dtype=dt)
         w = w - config.lr * grad / expected
     return {"fc.weight": w[..., :d].contiguous(), "fc.bias": w[..., d].contiguous()}
+
+
+def _class_norms(r: Tensor, order: float) -> Tensor:
+    """``r.norm(order, dim=1)`` of a (B, C, L) tensor: for float32 on the CPU compiled
+    (`_float32_norms`), elsewhere torch's. torch's strided reduction took 0.9 ms of a 6 ms
+    step of 16 heads at 10^4 members; the kernel takes 0.03 ms."""
+    if r.dtype != torch.float32 or r.device.type != "cpu" or NUMBA is None:
+        return r.norm(order, dim=1)
+    out = torch.empty((r.shape[0], r.shape[2]), dtype=torch.float32)
+    _float32_norms(r.contiguous().numpy(), int(order), out.numpy())
+    return out
+
+
+@jit_uncontracted
+def _float32_norms(r: np.ndarray, order: int, out: np.ndarray) -> None:
+    """out[b, l] = ‖r[b, :, l]‖ in L1 (``order`` 1) or L2: float32 terms (|x|, or x·x rounded
+    once) added in float32 in class order, then for L2 the square root in float64 rounded to
+    float32, i.e. the correctly rounded float32 root. That is how torch 2.x's CPU reduction
+    over a strided dimension adds (each output a vector lane running through the classes):
+    where L > 1, the norms were torch's bit for bit on every case tried here."""
+    heads, classes, length = r.shape
+    for b in range(heads):
+        acc = out[b]
+        acc[:] = np.float32(0.0)
+        for c in range(classes):
+            row = r[b, c]
+            if order == 1:
+                for j in range(length):
+                    acc[j] += abs(row[j])
+            else:
+                for j in range(length):
+                    acc[j] += row[j] * row[j]
+        if order != 1:
+            for j in range(length):
+                acc[j] = np.float32(np.sqrt(np.float64(acc[j])))
 
 
 def _poisson_batches(
