@@ -231,8 +231,9 @@ class BufferedGradSampleModule(GradSampleModule):
             current[: len(grad_sample)] += grad_sample
             return
         shape = (batch, *grad_sample.shape[1:])
-        like = grad_sample
-        target = self._buffer(param, shape=shape, dtype=like.dtype, device=like.device)
+        target = self._buffer(
+            param, shape=shape, dtype=grad_sample.dtype, device=grad_sample.device
+        )
         if target.data_ptr() == grad_sample.data_ptr() and target.shape == grad_sample.shape:
             target = grad_sample  # written in place: the same tensor (`widen_grad_sample`)
         else:

@@ -28,16 +28,10 @@ def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3)).double()
 
 
-class _TiedFlat(nn.Module):
-    """One linear layer applied twice in one pass to 2-D inputs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.tied = nn.Linear(5, 5)
-        self.head = nn.Linear(5, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.tanh(self.tied(torch.tanh(self.tied(x)))))
+def _tied() -> nn.Module:
+    """One linear layer applied twice in one pass (a second pass through the same hooks)."""
+    tied = nn.Linear(5, 5)
+    return nn.Sequential(tied, nn.Tanh(), tied, nn.Tanh(), nn.Linear(5, 3)).double()
 
 
 def _pair(make: Callable[[], nn.Module]) -> tuple[nn.Module, nn.Module]:
@@ -85,7 +79,7 @@ def test_float32_rows_are_opacus_products_rounded_once_more() -> None:
     assert torch.equal(ours._module.bias.grad_sample, theirs._module.bias.grad_sample)
 
 
-def test_unmarked_float32_and_consumed_cases_keep_opacus_dtype() -> None:
+def test_unmarked_and_float32_weights_keep_opacus_products() -> None:
     theirs, ours = _pair(_head)
     ours._module.weight._float32_rows = False
     x = torch.randn(4, 37, dtype=torch.float64)
@@ -100,7 +94,7 @@ def test_unmarked_float32_and_consumed_cases_keep_opacus_dtype() -> None:
     assert getattr(single._module.weight, "_float32_factors", None) is None
 
 
-@pytest.mark.parametrize("make", [_mlp, _TiedFlat], ids=["accumulated", "tied"])
+@pytest.mark.parametrize("make", [_mlp, _tied], ids=["accumulated", "tied"])
 def test_second_passes_see_opacus_float64_values(make: Callable[[], nn.Module]) -> None:
     """A tied layer's second pass and accumulated backward passes widen the float32 rows
     first: the per-sample gradients are then Opacus's, bit for bit and float64."""
@@ -111,10 +105,10 @@ def test_second_passes_see_opacus_float64_values(make: Callable[[], nn.Module]) 
     for x in passes:
         for module in (theirs, ours):
             _backward(module, x)
-    if make is _TiedFlat:  # the head's single pass keeps its float32 rows
-        assert ours._module.tied.weight.grad_sample.dtype == torch.float64
-        assert ours._module.head.weight.grad_sample.dtype == torch.float32
-        widen_grad_sample(ours._module.head.weight)
+    if make is _tied:  # the head's single pass keeps its float32 rows
+        assert ours._module[0].weight.grad_sample.dtype == torch.float64
+        assert ours._module[4].weight.grad_sample.dtype == torch.float32
+        widen_grad_sample(ours._module[4].weight)
     for p, q in zip(theirs.parameters(), ours.parameters(), strict=True):
         mine = q.grad_sample if isinstance(q.grad_sample, list) else [q.grad_sample]
         them = p.grad_sample if isinstance(p.grad_sample, list) else [p.grad_sample]
