@@ -104,6 +104,15 @@ class Attack(abc.ABC):
     def fit(self, context: ShadowContext) -> None:
         """Train whatever the attack needs on shadow data; never sees a target's membership."""
 
+    def begin_fit(self, context: ShadowContext) -> Callable[[], None] | None:
+        """:meth:`fit` in two parts: what reads ``context``, done now, and the rest, returned
+        (reading only what the attack kept, never the context) or ``None``.
+        ``runner.prepare_attacks`` may run the rest on a side thread beside the next attacks'
+        fits, with the caller's intra-op thread count, so the fitted values are :meth:`fit`'s.
+        Default: all of :meth:`fit`, now."""
+        self.fit(context)
+        return None
+
     @abc.abstractmethod
     def score(self, query: TargetQuery) -> AttackScores:
         """Scores and decisions for one release."""

@@ -367,6 +367,12 @@ class ShadowModelAttack(Attack):
     held_out_auc: dict[str, float] | None = None
 
     def fit(self, context: ShadowContext) -> None:
+        self.begin_fit(context)()
+
+    def begin_fit(self, context: ShadowContext) -> Callable[[], None]:
+        """The pairs' features now; the classifier's training returned: it keeps the picked
+        pairs (at most ``pair_count`` rows), not the bank, so the bank can be let go while it
+        trains (``runner.prepare_attacks``)."""
         cfg = self.config
         bank = context.shadow_bank()
         proba, labels, is_member = concat_pairs(bank)
@@ -415,10 +421,13 @@ class ShadowModelAttack(Attack):
             ends = np.cumsum([0, *sizes])
             picks = [np.arange(a, b) for a, b in itertools.pairwise(ends)]
         self.chosen = chosen
-        self.scorers = _FITTERS[chosen](
-            x, y, picks, config=cfg, seed=subseed(self.seed, chosen.value)
-        )
         self.notes = tuple(notes)
+        rows_x, seed = x, subseed(self.seed, chosen.value)
+
+        def train() -> None:
+            self.scorers = _FITTERS[chosen](rows_x, y, picks, config=cfg, seed=seed)
+
+        return train
 
     def _select(
         self,

@@ -25,6 +25,7 @@ from alm_opacus.attacks import (
     PreparedAttacks,
     ShadowContext,
     ShadowDataSource,
+    ShadowModel,
     aggregate_results,
     available_attacks,
     best_attack,
@@ -443,3 +444,50 @@ def test_candidate_attacks_keep_the_candidates_not_the_reference_bank(
         assert attack.fitted.features is candidates[0], attack.name  # type: ignore[attr-defined]
     results = prepared.attack(_target(x, y, perm))  # the same candidates: accepted
     assert [r.attack for r in results] == names
+
+
+@pytest.mark.parametrize("model", [ShadowModel.GBM, ShadowModel.MLP])
+def test_the_shadow_classifier_trains_beside_the_next_fits_with_the_same_values(
+    digits: tuple[Tensor, Tensor, np.ndarray], monkeypatch: pytest.MonkeyPatch, model: ShadowModel
+) -> None:
+    """With two intra-op threads in this process, the shadow attack's classifier trains on a
+    side thread (``Attack.begin_fit``'s rest) with the caller's thread count, while the next
+    attacks fit: every score equals that of the fits one after the other. An error in the rest
+    reaches the caller."""
+    import threading
+
+    from alm_opacus.attacks import runner, shadow
+
+    x, y, perm = digits
+    target, k = _target(x, y, perm), _knowledge(x, y, perm)
+    config = dataclasses.replace(SMALL, shadow_model=model)
+    names = ["shadow", "loss", "lira-offline", "rmia-offline"]
+    fitter = shadow._FITTERS[model]
+    seen: list[tuple[str, int]] = []
+
+    def watched(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return fitter(*args, **kwargs)
+
+    monkeypatch.setitem(shadow._FITTERS, model, watched)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        side = run_attacks(names=names, target=target, knowledge=k, config=config, seed=3)
+        with monkeypatch.context() as m:
+            m.setattr(runner, "runs_here", lambda map_units: False)
+            serial = run_attacks(names=names, target=target, knowledge=k, config=config, seed=3)
+
+        def failing(*args, **kwargs):  # type: ignore[no-untyped-def]
+            raise RuntimeError("boosting failed")
+
+        monkeypatch.setitem(shadow._FITTERS, model, failing)
+        with pytest.raises(RuntimeError, match="boosting failed"):
+            run_attacks(names=names, target=target, knowledge=k, config=config, seed=3)
+    finally:
+        torch.set_num_threads(before)
+    assert seen[0][0].startswith("attack-fit") and seen[1][0] == "MainThread"
+    assert seen[0][1] == seen[1][1] == 2
+    for a, b in zip(side, serial, strict=True):
+        assert a.attack == b.attack
+        np.testing.assert_array_equal(a.scores, b.scores)
