@@ -17,6 +17,7 @@ module imports neither.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,7 @@ __all__ = [
     "ReleaseRequest",
     "RunMemo",
     "TrainingNoise",
+    "same_factory",
 ]
 
 #: ``inputs (q, ...) -> probabilities (q, C)``.
@@ -249,6 +251,14 @@ class ReleaseRequest:
         return self.context.noise.seed(*self.noise_labels(method))
 
 
+def same_factory(a: AttackerFactory, b: AttackerFactory | None) -> bool:
+    """Whether two attacker factories make the same shadow trainer: ``functools.partial``
+    objects of equal function and arguments (a partial compares by identity), else ``is``."""
+    if isinstance(a, functools.partial) and isinstance(b, functools.partial):
+        return (a.func, a.args, a.keywords) == (b.func, b.args, b.keywords)
+    return a is b
+
+
 class Method(Generic[OptionsT, PreparedT]):
     """Base class. Subclasses set ``name`` (and ``Options``) and override ``prepare`` and
     ``release``; ``self.options`` holds the validated options."""
@@ -317,6 +327,17 @@ class Method(Generic[OptionsT, PreparedT]):
         """Methods with equal keys share one :meth:`prepare` per seed (e.g. ALM, Laplace and
         Gaussian protect the very same trained head): the harness prepares each key once."""
         return (self.name, self.options)
+
+    def attacker_before_release(
+        self, prepared: PreparedT, request: ReleaseRequest
+    ) -> AttackerFactory | None:
+        """The adaptive attacker of ``release(prepared, request)`` when it is known before the
+        release is made (it needs the protection's parameters, not the released model): the
+        harness then prepares it beside the training. It must equal the release's own
+        ``attacker`` (the harness checks: ``functools.partial`` factories by their function and
+        arguments, others by identity).
+        ``None`` (the default): known from the release only."""
+        return None
 
     def release(self, prepared: PreparedT, request: ReleaseRequest) -> Release:
         """One release of ``prepared`` (what :meth:`prepare` returned for these members and

@@ -268,3 +268,63 @@ def test_the_adaptive_attacker_is_prepared_beside_the_later_releases(  # type: i
 
 def _timeless(rows: list[object]) -> list[str]:
     return [repr(dataclasses.replace(row, seconds=0.0)) for row in rows]  # type: ignore[type-var]
+
+
+@pytest.mark.slow
+def test_a_dpsgd_attacker_is_prepared_before_the_first_victim_trains(  # type: ignore[no-untyped-def]
+    default_pipeline, shared_cache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DP-SGD cell knows its adaptive attacker before training
+    (``attacker_before_release``): the attacker is prepared beside the first victim's
+    training, the rows equal those of a cell that waits for the release, and an attacker that
+    differs from the release's stops the cell."""
+    import functools
+    import threading
+
+    from alm_opacus.run.evaluation import Evaluation
+
+    config = RunConfig(
+        methods=("dpsgd",),
+        epsilons=(2.0,),
+        attacks=("loss",),
+        options={"dpsgd.tune": False},
+        reproducible_noise=True,
+        progress=False,
+        cache_dir=str(shared_cache),
+    )
+    session = Session.open(plan_run(config), default_pipeline)
+    run_cell(Cell("none", math.inf, 0, 1), session)
+    method = session.shared.method("dpsgd")
+    cls = type(method)
+    monkeypatch.setattr(cls, "attacker_before_release", lambda self, prepared, request: None)
+    late = run_cell(Cell("dpsgd", 2.0, 0, 1), session)
+    monkeypatch.undo()
+
+    started = threading.Event()
+    seen: dict[str, object] = {}
+    release, prepare = cls.release, Evaluation.prepare
+
+    def preparing(self, trainer, *, seed):  # type: ignore[no-untyped-def]
+        started.set()
+        return prepare(self, trainer, seed=seed)
+
+    def releasing(self, prepared, request):  # type: ignore[no-untyped-def]
+        # with the attacker known only from the release, this would wait in vain
+        seen["prepared first"] = started.wait(timeout=30)
+        return release(self, prepared, request)
+
+    monkeypatch.setattr(Evaluation, "prepare", preparing)
+    monkeypatch.setattr(cls, "release", releasing)
+    early = run_cell(Cell("dpsgd", 2.0, 0, 1), session)
+    assert seen == {"prepared first": True}
+    assert _timeless(early.rows) == _timeless(late.rows)
+
+    before = cls.attacker_before_release
+
+    def other(self, prepared, request):  # type: ignore[no-untyped-def]
+        factory = before(self, prepared, request)
+        return functools.partial(factory.func, **{**factory.keywords, "sigma": 1.0})
+
+    monkeypatch.setattr(cls, "attacker_before_release", other)
+    with pytest.raises(RuntimeError, match="attacker_before_release gave"):
+        run_cell(Cell("dpsgd", 2.0, 0, 1), session)

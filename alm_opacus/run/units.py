@@ -33,8 +33,10 @@ from alm_opacus.data import to_float
 from alm_opacus.data.split import Split
 from alm_opacus.errors import InfeasibleRelease
 from alm_opacus.heads import accuracy
+from alm_opacus.method_base import same_factory
 from alm_opacus.methods import (
     INPUT_KINDS,
+    AttackerFactory,
     InputKind,
     Method,
     MethodContext,
@@ -358,43 +360,52 @@ def _draws(
             raise ValueError(f"cell {cell.key}: attacks were asked but no plain attacks given")
         return plain() if callable(plain) else plain
 
-    # One adaptive attacker per cell (its protection is the cell's), prepared from the first
-    # release that has one, on a thread of its own while the later draws are released: a
-    # DP-SGD victim's training is Opacus's Python step by step, the attacker's banks are
-    # batched tensor products, and the two together keep both cores busy. Neither reads what
-    # the other computes (seeded generators, per-thread torch thread counts), so the values are
-    # those of one after the other. Only when the attacker's units run in this process: a
-    # Ray task that waited on its nested units from a side thread kept its CPU, so with every
-    # CPU held by such cells the nested units never ran (the run hung).
+    # One adaptive attacker per cell, prepared on a side thread from before the first training
+    # (`Method.attacker_before_release`) or the first release that has one: the victim's
+    # Python steps and the banks' batched products keep both cores busy, neither reading the
+    # other's values (seeded, per-thread torch thread counts). Only when the attacker's units
+    # run in this process: a Ray task that waited on its nested units kept its CPU (a hang).
     beside = runs_here(evaluation.map_units)
     adaptive: Future[PreparedAttacks] | None = None
 
-    def prepare_adaptive(side: ThreadPoolExecutor, release: Release) -> Future[PreparedAttacks]:
-        assert release.attacker is not None
+    def prepare_adaptive(
+        side: ThreadPoolExecutor, factory: AttackerFactory
+    ) -> Future[PreparedAttacks]:
         if beside:
-            return side.submit(evaluation.prepare, release.attacker(), seed=cell.seed)
+            return side.submit(evaluation.prepare, factory(), seed=cell.seed)
         done: Future[PreparedAttacks] = Future()
-        done.set_result(evaluation.prepare(release.attacker(), seed=cell.seed))
+        done.set_result(evaluation.prepare(factory(), seed=cell.seed))
         return done
 
+    def request(draw: int) -> ReleaseRequest:
+        return ReleaseRequest(
+            features=shared.inputs(kind, "members"),
+            labels=y_in,
+            epsilon=cell.epsilon,
+            delta=shared.delta,
+            seed=cell.seed,
+            draw=draw,
+            context=context,
+        )
+
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="adaptive-attacker") as side:
+        early = None
+        if evaluation.attacks and beside and cell.draws:
+            early = method.attacker_before_release(prepared, request(0))
+            adaptive = None if early is None else prepare_adaptive(side, early)
         for draw in range(cell.draws):
-            request = ReleaseRequest(
-                features=shared.inputs(kind, "members"),
-                labels=y_in,
-                epsilon=cell.epsilon,
-                delta=shared.delta,
-                seed=cell.seed,
-                draw=draw,
-                context=context,
-            )
-            release = method.release(prepared, request)
+            release = method.release(prepared, request(draw))
             releases.append(release)
             accuracies.append(
                 accuracy(release.predict_proba(shared.inputs(kind, "nonmembers")), y_out)
             )
+            if early is not None and draw == 0 and not same_factory(early, release.attacker):
+                raise RuntimeError(
+                    f"cell {cell.key}: {cell.method}'s attacker_before_release gave "
+                    f"{early!r}, but its release's attacker is {release.attacker!r}"
+                )
             if evaluation.attacks and release.attacker is not None and adaptive is None:
-                adaptive = prepare_adaptive(side, release)
+                adaptive = prepare_adaptive(side, release.attacker)
         queried = None if kind == "features" else shared.inputs(kind, "evaluation")
         for release in releases:
             results: list[AttackResult] = []

@@ -254,8 +254,18 @@ class DPSGDFullMethod(DPSGDMethod):
             module=run.model, predict_proba=predictor(run.model, device=context.device), run=run
         )
 
+    def attacker_before_release(
+        self, prepared: _Prepared, request: ReleaseRequest
+    ) -> AttackerFactory | None:
+        return None  # the plain attacker, as :meth:`_attacker` says
+
     def _attacker(
-        self, *, config: DPSGDConfig, run: OpacusRun, context: MethodContext
+        self,
+        *,
+        config: DPSGDConfig,
+        noise: tuple[float, float, str],
+        clipping: str,
+        context: MethodContext,
     ) -> tuple[AttackerFactory | None, str]:
         """The plain attacker (the harness may then share its prepared attacks)."""
         return None, (

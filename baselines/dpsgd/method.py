@@ -13,6 +13,7 @@ than one Opacus run per draw; the released head always trains through Opacus.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
@@ -41,6 +42,7 @@ from baselines.dpsgd.config import (
     DPSGDOptions,
     DPSGDRecipeOptions,
     default_schedule,
+    sample_rate_for,
 )
 from baselines.dpsgd.head import head_size, train_dpsgd_head
 from baselines.dpsgd.loop import (
@@ -340,7 +342,12 @@ class DPSGDMethod(TunedMethod[DPSGDRecipeOptions, _Prepared, DPSGDConfig]):
             request=request,
         )
         run = fit.run
-        attacker, note = self._attacker(config=config, run=run, context=request.context)
+        attacker, note = self._attacker(
+            config=config,
+            noise=(run.noise_multiplier, run.sample_rate, run.mechanism),
+            clipping=run.clipping_norm,
+            context=request.context,
+        )
         return Release(
             method=self.name,
             statement=dpsgd_statement(
@@ -398,26 +405,59 @@ class DPSGDMethod(TunedMethod[DPSGDRecipeOptions, _Prepared, DPSGDConfig]):
             run=run,
         )
 
+    def attacker_before_release(
+        self, prepared: _Prepared, request: ReleaseRequest
+    ) -> AttackerFactory | None:
+        """The adaptive attacker from the chosen recipe and the noise multiplier, rate and
+        mechanism :func:`~baselines.dpsgd.loop.fit_private` will train with (the same
+        calibration, from the run's sigma cache), before the victim trains."""
+        context = request.context
+        if context.head.kind != "linear":
+            return None
+        config, _ = self.choose(prepared, request)
+        n, d = int(request.labels.shape[0]), int(request.features.shape[1])
+        mechanism = training_mechanism(self.noise_mechanism).name
+        sigma, _ = calibrated_sigma(
+            n=n,
+            config=config,
+            epsilon=request.epsilon,
+            delta=request.delta,
+            accountant=self.accountant,
+            mechanism=mechanism,
+            dim=head_size(d=d, num_classes=context.num_classes, head=context.head),
+            sigmas=SigmaCache.of(context),
+        )
+        rate = sample_rate_for(n=n, batch_size=config.batch_size)
+        noise = (sigma, rate, mechanism)
+        return self._attacker(config=config, noise=noise, clipping="", context=context)[0]
+
     def _attacker(
-        self, *, config: DPSGDConfig, run: OpacusRun, context: MethodContext
+        self,
+        *,
+        config: DPSGDConfig,
+        noise: tuple[float, float, str],
+        clipping: str,
+        context: MethodContext,
     ) -> tuple[AttackerFactory | None, str]:
-        """The adaptive attacker (linear heads) or the plain one, and the note saying which."""
+        """The adaptive attacker (linear heads) or the plain one, and the note saying which;
+        ``noise``: the victim's noise multiplier, Poisson rate and mechanism."""
         if context.head.kind != "linear":
             return None, (
                 "plain: shadow heads trained without DP (DP-SGD shadows of MLP heads are too slow)"
             )
-        head, num_classes = context.head, context.num_classes
-        sigma, rate, mechanism = run.noise_multiplier, run.sample_rate, run.mechanism
+        sigma, rate, mechanism = noise
+        factory = functools.partial(
+            dpsgd_shadow_trainer,
+            head=context.head,
+            num_classes=context.num_classes,
+            config=config,
+            sigma=sigma,
+            sample_rate=rate,
+            mechanism=mechanism,
+        )
         return (
-            lambda: dpsgd_shadow_trainer(
-                head=head,
-                num_classes=num_classes,
-                config=config,
-                sigma=sigma,
-                sample_rate=rate,
-                mechanism=mechanism,
-            ),
+            factory,
             f"adaptive: shadow heads trained with the victim's DP-SGD recipe, {mechanism} noise "
-            f"({run.clipping_norm.upper()} clipping), noise multiplier, Poisson rate and steps "
+            f"({clipping.upper()} clipping), noise multiplier, Poisson rate and steps "
             "(batched re-implementation of Opacus's algorithm)",
         )

@@ -249,3 +249,49 @@ def test_public_split_of_images_matches_the_split_of_features(make_context):
     assert torch.equal(feats.validation_labels, imgs.validation_labels)
     with pytest.raises(ValueError, match="inputs has 3 rows"):
         public_split(context=context, n=50, seed=3, inputs=rows[:3])
+
+
+@pytest.mark.parametrize("name", ["dpsgd", "dpsgd-alm", "dpsgd-laplace"])
+def test_the_dpsgd_attacker_is_known_before_the_victim_trains(
+    name, pixel_features, make_context, monkeypatch
+):
+    """``attacker_before_release`` gives, without training, the release's own adaptive
+    attacker: the same shadow trainer with the noise multiplier, Poisson rate and mechanism
+    the victim then trains with (``same_factory``); an MLP head's attacker is plain (none)."""
+    import baselines.dpsgd.method as dpsgd_method
+    from alm_opacus.heads import HeadConfig
+    from alm_opacus.method_base import same_factory
+
+    x, y = pixel_features
+    ctx = make_context()
+    method = create_method(name, {"epochs": 2, "tune": False})
+    prepared = method.prepare(features=x[:150], labels=y[:150], seed=0, context=ctx)
+    request = ReleaseRequest(
+        features=x[:150], labels=y[:150], epsilon=2.0, delta=1e-5, seed=0, draw=0, context=ctx
+    )
+    trained: list[int] = []
+    train = dpsgd_method.train_dpsgd_head
+    monkeypatch.setattr(
+        dpsgd_method, "train_dpsgd_head", lambda *a, **k: trained.append(1) or train(*a, **k)
+    )
+    early = method.attacker_before_release(prepared, request)
+    assert early is not None and not trained
+    release = method.release(prepared, request)
+    assert trained and same_factory(early, release.attacker)
+    info = release.info
+    assert early.keywords["sigma"] == info["noise_multiplier"]
+    assert early.keywords["sample_rate"] == info["sample_rate"]
+    assert early.keywords["mechanism"] == info["noise_mechanism"]
+    # a different budget is a different attacker
+    other = method.attacker_before_release(
+        prepared, ReleaseRequest(**{**vars(request), "epsilon": 4.0})
+    )
+    assert other is not None and not same_factory(other, release.attacker)
+    mlp = make_context(head=HeadConfig(kind="mlp", hidden=16))
+    prepared = method.prepare(features=x[:150], labels=y[:150], seed=0, context=mlp)
+    assert (
+        method.attacker_before_release(
+            prepared, ReleaseRequest(**{**vars(request), "context": mlp})
+        )
+        is None
+    )
