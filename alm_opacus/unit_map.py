@@ -13,6 +13,7 @@ This module sits below everything that maps units and imports nothing of the pro
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -92,18 +93,13 @@ class ThreadMap:
     ) -> list[R]:
         if self.workers < 2 or len(units) < 2:
             return serial_map(fn, units, shared=shared, desc=desc)
-        import torch  # this module imports nothing heavy at import time
         from tqdm.auto import tqdm
-
-        before = torch.get_num_threads()  # per thread: the caller's
-
-        def one(unit: U) -> R:
-            torch.set_num_threads(before)  # a new thread starts from the last count set
-            return fn(shared, unit)
 
         bar = tqdm(total=len(units), desc=desc, unit="chunk", disable=desc is None)
         pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="units")
-        futures = [pool.submit(one, unit) for unit in units]
+        futures = [
+            pool.submit(with_callers_threads(functools.partial(fn, shared, unit))) for unit in units
+        ]
         try:
             for future in as_completed(futures):
                 future.result()  # the first error stops the map
@@ -112,6 +108,21 @@ class ThreadMap:
         finally:  # on an error or an interrupt, the units not yet started never start
             pool.shutdown(wait=True, cancel_futures=True)
             bar.close()
+
+
+def with_callers_threads(fn: Callable[[], R]) -> Callable[[], R]:
+    """``fn``, to run on another thread with the calling thread's intra-op thread count: a new
+    thread starts from the last count set anywhere, and a unit's floats may depend on the
+    count (:class:`ThreadMap`)."""
+    import torch  # this module imports nothing heavy at import time
+
+    threads = torch.get_num_threads()  # per thread: the caller's
+
+    def run() -> R:
+        torch.set_num_threads(threads)
+        return fn()
+
+    return run
 
 
 def runs_here(map_units: UnitMap) -> bool:

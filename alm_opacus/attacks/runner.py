@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -38,7 +38,7 @@ from alm_opacus.attacks.metrics import evaluate_attack
 from alm_opacus.attacks.registry import Attack, TargetQuery, parse_attack_names
 from alm_opacus.attacks.results import AttackResult
 from alm_opacus.attacks.shadow_data import subseed, to_numpy
-from alm_opacus.unit_map import UnitMap, runs_here, serial_map
+from alm_opacus.unit_map import UnitMap, runs_here, serial_map, with_callers_threads
 
 DEFAULT_ATTACKS: tuple[str, ...] = tuple(k.value for k in AttackKind if k not in OPT_IN_ATTACKS)
 """The built-in attacks but the opt-in ones (``base.OPT_IN_ATTACKS``, run when named);
@@ -222,8 +222,10 @@ def prepare_attacks(
     try:
         for i in _fit_order(readers):
             rest = attacks[i].begin_fit(context)
-            if rest is not None:
-                rests.append(_beside(side, rest))
+            if rest is not None and side is not None:
+                rests.append(side.submit(with_callers_threads(rest)))
+            elif rest is not None:
+                rest()
             readers[i] = set()
             if None not in readers:  # each bank is kept while a reader of it is left
                 context.release_banks(keep={key for keys in readers for key in keys or ()})
@@ -241,23 +243,6 @@ def prepare_attacks(
         prepare_seconds=time.perf_counter() - start,
         bound_to_release=context.queried_oracle,
     )
-
-
-def _beside(side: ThreadPoolExecutor | None, rest: Callable[[], None]) -> Future[None]:
-    """``rest`` on ``side`` with the caller's intra-op thread count (a new thread starts from
-    the last count set; the fitted floats may depend on the count), or now without ``side``."""
-    if side is None:
-        done: Future[None] = Future()
-        rest()
-        done.set_result(None)
-        return done
-    threads = torch.get_num_threads()
-
-    def run() -> None:
-        torch.set_num_threads(threads)
-        rest()
-
-    return side.submit(run)
 
 
 def _bank_keys(kind: type[Attack], context: ShadowContext) -> set[str] | None:

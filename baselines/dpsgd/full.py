@@ -260,12 +260,7 @@ class DPSGDFullMethod(DPSGDMethod):
         return None  # the plain attacker, as :meth:`_attacker` says
 
     def _attacker(
-        self,
-        *,
-        config: DPSGDConfig,
-        noise: tuple[float, float, str],
-        clipping: str,
-        context: MethodContext,
+        self, *, config: DPSGDConfig, run: OpacusRun, context: MethodContext
     ) -> tuple[AttackerFactory | None, str]:
         """The plain attacker (the harness may then share its prepared attacks)."""
         return None, (

@@ -342,12 +342,7 @@ class DPSGDMethod(TunedMethod[DPSGDRecipeOptions, _Prepared, DPSGDConfig]):
             request=request,
         )
         run = fit.run
-        attacker, note = self._attacker(
-            config=config,
-            noise=(run.noise_multiplier, run.sample_rate, run.mechanism),
-            clipping=run.clipping_norm,
-            context=request.context,
-        )
+        attacker, note = self._attacker(config=config, run=run, context=request.context)
         return Release(
             method=self.name,
             statement=dpsgd_statement(
@@ -413,7 +408,7 @@ class DPSGDMethod(TunedMethod[DPSGDRecipeOptions, _Prepared, DPSGDConfig]):
         calibration, from the run's sigma cache), before the victim trains."""
         context = request.context
         if context.head.kind != "linear":
-            return None
+            return None  # plain (`_attacker`): nothing to calibrate
         config, _ = self.choose(prepared, request)
         n, d = int(request.labels.shape[0]), int(request.features.shape[1])
         mechanism = training_mechanism(self.noise_mechanism).name
@@ -428,36 +423,42 @@ class DPSGDMethod(TunedMethod[DPSGDRecipeOptions, _Prepared, DPSGDConfig]):
             sigmas=SigmaCache.of(context),
         )
         rate = sample_rate_for(n=n, batch_size=config.batch_size)
-        noise = (sigma, rate, mechanism)
-        return self._attacker(config=config, noise=noise, clipping="", context=context)[0]
+        return _adaptive_attacker(config=config, noise=(sigma, rate, mechanism), context=context)
 
     def _attacker(
-        self,
-        *,
-        config: DPSGDConfig,
-        noise: tuple[float, float, str],
-        clipping: str,
-        context: MethodContext,
+        self, *, config: DPSGDConfig, run: OpacusRun, context: MethodContext
     ) -> tuple[AttackerFactory | None, str]:
-        """The adaptive attacker (linear heads) or the plain one, and the note saying which;
-        ``noise``: the victim's noise multiplier, Poisson rate and mechanism."""
-        if context.head.kind != "linear":
+        """The adaptive attacker (linear heads) or the plain one, and the note saying which."""
+        noise = (run.noise_multiplier, run.sample_rate, run.mechanism)
+        factory = _adaptive_attacker(config=config, noise=noise, context=context)
+        if factory is None:
             return None, (
                 "plain: shadow heads trained without DP (DP-SGD shadows of MLP heads are too slow)"
             )
-        sigma, rate, mechanism = noise
-        factory = functools.partial(
-            dpsgd_shadow_trainer,
-            head=context.head,
-            num_classes=context.num_classes,
-            config=config,
-            sigma=sigma,
-            sample_rate=rate,
-            mechanism=mechanism,
-        )
         return (
             factory,
-            f"adaptive: shadow heads trained with the victim's DP-SGD recipe, {mechanism} noise "
-            f"({clipping.upper()} clipping), noise multiplier, Poisson rate and steps "
+            "adaptive: shadow heads trained with the victim's DP-SGD recipe, "
+            f"{run.mechanism} noise ({run.clipping_norm.upper()} clipping), noise multiplier, "
+            "Poisson rate and steps "
             "(batched re-implementation of Opacus's algorithm)",
         )
+
+
+def _adaptive_attacker(
+    *, config: DPSGDConfig, noise: tuple[float, float, str], context: MethodContext
+) -> AttackerFactory | None:
+    """Shadow heads trained with the victim's recipe and ``noise`` (noise multiplier, Poisson
+    rate, mechanism), for linear heads only; a partial, so that equal ones compare equal
+    (``same_factory``)."""
+    if context.head.kind != "linear":
+        return None
+    sigma, rate, mechanism = noise
+    return functools.partial(
+        dpsgd_shadow_trainer,
+        head=context.head,
+        num_classes=context.num_classes,
+        config=config,
+        sigma=sigma,
+        sample_rate=rate,
+        mechanism=mechanism,
+    )
